@@ -1,0 +1,115 @@
+// Comparison of a result with its reference, both on the host. Reports max abs/rel error, ulp
+// distance and the first bad index. It fails on any NaN/Inf mismatch, and on an all-zero
+// result where the reference is not all zero (the classic unwritten or unlaunched output).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "lkw/numeric.h"
+#include "lkw/tensor.h"
+
+namespace lkw {
+
+struct Tolerance {
+  enum class Mode { kExact, kUlp, kClose };
+  Mode mode = Mode::kExact;
+  int64_t max_ulp = 0;  // kUlp
+  double rtol = 0, atol = 0;  // kClose: |got - ref| <= atol + rtol * |ref|
+
+  static Tolerance exact() { return {}; }
+  static Tolerance ulp(int64_t n) { return {Mode::kUlp, n, 0, 0}; }
+  static Tolerance close(double rtol, double atol) { return {Mode::kClose, 0, rtol, atol}; }
+  // The spelling of golden manifests and the bench: exact | ulp:N | close:RTOL:ATOL.
+  static Tolerance parse(const std::string& s) {
+    if (s == "exact") return exact();
+    if (s.rfind("ulp:", 0) == 0) return ulp(std::stoll(s.substr(4)));
+    const size_t colon = s.find(':', 6);
+    if (s.rfind("close:", 0) == 0 && colon != std::string::npos)
+      return close(std::stod(s.substr(6, colon - 6)), std::stod(s.substr(colon + 1)));
+    throw std::invalid_argument("bad tolerance '" + s + "' (exact | ulp:N | close:RTOL:ATOL)");
+  }
+  std::string str() const {
+    std::ostringstream s;
+    if (mode == Mode::kExact) s << "bit-exact";
+    if (mode == Mode::kUlp) s << "<= " << max_ulp << " ulp";
+    if (mode == Mode::kClose) s << "rtol " << rtol << ", atol " << atol;
+    return s.str();
+  }
+};
+
+struct CompareReport {
+  bool pass = true;
+  int64_t count = 0, bad = 0, first_bad = -1;
+  double max_abs = 0, max_rel = 0;
+  int64_t max_ulp = 0;
+  std::string reason;  // why the first bad element is bad
+  std::string str() const {
+    std::ostringstream s;
+    s << (pass ? "PASS" : "FAIL") << ": " << bad << "/" << count << " bad, max abs " << max_abs
+      << ", max rel " << max_rel << ", max ulp " << max_ulp;
+    if (first_bad >= 0) s << "; first bad index " << first_bad << " (" << reason << ")";
+    return s.str();
+  }
+};
+
+// got and ref are host arrays of the same dtype and element count.
+inline CompareReport compare(const void* got, const void* ref, DType t, int64_t n,
+                             const Tolerance& tol) {
+  CompareReport r;
+  r.count = n;
+  bool got_all_zero = true, ref_all_zero = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = element_as_f64(got, t, i), e = element_as_f64(ref, t, i);
+    const uint64_t gb = element_bits(got, t, i), eb = element_bits(ref, t, i);
+    got_all_zero &= (g == 0);
+    ref_all_zero &= (e == 0);
+    std::string why;
+    if (std::isnan(g) || std::isnan(e)) {
+      if (std::isnan(g) != std::isnan(e)) why = std::isnan(g) ? "NaN, expected a number" : "expected NaN";
+    } else if (std::isinf(g) || std::isinf(e)) {
+      if (g != e) why = "Inf mismatch";
+    } else {
+      const double abs_err = std::fabs(g - e);
+      const double rel_err = e != 0 ? abs_err / std::fabs(e) : (abs_err != 0 ? INFINITY : 0);
+      r.max_abs = std::max(r.max_abs, abs_err);
+      r.max_rel = std::max(r.max_rel, rel_err);
+      int64_t ulp = 0;
+      if (is_float(t)) ulp = std::llabs(ordered_key(gb, t) - ordered_key(eb, t));
+      else ulp = static_cast<int64_t>(abs_err);
+      r.max_ulp = std::max(r.max_ulp, ulp);
+      switch (tol.mode) {
+        case Tolerance::Mode::kExact:
+          if (gb != eb) why = "bits differ";
+          break;
+        case Tolerance::Mode::kUlp:
+          if (ulp > tol.max_ulp) why = std::to_string(ulp) + " ulp apart";
+          break;
+        case Tolerance::Mode::kClose:
+          if (!(abs_err <= tol.atol + tol.rtol * std::fabs(e))) why = "outside rtol/atol";
+          break;
+      }
+    }
+    if (!why.empty()) {
+      if (r.first_bad < 0) {
+        std::ostringstream s;
+        s << "got " << g << " (0x" << std::hex << gb << "), expected " << e << " (0x" << eb
+          << std::dec << "): " << why;
+        r.first_bad = i;
+        r.reason = s.str();
+      }
+      ++r.bad;
+    }
+  }
+  if (got_all_zero && !ref_all_zero && n > 0) {
+    r.reason = "the whole result is zero and the reference is not" +
+               (r.reason.empty() ? "" : "; " + r.reason);
+    ++r.bad;
+  }
+  r.pass = r.bad == 0;
+  return r;
+}
+
+}  // namespace lkw

@@ -1,0 +1,92 @@
+// The version registry: the one table that tests, bench, Python extension and results read.
+//
+// Each version file ends with one registration line:
+//   const lkw::Register kRegistered{copy_version("v1_vec16", "16-byte loads and stores", ...)};
+// The chapter header provides that helper (here copy_version): it fills in the chapter, the op,
+// the byte and FLOP models and the adapter from the generic Args to the version's raw-pointer
+// launcher. Nothing else keeps a list of versions.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "lkw/status.h"
+#include "lkw/tensor.h"
+
+namespace lkw {
+
+enum class Kind { kVersion, kPeer, kMutant };
+
+inline const char* kind_name(Kind k) {
+  return k == Kind::kVersion ? "version" : k == Kind::kPeer ? "peer" : "mutant";
+}
+
+// What the compiled machine code of a kernel must (not) contain, for each listed arch
+// ("sm_80", "sm_89", "sm_90a"; empty = every arch that was built). Opcodes match as prefixes
+// of SASS mnemonics with modifiers, e.g. "LDG.E.128", "F2FP", "I2F".
+struct SassFact {
+  std::string kernel;  // substring of the (mangled) kernel name
+  std::vector<std::string> archs;
+  std::vector<std::string> must_have;
+  std::vector<std::string> must_not_have;
+  bool no_local_memory = true;  // no LDL/STL: nothing spilled or indexed at run time
+  std::string why;              // the promise in words, shown when the check fails
+};
+
+using GenericLaunch = std::function<Status(const Args&, cudaStream_t)>;
+using Model = std::function<double(const Args&)>;
+
+struct Version {
+  std::string chapter;  // "00_roofline"
+  std::string op;       // "copy"
+  std::string id;       // "v1_vec16"
+  std::string summary;  // one line: what this version changes
+  Kind kind = Kind::kVersion;
+  int min_arch = 80;
+  GenericLaunch launch;
+  Model bytes;  // roofline minimum: each input read once, each output written once
+  Model flops;
+  std::vector<SassFact> sass;
+  int kernels_per_launch = 1;  // how many kernels one launch runs (the ncu pass maps by order)
+
+  std::string name() const { return chapter + "/" + op + "/" + id; }
+};
+
+class Registry {
+ public:
+  static Registry& get() {
+    static Registry registry;
+    return registry;
+  }
+  void add(Version v) {
+    if (find(v.name())) throw std::logic_error("version registered twice: " + v.name());
+    versions_.push_back(std::move(v));
+    std::sort(versions_.begin(), versions_.end(),
+              [](const Version& a, const Version& b) { return a.name() < b.name(); });
+  }
+  const std::vector<Version>& all() const { return versions_; }
+  const Version* find(const std::string& name) const {
+    for (const Version& v : versions_)
+      if (v.name() == name) return &v;
+    return nullptr;
+  }
+  std::vector<const Version*> chapter(const std::string& chapter) const {
+    std::vector<const Version*> out;
+    for (const Version& v : versions_)
+      if (v.chapter == chapter) out.push_back(&v);
+    return out;
+  }
+
+ private:
+  std::vector<Version> versions_;
+};
+
+struct Register {
+  explicit Register(Version v) { Registry::get().add(std::move(v)); }
+};
+
+}  // namespace lkw

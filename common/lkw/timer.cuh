@@ -1,0 +1,102 @@
+// Event timer: warm-up, then the median of many launches, each bracketed by CUDA events.
+// Between launches the L2 is flushed (a read of twice its size), unless the caller rotates
+// over enough input sets that nothing it reads can still sit in L2.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "lkw/buffer.h"
+#include "lkw/check.h"
+
+namespace lkw {
+
+namespace detail {
+// Reads every word and never writes (the condition is never true for data we filled with 0x01):
+// afterwards the L2 holds clean lines of this buffer, nothing dirty to write back during the
+// next kernel.
+template <int kUnused = 0>
+__global__ void flush_l2_kernel(const int4* buf, int64_t n, int* sink) {
+  int acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int4 v = buf[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+}  // namespace detail
+
+struct TimerOptions {
+  int warmup = 5;
+  int iters = 50;
+  bool flush_l2 = true;
+};
+
+struct Timing {
+  double median_us = 0, min_us = 0, max_us = 0;
+  int iters = 0;
+};
+
+inline size_t l2_bytes() {
+  int dev = 0, l2 = 0;
+  LKW_CUDA_CHECK(cudaGetDevice(&dev));
+  LKW_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  return static_cast<size_t>(l2);
+}
+
+class Timer {
+ public:
+  explicit Timer(cudaStream_t stream = nullptr) : stream_(stream) {
+    flush_ = DeviceBuffer(2 * l2_bytes());
+    LKW_CUDA_CHECK(cudaMemset(flush_.data(), 0x01, flush_.bytes()));
+    sink_ = DeviceBuffer(sizeof(int));
+  }
+
+  // launch(i) runs the i-th launch (i picks the input set when rotating); it returns a Status.
+  Timing time(const std::function<Status(int)>& launch, const TimerOptions& opt) {
+    for (int i = 0; i < opt.warmup; ++i) LKW_STATUS_CHECK(launch(i));
+    std::vector<cudaEvent_t> start(opt.iters), stop(opt.iters);
+    for (int i = 0; i < opt.iters; ++i) {
+      LKW_CUDA_CHECK(cudaEventCreate(&start[i]));
+      LKW_CUDA_CHECK(cudaEventCreate(&stop[i]));
+    }
+    for (int i = 0; i < opt.iters; ++i) {
+      if (opt.flush_l2) flush();
+      LKW_CUDA_CHECK(cudaEventRecord(start[i], stream_));
+      LKW_STATUS_CHECK(launch(opt.warmup + i));
+      LKW_CUDA_CHECK(cudaEventRecord(stop[i], stream_));
+    }
+    LKW_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<double> us(opt.iters);
+    for (int i = 0; i < opt.iters; ++i) {
+      float ms = 0;
+      LKW_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+      us[i] = 1000.0 * ms;
+      cudaEventDestroy(start[i]);
+      cudaEventDestroy(stop[i]);
+    }
+    std::sort(us.begin(), us.end());
+    Timing t;
+    t.iters = opt.iters;
+    t.min_us = us.front();
+    t.max_us = us.back();
+    t.median_us = opt.iters % 2 ? us[opt.iters / 2] : 0.5 * (us[opt.iters / 2 - 1] + us[opt.iters / 2]);
+    return t;
+  }
+
+  void flush() {
+    int64_t n = static_cast<int64_t>(flush_.bytes() / sizeof(int4));
+    detail::flush_l2_kernel<<<1024, 256, 0, stream_>>>(static_cast<const int4*>(flush_.data()), n,
+                                                        static_cast<int*>(sink_.data()));
+    LKW_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  cudaStream_t stream_;
+  DeviceBuffer flush_, sink_;
+};
+
+}  // namespace lkw

@@ -1,0 +1,26 @@
+// Host entry points of the extension that need CUDA code of their own (the L2-flushing timer).
+#pragma once
+#include <functional>
+
+#include "lkw/registry.h"
+
+namespace lkw::ext {
+
+struct TimeResult {
+  double median_us, min_us, max_us;
+  int iters;
+};
+
+// Times `launch(i)` (i = launch index, for rotating input sets) with the harness's event timer.
+TimeResult time_launches(const std::function<Status(int)>& launch, int warmup, int iters,
+                         bool flush_l2);
+
+struct DeviceInfo {
+  bool present = false;
+  std::string name;
+  int arch = 0, sms = 0, driver = 0, runtime = 0;
+  long long l2_bytes = 0, memory_bytes = 0;
+};
+DeviceInfo device_info();
+
+}  // namespace lkw::ext

@@ -1,0 +1,483 @@
+"""The bench: verify, time and report every registered version of a chapter on the GPU.
+
+    python tools/bench.py --list                       # the registry: chapters, ops, versions
+    python tools/bench.py --chapter 01_formats         # verify + time, print the table
+    python tools/bench.py --all --write-results        # every chapter, refresh results/<gpu>/
+    python tools/bench.py --all --write-results --ncu  # ... with DRAM bytes from Nsight Compute
+    python tools/bench.py --replay                     # print the recorded results (no GPU)
+
+For every (op, shape) of a chapter and every version and peer of that op: make inputs on the GPU
+(torch), compute the reference on the host (lkw's numpy references), launch, compare with the
+harness's own comparison (lkw._ext.compare), time (lkw._ext.time: CUDA events, median after
+warm-up, inputs rotated so the working set exceeds 2x L2), then compare again. The bandwidth
+ceiling of the run is the best chapter-00 copy measured at the start of the same run.
+
+With --ncu the bench runs itself once more under Nsight Compute (--clock-control none), launching
+each version once inside an NVTX range "lkw", and reads dram__bytes_read.sum +
+dram__bytes_write.sum per kernel, in launch order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from lkw import REPO, formats, roofline
+
+CEILING_OP = ("00_roofline", "copy")
+CEILING_WORDS = 64 << 20  # 256 MiB of input: far beyond the 60 MB L2
+
+
+@dataclass
+class Case:
+    """One measured shape of one op.
+
+    make(torch) returns (inputs, outputs) as device tensors; `dtypes` names every input then
+    output for the registry (narrow floats travel as integer views); `expected(host_inputs)`
+    returns the reference outputs as host arrays of the same bits, and `rows` optionally limits
+    the comparison to some leading-dimension rows (a 8192^3 GEMM is checked on sampled rows).
+    """
+
+    op: str
+    shape: str
+    dtypes: list[str]
+    make: Callable
+    expected: Callable
+    tolerance: str = "exact"
+    sample_rows: int | None = None
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _host_bits(t) -> np.ndarray:
+    """A device tensor's raw bits as a host numpy array of the same width."""
+    import torch
+
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    arr = t.contiguous().view(view).cpu().numpy()
+    return arr.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[t.element_size()])
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter cases. A later chapter adds one function and one entry in CHAPTERS.
+
+
+def _random_f32(torch, gen, n):
+    # Normal values over magnitudes 2^-20 .. 2^20, so FP8 casts also see saturation and subnormals.
+    x = torch.randn(n, device="cuda", generator=gen)
+    scale = torch.exp2(torch.randint(-20, 21, (n,), device="cuda", generator=gen).float())
+    return x * scale
+
+
+def roofline_cases() -> list[Case]:
+    n = CEILING_WORDS
+
+    def make_copy(torch, gen):
+        src = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device="cuda", generator=gen)
+        return [src], [torch.empty_like(src)]
+
+    m = k = nn = 8192
+
+    def make_gemm(torch, gen):
+        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(nn, k, device="cuda", generator=gen).to(torch.bfloat16)
+        return [a, b], [torch.empty(m, nn, dtype=torch.bfloat16, device="cuda")]
+
+    return [
+        Case("copy", f"n={n}", ["uint32", "uint32"], make_copy, lambda x: [roofline.copy(x[0])]),
+        Case(
+            "gemm_bf16",
+            f"m={m},n={nn},k={k}",
+            ["bfloat16", "bfloat16", "bfloat16"],
+            make_gemm,
+            lambda x: [roofline.gemm_bf16(x[0], x[1])],
+            # BF16 output rounding (2^-8 relative) plus FP32 accumulation over K = 8192 terms.
+            tolerance="close:1.6e-2:0.1",
+            sample_rows=64,
+        ),
+    ]
+
+
+def formats_cases() -> list[Case]:
+    mib256 = 256 << 20
+
+    def f32_input(torch, gen, out_dtype):
+        n = mib256 // 4
+        return [_random_f32(torch, gen, n)], [torch.empty(n, dtype=out_dtype, device="cuda")]
+
+    def bf16_input(torch, gen):
+        n = mib256 // 2
+        bits = torch.randint(-(2**15), 2**15, (n,), dtype=torch.int16, device="cuda", generator=gen)
+        return [bits], [torch.empty(n, dtype=torch.float32, device="cuda")]
+
+    def fp8_input(torch, gen):
+        n = mib256
+        codes = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen)
+        return [codes], [torch.empty(n, dtype=torch.int16, device="cuda")]
+
+    def cast(op, names, make, ref):
+        return Case(op, "input=256MiB", names, make, lambda x: [ref(x[0])])
+
+    return [
+        cast("f32_to_bf16", ["float32", "bfloat16"],
+             lambda t, g: f32_input(t, g, t.int16), lambda x: formats.f32_to_bf16(x.view(np.float32))),
+        cast("bf16_to_f32", ["bfloat16", "float32"], bf16_input,
+             lambda x: formats.bf16_to_f32(x).view(np.uint32)),
+        cast("f32_to_e4m3", ["float32", "float8_e4m3fn"],
+             lambda t, g: f32_input(t, g, t.uint8), lambda x: formats.f32_to_e4m3(x.view(np.float32))),
+        cast("f32_to_e5m2", ["float32", "float8_e5m2"],
+             lambda t, g: f32_input(t, g, t.uint8), lambda x: formats.f32_to_e5m2(x.view(np.float32))),
+        cast("e4m3_to_bf16", ["float8_e4m3fn", "bfloat16"], fp8_input, formats.e4m3_to_bf16),
+        cast("e5m2_to_bf16", ["float8_e5m2", "bfloat16"], fp8_input, formats.e5m2_to_bf16),
+    ]
+
+
+CHAPTERS: dict[str, Callable[[], list[Case]]] = {
+    "00_roofline": roofline_cases,
+    "01_formats": formats_cases,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+
+
+def ext():
+    from lkw import _ext
+
+    return _ext
+
+
+def _verify(case: Case, name: str, inputs, outputs, expected) -> dict:
+    """Compare every output of a launch with the reference (on sampled rows where set)."""
+    reports = []
+    for i, (out, ref) in enumerate(zip(outputs, expected)):
+        got = _host_bits(out)
+        dtype = case.dtypes[len(inputs) + i]
+        if case.sample_rows:
+            got = got[: case.sample_rows]
+        rep = ext().compare(np.ascontiguousarray(got).reshape(-1), np.ascontiguousarray(ref).reshape(-1), dtype, case.tolerance)
+        reports.append(rep)
+    ok = all(r["pass"] for r in reports)
+    return {"pass": ok, "text": "; ".join(r["text"] for r in reports)}
+
+
+def _reference(case: Case, host_inputs: list[np.ndarray]) -> list[np.ndarray]:
+    if case.sample_rows:
+        first = [host_inputs[0][: case.sample_rows]] + host_inputs[1:]
+        return case.expected(first)
+    return case.expected(host_inputs)
+
+
+def _rotations(inputs, outputs, l2_bytes: int) -> int:
+    """How many input/output sets make the rotated working set exceed twice the L2."""
+    ws = sum(t.numel() * t.element_size() for t in inputs + outputs)
+    return max(1, math.ceil(2 * l2_bytes / ws))
+
+
+def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l2_bytes: int,
+                 log=print) -> list[dict]:
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(case.seed)
+    inputs, outputs = case.make(torch, gen)
+    host_inputs = [_host_bits(t) for t in inputs]
+    expected = _reference(case, host_inputs)
+    sets = _rotations(inputs, outputs, l2_bytes)
+    arg_sets = [(inputs, outputs)] + [
+        ([t.clone() for t in inputs], [torch.empty_like(t) for t in outputs]) for _ in range(sets - 1)
+    ]
+    rows = []
+    for v in versions:
+        name = v["name"]
+        for _, outs in arg_sets:
+            for t in outs:
+                t.view(torch.uint8).fill_(0xFF)  # poison: NaN in every float format
+        ext().launch(name, inputs, arg_sets[0][1], dtypes=case.dtypes)
+        torch.cuda.synchronize()
+        before = _verify(case, name, inputs, arg_sets[0][1], expected)
+        row = {
+            "name": name, "op": v["op"], "version": v["id"], "kind": v["kind"],
+            "summary": v["summary"], "shape": case.shape,
+        }
+        model = ext().model(name, inputs, outputs, dtypes=case.dtypes)
+        row["model_bytes"] = model["bytes"]
+        row["flops"] = model["flops"]
+        if not before["pass"]:
+            log(f"  {name}: WRONG before timing: {before['text']}")
+            row.update(correct=False, time_us=None, gbps=None, tflops=None, check=before["text"])
+            rows.append(row)
+            continue
+        t = ext().time(name, arg_sets, dtypes=case.dtypes, warmup=warmup, iters=iters, flush_l2=False)
+        torch.cuda.synchronize()
+        after = [_verify(case, name, ins, outs, expected) for ins, outs in arg_sets]
+        correct = all(a["pass"] for a in after)
+        if not correct:
+            log(f"  {name}: WRONG after timing: {[a['text'] for a in after if not a['pass']]}")
+        us = t["median_us"]
+        row.update(
+            correct=correct, time_us=us, time_min_us=t["min_us"], time_max_us=t["max_us"],
+            iters=t["iters"], rotations=sets,
+            gbps=model["bytes"] / (us * 1e3) if us else None,
+            tflops=model["flops"] / (us * 1e6) if model["flops"] else None,
+        )
+        rows.append(row)
+    del arg_sets, inputs, outputs
+    torch.cuda.empty_cache()
+    return rows
+
+
+def versions_of(chapter: str, op: str) -> list[dict]:
+    return [v for v in ext().versions() if v["chapter"] == chapter and v["op"] == op and v["kind"] != "mutant"]
+
+
+def measure_ceiling(*, warmup, iters, l2_bytes, log=print) -> tuple[float, str, list[dict]]:
+    chapter, op = CEILING_OP
+    case = next(c for c in CHAPTERS[chapter]() if c.op == op)
+    rows = measure_case(case, versions_of(chapter, op), warmup=warmup, iters=iters, l2_bytes=l2_bytes, log=log)
+    best = max((r for r in rows if r["kind"] == "version" and r["correct"]), key=lambda r: r["gbps"])
+    return best["gbps"], best["name"], rows
+
+
+def _peer_ratios(rows: list[dict]) -> None:
+    """Each version row gets, per peer of the same op and shape: peer time / version time."""
+    for r in rows:
+        r["peers"] = {}
+        if r["kind"] != "version" or not r.get("time_us"):
+            continue
+        for p in rows:
+            if p["kind"] == "peer" and p["op"] == r["op"] and p["shape"] == r["shape"] and p.get("time_us"):
+                r["peers"][p["version"]] = {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
+
+
+def _gpu_slug(name: str) -> str:
+    return name.split()[-1].lower() if name else "unknown"
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _commit() -> str:
+    if os.environ.get("LKW_COMMIT"):
+        return os.environ["LKW_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run_chapter(chapter: str, *, ceiling: tuple[float, str, list[dict]], warmup: int, iters: int,
+                l2_bytes: int, log=print) -> dict:
+    dev = ext().device()
+    ceiling_gbps, ceiling_name, ceiling_rows = ceiling
+    rows = []
+    for case in CHAPTERS[chapter]():
+        if chapter == CEILING_OP[0] and case.op == CEILING_OP[1]:
+            rows += ceiling_rows  # already measured at the start of this run
+            continue
+        rows += measure_case(case, versions_of(chapter, case.op), warmup=warmup, iters=iters,
+                             l2_bytes=l2_bytes, log=log)
+    for r in rows:
+        r["pct_ceiling"] = 100.0 * r["gbps"] / ceiling_gbps if r.get("gbps") else None
+        r.setdefault("dram_bytes", None)
+        r.setdefault("dram_ratio", None)
+    _peer_ratios(rows)
+    rt = dev["runtime_version"]
+    return {
+        "chapter": chapter,
+        "gpu": dev["name"],
+        "driver": _driver(),
+        "cuda": f"{rt // 1000}.{(rt % 1000) // 10}",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": _commit(),
+        "ceiling_gbps": ceiling_gbps,
+        "ceiling_version": ceiling_name,
+        "rows": rows,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Nsight Compute: DRAM bytes per version
+
+
+def ncu_pass(chapters: list[str], order_file: Path) -> None:
+    """Run under ncu: launch each version once per case inside an NVTX range named "lkw"."""
+    import torch
+
+    order = []
+    for chapter in chapters:
+        for case in CHAPTERS[chapter]():
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(case.seed)
+            inputs, outputs = case.make(torch, gen)
+            for v in versions_of(chapter, case.op):
+                if v["kernels_per_launch"] == 0:
+                    continue
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push("lkw")
+                ext().launch(v["name"], inputs, outputs, dtypes=case.dtypes)
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
+                order.append({"name": v["name"], "shape": case.shape, "kernels": v["kernels_per_launch"],
+                              "kernel_hint": v["sass"][0]["kernel"] if v["sass"] else ""})
+            del inputs, outputs
+            torch.cuda.empty_cache()
+    order_file.write_text(json.dumps(order))
+
+
+def ncu_dram_bytes(chapters: list[str], log=print) -> dict[tuple[str, str], float]:
+    ncu = shutil.which("ncu")
+    if not ncu:
+        log("ncu not found: DRAM bytes not measured")
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        order_file = Path(tmp) / "order.json"
+        cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "lkw/",
+               "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum", "--csv", "--print-units", "base",
+               sys.executable, str(Path(REPO) / "tools" / "bench.py"), "--ncu-pass", str(order_file)]
+        for c in chapters:
+            cmd += ["--chapter", c]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not order_file.exists():
+            log(f"ncu run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+            return {}
+        order = json.loads(order_file.read_text())
+    return parse_ncu(proc.stdout, order, log)
+
+
+def parse_ncu(stdout: str, order: list[dict], log=print) -> dict[tuple[str, str], float]:
+    """Sum read + write DRAM bytes per kernel (ncu CSV), then per launch in `order`."""
+    lines = stdout[stdout.find('"ID"'):] if '"ID"' in stdout else ""
+    per_kernel: dict[int, dict] = {}
+    for rec in csv.DictReader(io.StringIO(lines)):
+        if rec.get("Metric Name") not in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
+            continue
+        k = per_kernel.setdefault(int(rec["ID"]), {"name": rec["Kernel Name"], "bytes": 0.0})
+        k["bytes"] += float(rec["Metric Value"].replace(",", ""))
+    kernels = [per_kernel[i] for i in sorted(per_kernel)]
+    out, at = {}, 0
+    for launch in order:
+        group = kernels[at: at + launch["kernels"]]
+        at += launch["kernels"]
+        if len(group) < launch["kernels"]:
+            log(f"ncu: fewer kernels profiled than launched (at {launch['name']}): DRAM bytes incomplete")
+            break
+        hint = launch["kernel_hint"].split("*")[0]
+        if hint and hint not in group[0]["name"]:
+            log(f"ncu: kernel order mismatch at {launch['name']} ({group[0]['name']}): DRAM bytes dropped")
+            return {}
+        out[(launch["name"], launch["shape"])] = sum(k["bytes"] for k in group)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+
+
+def print_table(result: dict, out=sys.stdout) -> None:
+    from lkw import results
+
+    print(results.text_table(result), file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--list", action="store_true", help="list chapters, ops and versions")
+    ap.add_argument("--chapter", action="append", default=[], help="chapter to run (repeatable)")
+    ap.add_argument("--all", action="store_true", help="every chapter with bench cases")
+    ap.add_argument("--json", type=Path, help="write the (single chapter's) results JSON here")
+    ap.add_argument("--write-results", action="store_true", help="write results/<gpu>/<chapter>.json")
+    ap.add_argument("--results-dir", type=Path, default=Path(REPO) / "results")
+    ap.add_argument("--ncu", action="store_true", help="also measure DRAM bytes with Nsight Compute")
+    ap.add_argument("--replay", action="store_true", help="print recorded results; needs no GPU")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--ncu-pass", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    chapters = sorted(CHAPTERS) if args.all or not args.chapter else args.chapter
+    for c in chapters:
+        if c not in CHAPTERS:
+            ap.error(f"no bench cases for chapter {c} (have: {', '.join(sorted(CHAPTERS))})")
+
+    if args.replay:
+        from lkw import results
+
+        for c in chapters:
+            data = results.load(c)
+            print(results.text_table(data) if data else results.missing_message(c))
+            print()
+        return 0
+    if args.list:
+        for v in ext().versions():
+            print(f"{v['name']:<45} {v['kind']:<8} sm_{v['min_arch']}+  {v['summary']}")
+        return 0
+    if args.ncu_pass:
+        ncu_pass(chapters, args.ncu_pass)
+        return 0
+
+    dev = ext().device()
+    if not dev["present"]:
+        print("bench: no CUDA device here (use --replay to print the recorded results)", file=sys.stderr)
+        return 2
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("bench: needs torch for device arrays", file=sys.stderr)
+        return 2
+    print(f"bench: {dev['name']} (sm_{dev['arch']}, {dev['sms']} SMs, L2 {dev['l2_bytes'] >> 20} MiB)")
+    opts = dict(warmup=args.warmup, iters=args.iters, l2_bytes=dev["l2_bytes"])
+    ceiling = measure_ceiling(**opts)
+    print(f"bench: ceiling {ceiling[0]:.1f} GB/s ({ceiling[1]})")
+    results_by_chapter = {c: run_chapter(c, ceiling=ceiling, **opts) for c in chapters}
+
+    if args.ncu:
+        dram = ncu_dram_bytes(chapters)
+        for res in results_by_chapter.values():
+            for r in res["rows"]:
+                b = dram.get((r["name"], r["shape"]))
+                if b is not None:
+                    r["dram_bytes"] = b
+                    r["dram_ratio"] = b / r["model_bytes"] if r["model_bytes"] else None
+
+    failed = False
+    for c, res in results_by_chapter.items():
+        print()
+        print_table(res)
+        failed |= not all(r["correct"] for r in res["rows"])
+        if args.write_results:
+            path = args.results_dir / _gpu_slug(res["gpu"]) / f"{c}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(res, indent=1) + "\n")
+            print(f"bench: wrote {path}")
+        if args.json and len(results_by_chapter) == 1:
+            args.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+// Golden cases: the Python reference (python -m lkw.golden) writes, per chapter, a manifest and
+// .npy files with fresh random inputs and the expected outputs; the tests here run every
+// registered version on every case of its op and compare.
+//
+// manifest.txt, one record per line:
+//   case <id> <op> <tolerance> <params>     tolerance: exact | ulp:N | close:RTOL:ATOL
+//                                            params: - | name=value,name=value
+//   in   <id> <index> <dtype> <file>         dtype as numpy/ml_dtypes names it; narrow floats
+//   out  <id> <index> <dtype> <file>         are stored as their raw bits (uint8/uint16)
+#pragma once
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "lkw/buffer.h"
+#include "lkw/compare.h"
+#include "lkw/npy.h"
+#include "lkw/registry.h"
+
+namespace lkw::test {
+
+struct HostTensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+struct Case {
+  std::string id, op;
+  Tolerance tol;
+  std::map<std::string, double> params;
+  std::vector<std::string> input_files, output_files;
+  std::vector<DType> input_dtypes, output_dtypes;
+};
+
+inline std::string golden_dir() {
+  const char* d = std::getenv("LKW_GOLDEN_DIR");
+  return d ? d : "golden";
+}
+
+// All cases of a chapter, in manifest order. Missing golden data is an error, not a skip.
+inline std::vector<Case> load_cases(const std::string& chapter) {
+  const std::string dir = golden_dir() + "/" + chapter;
+  std::ifstream f(dir + "/manifest.txt");
+  if (!f) {
+    throw std::runtime_error("no golden data at " + dir +
+                             " (run: PYTHONPATH=reference python -m lkw.golden --out " +
+                             golden_dir() + ")");
+  }
+  std::vector<Case> cases;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    std::string kind, id;
+    in >> kind >> id;
+    if (kind == "case") {
+      Case c;
+      std::string tol, params;
+      c.id = id;
+      in >> c.op >> tol >> params;
+      c.tol = Tolerance::parse(tol);
+      if (params != "-") {
+        std::stringstream ps(params);
+        std::string kv;
+        while (std::getline(ps, kv, ',')) {
+          auto eq = kv.find('=');
+          c.params[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
+        }
+      }
+      cases.push_back(c);
+    } else if (kind == "in" || kind == "out") {
+      int index = 0;
+      std::string dtype, file;
+      in >> index >> dtype >> file;
+      if (cases.empty() || cases.back().id != id) throw std::runtime_error("manifest: orphan " + line);
+      DType t;
+      if (!dtype_from_name(dtype, &t)) throw std::runtime_error("manifest: unknown dtype " + dtype);
+      Case& c = cases.back();
+      (kind == "in" ? c.input_files : c.output_files).push_back(dir + "/" + file);
+      (kind == "in" ? c.input_dtypes : c.output_dtypes).push_back(t);
+    }
+  }
+  return cases;
+}
+
+inline HostTensor load_tensor(const std::string& file, DType dtype) {
+  NpyArray a = npy_read(file);
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = a.shape;
+  t.bytes = std::move(a.bytes);
+  if (static_cast<int64_t>(t.bytes.size()) != t.numel() * dtype_size(dtype))
+    throw std::runtime_error(file + ": size does not match dtype " + dtype_name(dtype));
+  return t;
+}
+
+struct CaseData {
+  std::vector<HostTensor> inputs, expected;
+};
+
+inline CaseData load_data(const Case& c) {
+  CaseData d;
+  for (size_t i = 0; i < c.input_files.size(); ++i)
+    d.inputs.push_back(load_tensor(c.input_files[i], c.input_dtypes[i]));
+  for (size_t i = 0; i < c.output_files.size(); ++i)
+    d.expected.push_back(load_tensor(c.output_files[i], c.output_dtypes[i]));
+  return d;
+}
+
+struct RunResult {
+  Status status;
+  std::vector<CompareReport> reports;
+  bool guards_intact = true;
+  bool pass() const {
+    if (!status.ok() || !guards_intact) return false;
+    for (const auto& r : reports)
+      if (!r.pass) return false;
+    return true;
+  }
+  std::string str() const {
+    std::ostringstream s;
+    s << "status " << status.str() << (guards_intact ? "" : "; WROTE PAST THE END of an output");
+    for (size_t i = 0; i < reports.size(); ++i) s << "\n  out" << i << ": " << reports[i].str();
+    return s.str();
+  }
+};
+
+// Runs version v on the case on the GPU: outputs poisoned with `poison` first, guard bands
+// checked after.
+inline RunResult run_on_gpu(const Version& v, const Case& c, const CaseData& d, uint8_t poison) {
+  std::vector<DeviceBuffer> in_bufs, out_bufs;
+  Args args;
+  args.params = c.params;
+  for (const HostTensor& t : d.inputs) {
+    in_bufs.emplace_back(t.bytes.size());
+    in_bufs.back().upload(t.bytes.data());
+    args.inputs.push_back({in_bufs.back().data(), t.dtype, t.shape});
+  }
+  for (const HostTensor& t : d.expected) {
+    out_bufs.emplace_back(t.bytes.size());
+    out_bufs.back().poison(poison);
+    args.outputs.push_back({out_bufs.back().data(), t.dtype, t.shape});
+  }
+  RunResult r;
+  r.status = v.launch(args, nullptr);
+  LKW_CUDA_CHECK(cudaDeviceSynchronize());
+  if (!r.status.ok()) return r;
+  for (size_t i = 0; i < d.expected.size(); ++i) {
+    std::vector<uint8_t> got = out_bufs[i].download();
+    r.reports.push_back(compare(got.data(), d.expected[i].bytes.data(), d.expected[i].dtype,
+                                d.expected[i].numel(), c.tol));
+    r.guards_intact &= out_bufs[i].guard_intact();
+  }
+  return r;
+}
+
+// Arguments with every shape and dtype of the case but the given fake addresses: for checks
+// that must be refused before anything is launched.
+inline Args fake_args(const Case& c, const CaseData& d, uintptr_t in_addr, uintptr_t out_addr) {
+  Args args;
+  args.params = c.params;
+  for (const HostTensor& t : d.inputs)
+    args.inputs.push_back({reinterpret_cast<void*>(in_addr), t.dtype, t.shape});
+  for (const HostTensor& t : d.expected)
+    args.outputs.push_back({reinterpret_cast<void*>(out_addr), t.dtype, t.shape});
+  return args;
+}
+
+}  // namespace lkw::test

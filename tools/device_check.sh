@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On a GPU machine (the H200): build, run every test, run the GPU tests under compute-sanitizer
+# (memcheck, racecheck), bench every chapter (with Nsight Compute DRAM bytes) and refresh the
+# results; grade the exercise trees. Uses the machine's own python3 (torch, numpy, ml_dtypes,
+# nanobind, pytest must be there); writes logs and results under $OUT (default ./device-out).
+#   tools/device_check.sh build test sanitize bench ncu grade     # any subset, in this order
+set -uo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+out="${OUT:-$repo/device-out}"
+mkdir -p "$out"
+stages="${*:-build test sanitize bench ncu grade}"
+archs="${LKW_ARCHS:-90a}"
+py="$(command -v python3)"
+log="$out/device.log"
+status=0
+has() { [[ " $stages " == *" $1 "* ]]; }
+step() { echo; echo "=== $*" | tee -a "$log"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+
+if has build; then
+  step "build (sm_$archs)"
+  cmake -S . -B build -G Ninja -Wno-dev -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+    -DPython_EXECUTABLE="$py" >>"$log" 2>&1 && cmake --build build -j 16 >>"$log" 2>&1 \
+    || { echo "build failed"; tail -40 "$log"; exit 1; }
+fi
+
+if has test; then
+  step "ctest"
+  ctest --test-dir build --output-on-failure -j 4 2>&1 | tee -a "$log" | tail -25
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  step "pytest"
+  "$py" -m pytest tests/python -q -x -p no:cacheprovider 2>&1 | tee -a "$log" | tail -8
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    for t in build/test_*; do
+      step "compute-sanitizer --tool $tool $t"
+      LKW_GOLDEN_DIR=build/golden compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$t" --gtest_filter='*Golden.*:*Mutant.*' --gtest_brief=1 >>"$log" 2>&1
+      rc=$?
+      tail -4 "$log"
+      [ $rc = 0 ] || { echo "$tool FAILED on $t (rc $rc)"; status=1; }
+    done
+  done
+fi
+
+if has bench; then
+  step "bench"
+  args=(--all --write-results --results-dir "$out/results")
+  has ncu && args+=(--ncu)
+  PYTHONPATH=reference LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if has grade; then
+  for chapter in $(ls solutions); do
+    step "grade $chapter from chapters/"
+    "$py" tools/grade.py --chapter "$chapter" --archs "$archs" --build-dir "build-grade-$chapter" \
+      --out "$out/grade_$chapter.json" 2>&1 | tail -30 | tee -a "$log"
+  done
+fi
+
+echo; echo "device_check: status $status"
+exit $status
