@@ -54,12 +54,15 @@ lkw::TensorRef to_ref(const Array& a, const std::string& dtype_name, bool need_d
   ref.data = const_cast<void*>(a.data());
   ref.dtype = dtype_of(a);
   for (size_t i = 0; i < a.ndim(); ++i) ref.shape.push_back(a.shape(i));
-  // C-contiguity: stride (in elements) of each dim = product of the later dims.
-  int64_t expected = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) > 1 && a.stride(i) != expected)
-      throw nb::value_error("arrays must be dense and C-contiguous");
-    expected *= a.shape(i);
+  // C-contiguity: stride (in elements) of each dim = product of the later dims. DLPack allows
+  // producers to omit the strides of a compact array (numpy does): then there is nothing to check.
+  if (a.stride_ptr() != nullptr) {
+    int64_t expected = 1;
+    for (size_t i = a.ndim(); i-- > 0;) {
+      if (a.shape(i) > 1 && a.stride(i) != expected)
+        throw nb::value_error("arrays must be dense and C-contiguous");
+      expected *= a.shape(i);
+    }
   }
   if (!dtype_name.empty()) {
     lkw::DType named;

@@ -1,0 +1,30 @@
+"""MkDocs hook: put the measured tables into the chapters.
+
+    <!-- lkw:results 00_roofline -->   the chapter's results table (lkw.results.markdown_table)
+    <!-- lkw:ridge 00_roofline -->     the ridge point of that run (lkw.results.ridge_markdown)
+
+The tables come from results/h200/<chapter>.json under $LKW_RESULTS_DIR (default <repo>/results).
+A chapter without a file gets a plain "no measurement recorded yet" line, so the book builds
+(with --strict) before the first GPU run. The book never types a measured number by hand.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reference"))
+from lkw import results  # noqa: E402  (needs the path above)
+
+MARKER = re.compile(r"<!--\s*lkw:(results|ridge)\s+(\w+)\s*-->")
+RENDER = {"results": results.markdown_table, "ridge": results.ridge_markdown}
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    return MARKER.sub(lambda m: RENDER[m[1]](m[2]), markdown)
+
+
+def on_serve(server, config, builder, **kwargs):
+    # `mkdocs serve` rebuilds when a new measurement lands, not only when the text changes.
+    if results.results_dir().is_dir():
+        server.watch(str(results.results_dir()))
+    return server

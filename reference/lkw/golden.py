@@ -1,0 +1,319 @@
+"""Golden-data writer: fresh random inputs and their expected outputs for the C++ tests.
+
+    PYTHONPATH=reference python -m lkw.golden --out DIR [--seed S] [--chapter NAME ...]
+
+The seed comes from --seed, else $LKW_SEED, else a fresh random one; it is always printed, and
+the same seed writes the same files. Each chapter draws from its own stream (seed, chapter name),
+so writing one chapter alone gives the same data as writing all of them.
+
+Per chapter this writes DIR/<chapter>/manifest.txt and one .npy per tensor
+(<id>.in<i>.npy, <id>.out<i>.npy; narrow floats as their raw bits, C order, little endian):
+
+    # lkw golden v1 chapter=<chapter> seed=<seed>
+    case <id> <op> <tolerance> <params>    tolerance: exact | ulp:N | close:RTOL:ATOL
+    in   <id> <index> <dtype> <file>       params: - | name=value,name=value
+    out  <id> <index> <dtype> <file>
+
+The "out" files hold the expected outputs, computed by the op's reference function from the
+inputs. A new chapter adds its ops to OPS, a function returning its cases, and one CHAPTERS entry.
+"""
+
+import argparse
+import os
+import re
+import secrets
+import sys
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from lkw import formats, roofline
+
+# Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
+DTYPES = {
+    "float32": (np.float32, np.float32),
+    "float16": (np.uint16, np.float16),
+    "bfloat16": (np.uint16, ml_dtypes.bfloat16),
+    "float8_e4m3fn": (np.uint8, ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": (np.uint8, ml_dtypes.float8_e5m2),
+    "int8": (np.int8, np.int8),
+    "uint8": (np.uint8, np.uint8),
+    "int32": (np.int32, np.int32),
+    "uint32": (np.uint32, np.uint32),
+    "int64": (np.int64, np.int64),
+}
+
+
+@dataclass(frozen=True)
+class Op:
+    """A reference function on stored arrays, with the manifest dtypes of its inputs and outputs."""
+
+    fn: Callable[..., np.ndarray]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+OPS = {
+    "copy": Op(roofline.copy, ("uint32",), ("uint32",)),
+    "gemm_bf16": Op(roofline.gemm_bf16, ("bfloat16", "bfloat16"), ("bfloat16",)),
+    "f32_to_bf16": Op(formats.f32_to_bf16, ("float32",), ("bfloat16",)),
+    "bf16_to_f32": Op(formats.bf16_to_f32, ("bfloat16",), ("float32",)),
+    "f32_to_e4m3": Op(formats.f32_to_e4m3, ("float32",), ("float8_e4m3fn",)),
+    "f32_to_e5m2": Op(formats.f32_to_e5m2, ("float32",), ("float8_e5m2",)),
+    "e4m3_to_bf16": Op(formats.e4m3_to_bf16, ("float8_e4m3fn",), ("bfloat16",)),
+    "e5m2_to_bf16": Op(formats.e5m2_to_bf16, ("float8_e5m2",), ("bfloat16",)),
+}
+
+
+@dataclass
+class Case:
+    """One golden case: inputs as stored (raw bits for narrow floats); outputs come from OPS."""
+
+    id: str
+    op: str
+    tolerance: str
+    inputs: list[np.ndarray]
+    params: dict[str, float] = field(default_factory=dict)
+
+
+def expected_outputs(case: Case) -> list[np.ndarray]:
+    """The op's reference function applied to the case's inputs."""
+    out = OPS[case.op].fn(*case.inputs)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+@np.errstate(invalid="ignore")  # signalling NaNs are valid inputs
+def values(dtype: str, stored: np.ndarray) -> np.ndarray:
+    """What the stored array means, as float64 (narrow floats decoded from their bits)."""
+    return stored.view(DTYPES[dtype][1]).astype(np.float64)
+
+
+def check_case(case: Case, outputs: list[np.ndarray]) -> None:
+    """Refuses a case the C++ side could misread, or one that tests nothing (all-zero input)."""
+    if not re.fullmatch(r"[a-z0-9_]+", case.id):
+        raise ValueError(f"case id {case.id!r}: use [a-z0-9_] only")
+    if not re.fullmatch(r"exact|ulp:\d+|close:[^:\s]+:[^:\s]+", case.tolerance):
+        raise ValueError(f"{case.id}: bad tolerance {case.tolerance!r}")
+    op = OPS[case.op]
+    for kind, dtypes, arrays in (("in", op.inputs, case.inputs), ("out", op.outputs, outputs)):
+        if len(arrays) != len(dtypes):
+            raise ValueError(f"{case.id}: {case.op} takes {len(dtypes)} {kind}, got {len(arrays)}")
+        for dtype, array in zip(dtypes, arrays, strict=True):
+            if array.dtype != DTYPES[dtype][0]:
+                raise ValueError(f"{case.id}: {kind} {dtype} must be stored as {DTYPES[dtype][0]}")
+    for dtype, array in zip(op.inputs, case.inputs, strict=True):
+        if not np.any(values(dtype, array) != 0):
+            raise ValueError(f"{case.id}: an input is all zeros")
+
+
+def _params(params: dict[str, float]) -> str:
+    return ",".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def write_chapter(out_dir: Path, chapter: str, seed: int) -> list[Case]:
+    """Writes DIR/<chapter>: the .npy files first, the manifest last."""
+    rng = np.random.default_rng([seed, zlib.crc32(chapter.encode())])
+    cases = CHAPTERS[chapter](rng)
+    chapter_dir = Path(out_dir) / chapter
+    chapter_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"# lkw golden v1 chapter={chapter} seed={seed}"]
+    for case in cases:
+        outputs = expected_outputs(case)
+        check_case(case, outputs)
+        op = OPS[case.op]
+        lines.append(f"case {case.id} {case.op} {case.tolerance} {_params(case.params)}")
+        for kind, dtypes, arrays in (("in", op.inputs, case.inputs), ("out", op.outputs, outputs)):
+            for index, (dtype, array) in enumerate(zip(dtypes, arrays, strict=True)):
+                name = f"{case.id}.{kind}{index}.npy"
+                little_endian = np.dtype(DTYPES[dtype][0]).newbyteorder("<")
+                np.save(chapter_dir / name, np.ascontiguousarray(array, little_endian))
+                lines.append(f"{kind:<4} {case.id} {index} {dtype} {name}")
+    (chapter_dir / "manifest.txt").write_text("\n".join(lines) + "\n")
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# 00_roofline
+
+
+def gemm_bf16_tolerance(a: np.ndarray, b: np.ndarray) -> str:
+    """close:RTOL:ATOL for C = A . B^T with BF16 inputs, FP32 accumulation and a BF16 output."""
+    # RTOL: the kernel rounds its FP32 sum to BF16 (<= 2^-9 relative), and an FP32 sum a hair
+    # away from the exact one can round to the neighbouring BF16, so kernel and reference may be
+    # one BF16 ulp (<= 2^-8 relative) apart. 1.6e-2, PyTorch's BF16 default, covers that.
+    # ATOL: an output that cancels to near zero keeps no relative accuracy; what is left is the
+    # FP32 accumulation error: K roundings, each <= 2^-24 of a partial sum, adding up like a
+    # random walk, ~sqrt(K) * 2^-24 * |partial sum|. No partial sum exceeds S = max over outputs
+    # of sum_k |a_k b_k|, so sqrt(K) * 2^-24 * S; times 8 for accumulators that truncate or sum
+    # in another order (tensor-core trees, split-K). BF16 products are exact in FP32, so the
+    # inputs add no error of their own.
+    k = a.shape[1]
+    s = np.max(np.abs(formats.bf16_to_f32(a)) @ np.abs(formats.bf16_to_f32(b)).T)
+    atol = 8 * np.sqrt(k) * 2.0**-24 * s
+    return f"close:1.6e-2:{atol:.3g}"
+
+
+def roofline_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for n in (1, 7, 4099, 65536, 1000003):
+        words = rng.integers(1, 2**32, n, dtype=np.uint32)
+        cases.append(Case(f"copy_n{n}", "copy", "exact", [words]))
+    for m, n, k in ((64, 128, 256), (33, 77, 130)):
+        a = formats.f32_to_bf16(rng.standard_normal((m, k), np.float32))  # (M,K)
+        b = formats.f32_to_bf16(rng.standard_normal((n, k), np.float32))  # (N,K)
+        tol = gemm_bf16_tolerance(a, b)
+        cases.append(Case(f"gemm_m{m}_n{n}_k{k}", "gemm_bf16", tol, [a, b]))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# 01_formats
+
+
+def _f32(bits: list[int]) -> np.ndarray:
+    return np.array(bits, np.uint32).view(np.float32)
+
+
+# NaNs that a careless bit trick turns into something else: the smallest payload (adding the
+# rounding bias leaves 0x7f80 = Inf), all ones (the bias carries into the sign bit), quiet,
+# signalling, negative.
+NAN_BITS = [
+    *(0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001),
+    *(0x7FBFFFFF, 0x7F808000, 0x7FFFFFFF, 0xFFFFFFFF),
+]
+
+BF16_SPECIAL_BITS = [
+    *(0x00000000, 0x80000000, 0x7F800000, 0xFF800000),  # +-0, +-Inf
+    *(0x3F800000, 0xBF800000, 0x40490FDB, 0x3EAAAAAB),  # 1, -1, pi, 1/3
+    # Exact ties: an even upper half stays, an odd one rounds up (carrying into the next binade
+    # for 0x3f7f and 0x3fff); one below and one above a tie.
+    *(0x3F808000, 0xBF808000, 0x3F818000, 0xBF818000, 0x3F7F8000, 0x3FFF8000, 0xC0FF8000),
+    *(0x3F807FFF, 0x3F808001, 0xBF817FFF, 0xBF818001),
+    # The largest finite BF16 (0x7f7f); its tie and the largest FP32 round to Inf.
+    *(0x7F7F0000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F7E8000, 0xFF7F7FFF, 0xFF7F8000),
+    0xFF7FFFFF,
+    # FP32 subnormals (BF16 has the same exponent range, so it keeps them) and smallest normals.
+    *(0x00000001, 0x80000001, 0x00008000, 0x00008001, 0x00018000, 0x80018000, 0x00400000),
+    *(0x007F8000, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x80800000, 0x00800001, 0x00807FFF),
+    0x00808000,
+    *NAN_BITS,
+]
+
+
+def _f32_to_bf16_cases(rng: np.random.Generator) -> list[Case]:
+    special = _f32(BF16_SPECIAL_BITS)
+    # Every upper half with the low halves that decide the rounding: none, just below the tie,
+    # the tie, just above it, and one random.
+    upper = np.arange(1 << 16, dtype=np.uint32)[:, None] << 16  # (65536,1)
+    fixed_lows = np.tile(np.array([0x0000, 0x7FFF, 0x8000, 0x8001], np.uint32), (1 << 16, 1))
+    random_low = rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint32)
+    lows = np.column_stack([fixed_lows, random_low])  # (65536,5)
+    neighbourhood = (upper | lows).reshape(-1).view(np.float32)
+    # Half typical data over 40 binades, half random bit patterns (every magnitude, Inf, NaN).
+    n = 1000003
+    typical = rng.standard_normal(n // 2) * np.exp2(rng.uniform(-20, 20, n // 2))
+    patterns = rng.integers(0, 2**32, n - n // 2, dtype=np.uint32).view(np.float32)
+    mixed = rng.permutation(np.concatenate([typical.astype(np.float32), patterns]))
+    return [
+        Case("f32_to_bf16_special", "f32_to_bf16", "exact", [special]),
+        Case("f32_to_bf16_neighbourhood", "f32_to_bf16", "exact", [neighbourhood]),
+        Case(f"f32_to_bf16_random_n{n}", "f32_to_bf16", "exact", [mixed]),
+    ]
+
+
+def fp8_special_inputs(fp8: type, max_finite: float) -> np.ndarray:
+    """FP32 inputs that pin down an FP32 -> FP8 satfinite cast: every FP8 value, every midpoint
+    between neighbours (and one FP32 ulp either side), values beyond the maximum up to Inf, NaNs,
+    and tiny values down to FP32 subnormals; both signs."""
+    every = np.arange(256, dtype=np.uint8).view(fp8).astype(np.float32)  # both signs, NaN
+    finite = np.unique(np.abs(every[np.isfinite(every)]))  # 0 ... max_finite
+    step_at_top = finite[-1] - finite[-2]
+    mids = np.append((finite[:-1] + finite[1:]) / 2, max_finite + step_at_top / 2)
+    near_mids = np.concatenate([mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf)])
+    beyond = [np.nextafter(np.float32(max_finite), np.inf), 1.01 * max_finite, 2 * max_finite]
+    beyond += [1e10, 1e30, np.finfo(np.float32).max, np.inf]
+    smallest = finite[1]  # the smallest subnormal; half of it is the first midpoint
+    tiny = [smallest / 4, 0.75 * smallest, 1.25 * smallest, np.finfo(np.float32).tiny]
+    f32_subnormals = _f32([0x00000001, 0x00400000, 0x007FFFFF])
+    magnitudes = np.concatenate([near_mids, np.float32(beyond + tiny), f32_subnormals])
+    return np.concatenate([every, magnitudes, -magnitudes, _f32(NAN_BITS)])
+
+
+def fp8_random_inputs(rng: np.random.Generator, fp8: type, n: int) -> np.ndarray:
+    """Normal samples times a log-uniform magnitude from below the smallest subnormal to above
+    the largest finite value, so every binade, the underflow and the saturation are hit."""
+    info = ml_dtypes.finfo(fp8)
+    lo = np.log2(float(info.smallest_subnormal)) - 4
+    hi = np.log2(float(info.max)) + 4
+    return (rng.standard_normal(n) * np.exp2(rng.uniform(lo, hi, n))).astype(np.float32)
+
+
+def formats_cases(rng: np.random.Generator) -> list[Case]:
+    cases = _f32_to_bf16_cases(rng)
+    all_bf16 = np.arange(1 << 16, dtype=np.uint16)
+    random_bf16 = rng.integers(0, 1 << 16, 777, dtype=np.uint16)
+    cases += [
+        Case("bf16_to_f32_all_codes", "bf16_to_f32", "exact", [all_bf16]),
+        Case("bf16_to_f32_random_n777", "bf16_to_f32", "exact", [random_bf16]),
+    ]
+    for short, fp8, max_finite in (
+        ("e4m3", ml_dtypes.float8_e4m3fn, formats.E4M3_MAX),
+        ("e5m2", ml_dtypes.float8_e5m2, formats.E5M2_MAX),
+    ):
+        special = fp8_special_inputs(fp8, max_finite)
+        random_f32 = fp8_random_inputs(rng, fp8, 1000003)
+        all_codes = np.arange(256, dtype=np.uint8)
+        random_codes = rng.integers(0, 256, 100003, dtype=np.uint8)
+        cases += [
+            Case(f"f32_to_{short}_special", f"f32_to_{short}", "exact", [special]),
+            Case(f"f32_to_{short}_random_n1000003", f"f32_to_{short}", "exact", [random_f32]),
+            Case(f"{short}_to_bf16_all_codes", f"{short}_to_bf16", "exact", [all_codes]),
+            Case(f"{short}_to_bf16_random_n100003", f"{short}_to_bf16", "exact", [random_codes]),
+        ]
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+
+CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
+    "00_roofline": roofline_cases,
+    "01_formats": formats_cases,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lkw.golden", description="Writes golden inputs and expected outputs."
+    )
+    parser.add_argument("--out", required=True, type=Path, help="directory, one folder per chapter")
+    parser.add_argument("--seed", type=int, help="random seed (default: $LKW_SEED, else fresh)")
+    parser.add_argument(
+        "--chapter",
+        nargs="+",
+        action="extend",
+        choices=list(CHAPTERS),
+        help="chapters to write (default: all)",
+    )
+    args = parser.parse_args(argv)
+    seed = args.seed
+    if seed is None and os.environ.get("LKW_SEED"):
+        if not os.environ["LKW_SEED"].isdigit():
+            parser.error(f"LKW_SEED={os.environ['LKW_SEED']!r} is not a non-negative integer")
+        seed = int(os.environ["LKW_SEED"])
+    if seed is None:
+        seed = secrets.randbelow(2**32)
+    if seed < 0:
+        parser.error("--seed must be a non-negative integer")
+    print(f"lkw.golden: seed {seed} (set LKW_SEED to repeat)", flush=True)
+    for chapter in args.chapter or list(CHAPTERS):
+        cases = write_chapter(args.out, chapter, seed)
+        print(f"lkw.golden: {chapter}: {len(cases)} cases in {args.out / chapter}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

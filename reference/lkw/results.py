@@ -1,0 +1,308 @@
+"""Measured results: load ``results/<gpu>/<chapter>.json`` and present it.
+
+One module formats the measurements for everyone who shows them: the book (a mkdocs hook turns
+result markers into the tables below), the notebooks (plain-text tables, replay or live runs).
+The JSON files are written by ``tools/bench.py``; this module only reads them.
+
+Where the files are: ``$LKW_RESULTS_DIR`` if set, else ``<repo>/results``. A chapter with no file
+is not an error: every function here then says "no measurement recorded yet" instead of numbers,
+so the book and the notebooks work before the first GPU run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lkw import REPO
+
+GPU = "h200"  # the results/<gpu>/ folder the book and the notebooks replay
+NO_MEASUREMENT = "No measurement recorded yet"
+# A row above this share of the copy ceiling is suspect: the data sat in L2 or the model is wrong.
+SUSPECT_PCT = 100.0
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get("LKW_RESULTS_DIR") or Path(REPO) / "results")
+
+
+def results_path(chapter: str, gpu: str = GPU) -> Path:
+    return results_dir() / gpu / f"{chapter}.json"
+
+
+def load(chapter: str, gpu: str = GPU) -> dict | None:
+    """The chapter's results, or None when no run has been recorded."""
+    path = results_path(chapter, gpu)
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def missing_message(chapter: str, gpu: str = GPU) -> str:
+    path = results_path(chapter, gpu)
+    try:
+        shown = path.relative_to(REPO)
+    except ValueError:
+        shown = path
+    return (
+        f"{NO_MEASUREMENT} for {chapter}: {shown} does not exist. "
+        "A GPU run (tools/run.sh) records it."
+    )
+
+
+def rows(data: dict, op: str | None = None, kind: str | None = None) -> list[dict]:
+    """The measured rows in file order, optionally only one op and/or one kind."""
+    return [
+        r
+        for r in data["rows"]
+        if (op is None or r["op"] == op) and (kind is None or r["kind"] == kind)
+    ]
+
+
+def find_row(data: dict, op: str, version: str) -> dict | None:
+    return next((r for r in data["rows"] if r["op"] == op and r["version"] == version), None)
+
+
+def ridge_point(data: dict) -> tuple[float, dict] | None:
+    """FLOP per byte where the matrix-unit roof meets the bandwidth roof, measured in one run.
+
+    The matrix roof is the fastest row with a FLOP rate (chapter 00: the cuBLAS BF16 GEMM), the
+    bandwidth roof is the run's copy ceiling. Returns (FLOP/byte, that row) or None.
+    """
+    with_flops = [r for r in data["rows"] if r.get("tflops")]
+    if not with_flops or not data.get("ceiling_gbps"):
+        return None
+    best = max(with_flops, key=lambda r: r["tflops"])
+    return best["tflops"] * 1e12 / (data["ceiling_gbps"] * 1e9), best
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+COLUMNS = [
+    "op",
+    "version",
+    "summary",
+    "shape",
+    "time µs",
+    "achieved",
+    "% of ceiling",
+    "DRAM bytes / model",
+    "peers (their time / ours)",
+]
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _time(us: float | None) -> str:
+    if us is None:
+        return "—"
+    return f"{us:.1f}" if us >= 100 else f"{us:.2f}" if us >= 1 else f"{us:.3f}"
+
+
+def _cells(row: dict) -> list[str]:
+    """One row as plain strings, in COLUMNS order."""
+    if row.get("tflops") is not None:
+        achieved = f"{row['tflops']:.1f} TFLOP/s"
+    elif row.get("gbps") is not None:
+        achieved = f"{row['gbps']:.0f} GB/s"
+    else:
+        achieved = "—"
+    pct = row.get("pct_ceiling")
+    pct_text = _num(pct, ".1f")
+    if pct is not None and pct > SUSPECT_PCT:
+        pct_text += " ⚠"
+    version = row["version"]
+    if row["kind"] == "peer":
+        version += " (peer)"
+    if not row.get("correct", True):
+        version += " FAILED CHECK"
+    peers = ", ".join(f"{name} {p['ratio']:.2f}×" for name, p in (row.get("peers") or {}).items())
+    return [
+        row["op"],
+        version,
+        row.get("summary", ""),
+        row.get("shape", ""),
+        _time(row.get("time_us")),
+        achieved,
+        pct_text,
+        _num(row.get("dram_ratio"), ".3f"),
+        peers or "—",
+    ]
+
+
+def header_line(data: dict) -> str:
+    ceiling = (
+        f"copy ceiling {data['ceiling_gbps']:.1f} GB/s ({data.get('ceiling_version', '?')})"
+        if data.get("ceiling_gbps")
+        else "no copy ceiling in this run"
+    )
+    return (
+        f"{data['gpu']} · driver {data.get('driver') or '?'} · CUDA {data.get('cuda') or '?'} · "
+        f"{data['date']} · commit {data['commit']} · {ceiling}"
+    )
+
+
+def _notes(data: dict) -> list[str]:
+    notes = []
+    if any((r.get("pct_ceiling") or 0) > SUSPECT_PCT for r in data["rows"]):
+        notes.append(
+            "⚠ above 100% of the measured ceiling: the data sat in L2 or the byte model is wrong; "
+            "the row is not a result until that is settled."
+        )
+    for r in data["rows"]:
+        if not r.get("correct", True):
+            why = ": " + " ".join(str(r["check"]).split()) if r.get("check") else ""
+            notes.append(f"FAILED CHECK {r['op']}/{r['version']}: wrong output, no time{why}")
+    return notes
+
+
+def text_table(data: dict) -> str:
+    """A fixed-width table for notebooks and terminals."""
+    table = [COLUMNS] + [_cells(r) for r in data["rows"]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([header_line(data), ""] + lines + [""] + _notes(data)).rstrip()
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table(chapter: str) -> str:
+    """The book's results table for a chapter (or the no-measurement line)."""
+    data = load(chapter)
+    if data is None:
+        return missing_message(chapter)
+    out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(COLUMNS) + " |"]
+    out.append("|" + ":--|" * 4 + "--:|" * 4 + ":--|")  # names left, numbers right
+    for row in data["rows"]:
+        cells = [_md_escape(c) for c in _cells(row)]
+        cells[0] = f"`{cells[0]}`"
+        cells[1] = f"`{row['version']}`" + cells[1][len(row["version"]) :]  # name only in code
+        out.append("| " + " | ".join(cells) + " |")
+    out += [""] + [f"{n}\n" for n in _notes(data)]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def ridge_markdown(chapter: str) -> str:
+    data = load(chapter)
+    if data is None:
+        return f"{NO_MEASUREMENT} for {chapter}, so no ridge point either."
+    ridge = ridge_point(data)
+    if ridge is None:
+        return "This run has no FLOP-rate row, so no ridge point can be computed from it."
+    flop_per_byte, row = ridge
+    return (
+        f"Ridge point of this run: **{flop_per_byte:.0f} FLOP/byte** "
+        f"(`{row['op']}/{row['version']}` at {row['tflops']:.1f} TFLOP/s "
+        f"÷ copy ceiling {data['ceiling_gbps']:.1f} GB/s)."
+    )
+
+
+# ---- notebooks: replay a recorded run, or measure live ------------------------------------------
+
+
+def replay_forced() -> bool:
+    return os.environ.get("LKW_REPLAY", "") not in ("", "0")
+
+
+def live_available() -> bool:
+    """Live mode needs the compiled extension and a visible GPU, and LKW_REPLAY unset."""
+    if replay_forced():
+        return False
+    try:
+        ext = importlib.import_module("lkw._ext")
+    except ImportError:
+        return False
+    return bool(ext.device()["present"])
+
+
+def run_bench(chapter: str) -> dict:
+    """Measure the chapter now with tools/bench.py and return its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{chapter}.json"
+        cmd = [sys.executable, str(Path(REPO) / "tools" / "bench.py"), "--chapter", chapter]
+        subprocess.run(cmd + ["--json", str(out)], check=True, cwd=REPO)
+        return json.loads(out.read_text())
+
+
+def notebook_results(chapter: str) -> dict | None:
+    """What a notebook shows: a live run where possible, else the recorded one, else None."""
+    if live_available():
+        print(f"Live: measuring {chapter} with tools/bench.py on this GPU.")
+        data = run_bench(chapter)
+    else:
+        data = load(chapter)
+        if data is None:
+            print(missing_message(chapter))
+            print("The cells below skip their work until a measurement exists.")
+            return None
+        print(f"Replay: {results_path(chapter)}")
+    return data
+
+
+# ---- the schema by example ----------------------------------------------------------------------
+
+
+def example(chapter: str) -> dict:
+    """A made-up run in the schema that tools/bench.py writes; NOT a measurement (its GPU says so).
+
+    The tests build the book and execute the notebooks on it, before any real run exists.
+    """
+
+    def row(op, version, kind, summary, shape, time_us, model_bytes, flops=0, dram_ratio=1.001,
+            peers=None):
+        gbps = model_bytes / time_us / 1e3
+        return {
+            "name": f"{chapter}/{op}/{version}", "op": op, "version": version, "kind": kind,
+            "summary": summary, "shape": shape, "time_us": time_us, "model_bytes": model_bytes,
+            "gbps": gbps, "pct_ceiling": None if flops else 100.0 * gbps / ceiling,
+            "flops": flops, "tflops": flops / time_us / 1e6 if flops else None,
+            "dram_bytes": None if dram_ratio is None else round(dram_ratio * model_bytes),
+            "dram_ratio": dram_ratio, "correct": True, "peers": peers or {},
+        }
+
+    n = 1 << 26
+    ceiling = 8 * n / 140.0 / 1e3  # the example's "v2_inflight" time is 140 µs
+    if chapter == "00_roofline":
+        memcpy = 142.0
+        rows = [
+            row("copy", "v0_scalar", "version", "one 4-byte word per thread", f"n={n}", 190.0,
+                8 * n, peers={"cuda_memcpy": {"time_us": memcpy, "ratio": memcpy / 190.0}}),
+            row("copy", "v1_vec16", "version", "16-byte vectors: one uint4 per thread", f"n={n}",
+                150.0, 8 * n, peers={"cuda_memcpy": {"time_us": memcpy, "ratio": memcpy / 150.0}}),
+            row("copy", "v2_inflight", "version", "four 16-byte loads in flight per thread",
+                f"n={n}", 140.0, 8 * n,
+                peers={"cuda_memcpy": {"time_us": memcpy, "ratio": memcpy / 140.0}}),
+            row("copy", "cuda_memcpy", "peer", "cudaMemcpyAsync device-to-device", f"n={n}",
+                memcpy, 8 * n, dram_ratio=None),
+            row("gemm_bf16", "cublas", "peer", "cuBLAS BF16 GEMM, FP32 accumulation",
+                "M=N=K=8192", 1500.0, 3 * 2 * 8192**2, flops=2 * 8192**3, dram_ratio=None),
+        ]
+    elif chapter == "01_formats":
+        rows = []
+        casts = [("f32_to_bf16", 6), ("bf16_to_f32", 6), ("f32_to_e4m3", 5), ("f32_to_e5m2", 5),
+                 ("e4m3_to_bf16", 3), ("e5m2_to_bf16", 3)]
+        for op, size in casts:
+            for version, share, summary in [
+                ("v0_software_bits", 0.55, "integer bit manipulation, scalar"),
+                ("v1_hardware_cvt", 0.85, "one cvt instruction per element, scalar"),
+                ("v2_vec16", 0.97, "16-byte accesses, paired cvt"),
+            ]:
+                time_us = size * n / (share * ceiling * 1e3)
+                rows.append(row(op, version, "version", summary, f"n={n}", time_us, size * n))
+    else:
+        raise KeyError(f"no example for chapter {chapter}")
+    return {
+        "chapter": chapter, "gpu": "EXAMPLE GPU (not a measurement)", "driver": "0.0",
+        "cuda": "0.0", "date": "2000-01-01T00:00:00Z", "commit": "example",
+        "ceiling_gbps": ceiling, "ceiling_version": "00_roofline/copy/v2_inflight", "rows": rows,
+    }

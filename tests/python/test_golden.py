@@ -1,0 +1,315 @@
+"""lkw.golden: the manifest the C++ tests read, the files it lists, the expected outputs, and the
+seed that makes a run repeatable."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lkw import formats, golden
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = 1234
+
+# The contract with the C++ side: every case id and its op.
+EXPECTED_CASES = {
+    "00_roofline": {
+        **{f"copy_n{n}": "copy" for n in (1, 7, 4099, 65536, 1000003)},
+        "gemm_m64_n128_k256": "gemm_bf16",
+        "gemm_m33_n77_k130": "gemm_bf16",
+    },
+    "01_formats": {
+        "f32_to_bf16_special": "f32_to_bf16",
+        "f32_to_bf16_neighbourhood": "f32_to_bf16",
+        "f32_to_bf16_random_n1000003": "f32_to_bf16",
+        "bf16_to_f32_all_codes": "bf16_to_f32",
+        "bf16_to_f32_random_n777": "bf16_to_f32",
+        **{f"f32_to_{f}_special": f"f32_to_{f}" for f in ("e4m3", "e5m2")},
+        **{f"f32_to_{f}_random_n1000003": f"f32_to_{f}" for f in ("e4m3", "e5m2")},
+        **{f"{f}_to_bf16_all_codes": f"{f}_to_bf16" for f in ("e4m3", "e5m2")},
+        **{f"{f}_to_bf16_random_n100003": f"{f}_to_bf16" for f in ("e4m3", "e5m2")},
+    },
+}
+# ... and every op's input and output dtypes, as the manifest names them.
+EXPECTED_SIGNATURES = {
+    "copy": (["uint32"], ["uint32"]),
+    "gemm_bf16": (["bfloat16", "bfloat16"], ["bfloat16"]),
+    "f32_to_bf16": (["float32"], ["bfloat16"]),
+    "bf16_to_f32": (["bfloat16"], ["float32"]),
+    "f32_to_e4m3": (["float32"], ["float8_e4m3fn"]),
+    "f32_to_e5m2": (["float32"], ["float8_e5m2"]),
+    "e4m3_to_bf16": (["float8_e4m3fn"], ["bfloat16"]),
+    "e5m2_to_bf16": (["float8_e5m2"], ["bfloat16"]),
+}
+# Cases whose inputs do not depend on the seed.
+FIXED_CASES = re.compile(r".*_(special|all_codes)$")
+
+
+def parse_manifest(path: Path) -> tuple[dict, list[dict]]:
+    """Reads a manifest as strictly as the C++ reader should: header, then case records each
+    followed by its in/out records with indices 0, 1, ..."""
+    lines = path.read_text().splitlines()
+    header = re.fullmatch(r"# lkw golden v1 chapter=(\w+) seed=(\d+)", lines[0])
+    assert header, f"bad header: {lines[0]!r}"
+    cases = []
+    for line in lines[1:]:
+        fields = line.split()
+        assert len(fields) == 5, f"not 5 fields: {line!r}"
+        kind, case_id = fields[:2]
+        if kind == "case":
+            _, _, op, tolerance, params = fields
+            assert re.fullmatch(r"[a-z0-9_]+", case_id)
+            assert re.fullmatch(r"exact|ulp:\d+|close:[0-9.e+-]+:[0-9.e+-]+", tolerance)
+            assert params == "-" or re.fullmatch(r"\w+=[^,=]+(,\w+=[^,=]+)*", params)
+            cases.append({"id": case_id, "op": op, "tolerance": tolerance, "in": [], "out": []})
+        else:
+            assert kind in ("in", "out"), line
+            assert cases and cases[-1]["id"] == case_id, f"record outside its case: {line!r}"
+            index, dtype, file = int(fields[2]), fields[3], fields[4]
+            assert index == len(cases[-1][kind]), f"index out of order: {line!r}"
+            assert file == f"{case_id}.{kind}{index}.npy"
+            cases[-1][kind].append((dtype, path.parent / file))
+    return {"chapter": header[1], "seed": int(header[2])}, cases
+
+
+def load(file: Path) -> np.ndarray:
+    """Loads a .npy, checking the header the C++ reader relies on: C order, little endian."""
+    with open(file, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }[version]
+        _, fortran_order, dtype = read_header(f)
+    assert not fortran_order and dtype.str[0] in "<|", f"{file}: {dtype.str}, {fortran_order}"
+    return np.load(file)
+
+
+def raw_bits(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def chapter_files(root: Path, chapter: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / chapter).iterdir())}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """One run of the command line, as the build runs it."""
+    out = tmp_path_factory.mktemp("golden")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "reference")}
+    env.pop("LKW_SEED", None)
+    cmd = [sys.executable, "-m", "lkw.golden", "--out", str(out), "--seed", str(SEED)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return out, run.stdout
+
+
+@pytest.fixture(scope="module")
+def manifests(written):
+    return {
+        chapter: parse_manifest(written[0] / chapter / "manifest.txt")
+        for chapter in golden.CHAPTERS
+    }
+
+
+def test_prints_the_seed(written):
+    assert written[1].splitlines()[0] == f"lkw.golden: seed {SEED} (set LKW_SEED to repeat)"
+
+
+@pytest.mark.parametrize("chapter", list(EXPECTED_CASES))
+def test_manifest_lists_the_contracted_cases(manifests, chapter):
+    header, cases = manifests[chapter]
+    assert header == {"chapter": chapter, "seed": SEED}
+    assert {c["id"]: c["op"] for c in cases} == EXPECTED_CASES[chapter]
+    assert len({c["id"] for c in cases}) == len(cases), "duplicate case ids"
+
+
+def expected_shapes(case_id: str, op: str) -> list[tuple]:
+    """Input shapes from the case id: _nN, _mM_nN_kK, all 2^16 or 256 codes, 2^16 x 5."""
+    if m := re.search(r"_m(\d+)_n(\d+)_k(\d+)$", case_id):
+        m, n, k = map(int, m.groups())
+        return [(m, k), (n, k)]
+    if m := re.search(r"_n(\d+)$", case_id):
+        return [(int(m[1]),)]
+    if case_id.endswith("_all_codes"):
+        return [(1 << 16,)] if op == "bf16_to_f32" else [(256,)]
+    if case_id.endswith("_neighbourhood"):
+        return [(5 << 16,)]
+    return [None]  # the _special lists: any length
+
+
+@pytest.mark.parametrize("chapter", list(EXPECTED_CASES))
+def test_files_have_the_declared_dtypes_and_shapes(manifests, chapter):
+    for case in manifests[chapter][1]:
+        signature = [d for d, _ in case["in"]], [d for d, _ in case["out"]]
+        assert signature == EXPECTED_SIGNATURES[case["op"]], case["id"]
+        inputs = [load(f) for _, f in case["in"]]
+        outputs = [load(f) for _, f in case["out"]]
+        for (dtype, _), array in zip(case["in"] + case["out"], inputs + outputs, strict=True):
+            assert array.dtype == golden.DTYPES[dtype][0], f"{case['id']}: {dtype} as {array.dtype}"
+        for want, array in zip(expected_shapes(case["id"], case["op"]), inputs, strict=True):
+            assert want is None or array.shape == want, f"{case['id']}: {array.shape}"
+        if case["op"] == "gemm_bf16":
+            assert outputs[0].shape == (inputs[0].shape[0], inputs[1].shape[0])
+        else:
+            assert outputs[0].shape == inputs[0].shape, case["id"]
+
+
+@pytest.mark.parametrize("chapter", list(EXPECTED_CASES))
+def test_expected_outputs_are_the_references(manifests, chapter):
+    for case in manifests[chapter][1]:
+        inputs = [load(f) for _, f in case["in"]]
+        outputs = [load(f) for _, f in case["out"]]
+        recomputed = golden.OPS[case["op"]].fn(*inputs)
+        assert np.array_equal(raw_bits(recomputed), raw_bits(outputs[0])), case["id"]
+
+
+@pytest.mark.parametrize("chapter", list(EXPECTED_CASES))
+def test_no_input_is_all_zeros(manifests, chapter):
+    for case in manifests[chapter][1]:
+        for dtype, file in case["in"]:
+            assert np.any(golden.values(dtype, load(file)) != 0), f"{case['id']}: {file.name}"
+
+
+def test_tolerances(manifests):
+    for chapter in EXPECTED_CASES:
+        for case in manifests[chapter][1]:
+            if case["op"] == "gemm_bf16":
+                rtol, atol = map(float, case["tolerance"].split(":")[1:])
+                assert rtol == 1.6e-2 and 0 < atol < 1e-2, case["tolerance"]
+            else:
+                assert case["tolerance"] == "exact", case["id"]
+
+
+def test_special_cases_hold_the_edges(manifests):
+    """The special inputs contain what the chapter's text promises: signed zeros, Inf, several
+    NaN payloads, ties, and values beyond the FP8 maximum."""
+    files = {c["id"]: c["in"][0][1] for c in manifests["01_formats"][1]}
+    bf16_special = raw_bits(load(files["f32_to_bf16_special"]))
+    for bits in (0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x3F808000, 0x3F818000):
+        assert bits in bf16_special, hex(bits)
+    assert len(set(bf16_special[np.isnan(load(files["f32_to_bf16_special"]))])) >= 4
+    for name, max_finite in (("e4m3", formats.E4M3_MAX), ("e5m2", formats.E5M2_MAX)):
+        x = load(files[f"f32_to_{name}_special"])
+        assert np.isnan(x).any() and np.isposinf(x).any() and np.isneginf(x).any()
+        assert (x > max_finite).sum() >= 5 and (x < -max_finite).sum() >= 5
+        assert (np.abs(x[np.isfinite(x)]) < np.finfo(np.float32).tiny).sum() > 4  # subnormals
+
+
+def test_same_seed_same_files(written, tmp_path, capsys):
+    golden.main(["--out", str(tmp_path), "--seed", str(SEED)])
+    for chapter in golden.CHAPTERS:
+        assert chapter_files(tmp_path, chapter) == chapter_files(written[0], chapter)
+
+
+def test_other_seed_other_random_cases(written, manifests, tmp_path, capsys):
+    golden.main(["--out", str(tmp_path), "--seed", str(SEED + 1)])
+    for chapter in golden.CHAPTERS:
+        for case in manifests[chapter][1]:
+            name = f"{case['id']}.in0.npy"
+            same = (tmp_path / chapter / name).read_bytes() == (
+                written[0] / chapter / name
+            ).read_bytes()
+            assert same == bool(FIXED_CASES.match(case["id"])), case["id"]
+
+
+def test_one_chapter_alone_gets_the_same_data(written, tmp_path, capsys):
+    golden.main(["--out", str(tmp_path), "--seed", str(SEED), "--chapter", "01_formats"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_formats"]
+    assert chapter_files(tmp_path, "01_formats") == chapter_files(written[0], "01_formats")
+
+
+def test_seed_from_the_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LKW_SEED", "77")
+    golden.main(["--out", str(tmp_path), "--chapter", "00_roofline"])
+    assert "lkw.golden: seed 77 (set LKW_SEED to repeat)" in capsys.readouterr().out
+    assert parse_manifest(tmp_path / "00_roofline" / "manifest.txt")[0]["seed"] == 77
+
+
+def test_fresh_seed_is_printed_and_repeats(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("LKW_SEED", raising=False)
+    seeds = []
+    for run in ("a", "b"):
+        golden.main(["--out", str(tmp_path / run), "--chapter", "00_roofline"])
+        seeds.append(int(re.search(r"seed (\d+)", capsys.readouterr().out)[1]))
+    assert seeds[0] != seeds[1]
+    golden.main(
+        ["--out", str(tmp_path / "again"), "--seed", str(seeds[0]), "--chapter", "00_roofline"]
+    )
+    assert chapter_files(tmp_path / "again", "00_roofline") == chapter_files(
+        tmp_path / "a", "00_roofline"
+    )
+
+
+def test_writer_refuses_cases_the_cpp_side_would_misread():
+    ones = np.ones(4, np.uint32)
+    bad = [
+        golden.Case("Copy-1", "copy", "exact", [ones]),  # id outside [a-z0-9_]
+        golden.Case("copy_1", "copy", "close:1e-2", [ones]),  # tolerance lacks ATOL
+        golden.Case("copy_1", "copy", "exact", [np.zeros(4, np.uint32)]),  # all zeros
+        golden.Case("copy_1", "copy", "exact", [ones.astype(np.int64)]),  # not stored as uint32
+        golden.Case("cast_1", "f32_to_bf16", "exact", [np.full(4, -0.0, np.float32)]),  # -0 is zero
+    ]
+    for case in bad:
+        with pytest.raises(ValueError):
+            golden.check_case(case, golden.expected_outputs(case))
+
+
+def gemm_error_within_tolerance(got: np.ndarray, ref: np.ndarray, tolerance: str) -> np.ndarray:
+    """The C++ rule: |got - ref| <= atol + rtol * |ref|, elementwise on BF16 bits."""
+    rtol, atol = map(float, tolerance.split(":")[1:])
+    g, r = formats.bf16_to_f32(got).astype(np.float64), formats.bf16_to_f32(ref).astype(np.float64)
+    return np.abs(g - r) <= atol + rtol * np.abs(r)
+
+
+def test_gemm_tolerance_passes_fp32_accumulation_and_catches_a_dropped_term(rng):
+    m, n, k = 64, 128, 1024
+    a = formats.f32_to_bf16(rng.standard_normal((m, k), np.float32))  # (M,K)
+    b = formats.f32_to_bf16(rng.standard_normal((n, k), np.float32))  # (N,K)
+    tolerance = golden.gemm_bf16_tolerance(a, b)
+    ref = golden.OPS["gemm_bf16"].fn(a, b)
+    a32, b32 = formats.bf16_to_f32(a), formats.bf16_to_f32(b)
+    # What a kernel computes: FP32 sums, in K order and in BLAS's own order, rounded to BF16.
+    sequential = np.zeros((m, n), np.float32)
+    for kk in range(k):
+        sequential += np.outer(a32[:, kk], b32[:, kk])  # BF16 x BF16 is exact in FP32
+    for acc in (sequential, a32 @ b32.T):
+        assert gemm_error_within_tolerance(formats.f32_to_bf16(acc), ref, tolerance).all()
+    dropped = formats.f32_to_bf16(a32[:, :-1] @ b32[:, :-1].T)  # a loop that stops one short
+    assert not gemm_error_within_tolerance(dropped, ref, tolerance).all()
+
+
+def test_gemm_tolerance_passes_the_accumulation_error_of_outputs_that_cancel(rng):
+    """A = [X, -X], B = [Y, Y]: every exact output is 0, and an FP32 kernel returns only its
+    rounding error, which ATOL alone must cover."""
+    m, n, half = 64, 128, 512
+    x = formats.f32_to_bf16(rng.standard_normal((m, half), np.float32))
+    y = formats.f32_to_bf16(rng.standard_normal((n, half), np.float32))
+    a, b = np.hstack([x, x ^ np.uint16(0x8000)]), np.hstack([y, y])  # (M,K), (N,K)
+    tolerance = golden.gemm_bf16_tolerance(a, b)
+    ref = golden.OPS["gemm_bf16"].fn(a, b)
+    assert not np.any(formats.bf16_to_f32(ref))
+    a32, b32 = formats.bf16_to_f32(a), formats.bf16_to_f32(b)
+    sequential = np.zeros((m, n), np.float32)
+    for kk in range(2 * half):
+        sequential += np.outer(a32[:, kk], b32[:, kk])
+    assert np.any(sequential), "the FP32 sum should leave some rounding error"
+    assert gemm_error_within_tolerance(formats.f32_to_bf16(sequential), ref, tolerance).all()
+
+
+def test_a_new_chapter_is_one_table_entry(tmp_path, monkeypatch, capsys):
+    """A chapter registered in CHAPTERS is written like the others, params included."""
+
+    def cases(rng):
+        words = rng.integers(1, 2**32, 5, dtype=np.uint32)
+        return [golden.Case("copy_params", "copy", "ulp:1", [words], {"eps": 1e-6, "group": 128})]
+
+    monkeypatch.setitem(golden.CHAPTERS, "99_example", cases)
+    golden.main(["--out", str(tmp_path), "--seed", "5", "--chapter", "99_example"])
+    lines = (tmp_path / "99_example" / "manifest.txt").read_text().splitlines()
+    assert lines[1] == "case copy_params copy ulp:1 eps=1e-06,group=128"
+    assert parse_manifest(tmp_path / "99_example" / "manifest.txt")[1][0]["out"]
