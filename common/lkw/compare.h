@@ -3,8 +3,10 @@
 // result where the reference is not all zero (the classic unwritten or unlaunched output).
 #pragma once
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
 #include <cstdint>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +14,16 @@
 #include "lkw/tensor.h"
 
 namespace lkw {
+
+// printf-style formatting into a std::string (the harness avoids iostreams in library code).
+inline std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  return buf;
+}
 
 struct Tolerance {
   enum class Mode { kExact, kUlp, kClose };
@@ -32,11 +44,9 @@ struct Tolerance {
     throw std::invalid_argument("bad tolerance '" + s + "' (exact | ulp:N | close:RTOL:ATOL)");
   }
   std::string str() const {
-    std::ostringstream s;
-    if (mode == Mode::kExact) s << "bit-exact";
-    if (mode == Mode::kUlp) s << "<= " << max_ulp << " ulp";
-    if (mode == Mode::kClose) s << "rtol " << rtol << ", atol " << atol;
-    return s.str();
+    if (mode == Mode::kExact) return "bit-exact";
+    if (mode == Mode::kUlp) return format("<= %lld ulp", static_cast<long long>(max_ulp));
+    return format("rtol %g, atol %g", rtol, atol);
   }
 };
 
@@ -47,11 +57,15 @@ struct CompareReport {
   int64_t max_ulp = 0;
   std::string reason;  // why the first bad element is bad
   std::string str() const {
-    std::ostringstream s;
-    s << (pass ? "PASS" : "FAIL") << ": " << bad << "/" << count << " bad, max abs " << max_abs
-      << ", max rel " << max_rel << ", max ulp " << max_ulp;
-    if (first_bad >= 0) s << "; first bad index " << first_bad << " (" << reason << ")";
-    return s.str();
+    std::string s = format("%s: %lld/%lld bad, max abs %g, max rel %g, max ulp %lld",
+                           pass ? "PASS" : "FAIL", static_cast<long long>(bad),
+                           static_cast<long long>(count), max_abs, max_rel,
+                           static_cast<long long>(max_ulp));
+    if (first_bad >= 0)
+      s += format("; first bad index %lld (", static_cast<long long>(first_bad)) + reason + ")";
+    else if (!reason.empty())
+      s += "; " + reason;
+    return s;
   }
 };
 
@@ -60,6 +74,8 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
                              const Tolerance& tol) {
   CompareReport r;
   r.count = n;
+  // Identical bits are within any tolerance (and NaN matches NaN): skip the element walk.
+  if (std::memcmp(got, ref, static_cast<size_t>(n) * dtype_size(t)) == 0) return r;
   bool got_all_zero = true, ref_all_zero = true;
   for (int64_t i = 0; i < n; ++i) {
     const double g = element_as_f64(got, t, i), e = element_as_f64(ref, t, i);
@@ -94,11 +110,10 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
     }
     if (!why.empty()) {
       if (r.first_bad < 0) {
-        std::ostringstream s;
-        s << "got " << g << " (0x" << std::hex << gb << "), expected " << e << " (0x" << eb
-          << std::dec << "): " << why;
         r.first_bad = i;
-        r.reason = s.str();
+        r.reason = format("got %g (0x%llx), expected %g (0x%llx): ", g,
+                          static_cast<unsigned long long>(gb), e,
+                          static_cast<unsigned long long>(eb)) + why;
       }
       ++r.bad;
     }

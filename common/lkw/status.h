@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 namespace lkw {

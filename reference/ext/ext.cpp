@@ -44,7 +44,10 @@ lkw::DType dtype_of(const Array& a) {
     if (code == Code::UInt && t.bits == 32) return lkw::DType::kU32;
     if (code == Code::Int && t.bits == 64) return lkw::DType::kI64;
   }
-  throw nb::value_error("unsupported array dtype (pass it as a uint8 view and name it in dtypes)");
+  throw nb::value_error(("unsupported array dtype (DLPack code " + std::to_string(t.code) + ", " +
+                         std::to_string(t.bits) + " bits): pass an integer view of the same width "
+                         "and name the dtype in dtypes")
+                            .c_str());
 }
 
 lkw::TensorRef to_ref(const Array& a, const std::string& dtype_name, bool need_device) {
@@ -52,7 +55,6 @@ lkw::TensorRef to_ref(const Array& a, const std::string& dtype_name, bool need_d
     throw nb::value_error("arrays must live on the GPU (DLPack device type CUDA)");
   lkw::TensorRef ref;
   ref.data = const_cast<void*>(a.data());
-  ref.dtype = dtype_of(a);
   for (size_t i = 0; i < a.ndim(); ++i) ref.shape.push_back(a.shape(i));
   // C-contiguity: stride (in elements) of each dim = product of the later dims. DLPack allows
   // producers to omit the strides of a compact array (numpy does): then there is nothing to check.
@@ -64,17 +66,21 @@ lkw::TensorRef to_ref(const Array& a, const std::string& dtype_name, bool need_d
       expected *= a.shape(i);
     }
   }
-  if (!dtype_name.empty()) {
-    lkw::DType named;
-    if (!lkw::dtype_from_name(dtype_name, &named)) throw nb::value_error(("unknown dtype " + dtype_name).c_str());
-    const int64_t bytes = ref.bytes();
-    if (bytes % lkw::dtype_size(named)) throw nb::value_error("array size does not fit the named dtype");
-    if (lkw::dtype_size(named) != lkw::dtype_size(ref.dtype)) {
-      if (ref.shape.empty()) throw nb::value_error("cannot reinterpret a 0-d array");
-      ref.shape.back() = ref.shape.back() * lkw::dtype_size(ref.dtype) / lkw::dtype_size(named);
-    }
-    ref.dtype = named;
+  if (dtype_name.empty()) {
+    ref.dtype = dtype_of(a);
+    return ref;
   }
+  // A named dtype reinterprets the array's bytes; only the last dim changes if widths differ.
+  lkw::DType named;
+  if (!lkw::dtype_from_name(dtype_name, &named))
+    throw nb::value_error(("unknown dtype " + dtype_name).c_str());
+  const int item = (a.dtype().bits * a.dtype().lanes + 7) / 8, want = lkw::dtype_size(named);
+  if (item != want) {
+    if (ref.shape.empty() || (ref.shape.back() * item) % want)
+      throw nb::value_error("array size does not fit the named dtype");
+    ref.shape.back() = ref.shape.back() * item / want;
+  }
+  ref.dtype = named;
   return ref;
 }
 
@@ -194,13 +200,17 @@ NB_MODULE(_ext, m) {
         "flush_l2"_a = true,
         "Median time of many launches (CUDA events), rotating over the (inputs, outputs) sets.");
 
+  // Host buffers come as addresses (numpy: arr.ctypes.data), not through DLPack: the harness's
+  // comparison only needs the bits, and it avoids one more import path for host memory.
   m.def("compare",
-        [](const Array& got, const Array& ref, const std::string& dtype, const std::string& tol) {
-          if (got.device_type() != nb::device::cpu::value || ref.device_type() != nb::device::cpu::value)
-            throw nb::value_error("compare takes host arrays");
-          const lkw::TensorRef g = to_ref(got, dtype, false), r = to_ref(ref, dtype, false);
-          if (g.numel() != r.numel()) throw nb::value_error("compare: sizes differ");
-          const lkw::CompareReport rep = lkw::compare(g.data, r.data, g.dtype, g.numel(), lkw::Tolerance::parse(tol));
+        [](uintptr_t got, uintptr_t ref, int64_t count, const std::string& dtype,
+           const std::string& tol) {
+          lkw::DType t;
+          if (!lkw::dtype_from_name(dtype, &t)) throw nb::value_error(("unknown dtype " + dtype).c_str());
+          if (!got || !ref || count < 0) throw nb::value_error("compare: bad buffers");
+          const lkw::CompareReport rep = lkw::compare(reinterpret_cast<const void*>(got),
+                                                      reinterpret_cast<const void*>(ref), t, count,
+                                                      lkw::Tolerance::parse(tol));
           nb::dict d;
           d["pass"] = rep.pass;
           d["count"] = rep.count;
@@ -212,8 +222,11 @@ NB_MODULE(_ext, m) {
           d["text"] = rep.str();
           return d;
         },
-        "got"_a, "ref"_a, "dtype"_a, "tolerance"_a = "exact",
-        "The harness's comparison (common/lkw/compare.h) on two host arrays of `dtype`.");
+        "got"_a, "ref"_a, "count"_a, "dtype"_a, "tolerance"_a = "exact",
+        "The harness's comparison (common/lkw/compare.h) of two host buffers of `count` `dtype`s.");
+
+  m.def("flush_l2", [] { lkw::ext::flush_l2(); },
+        "Read twice the L2's size: evicts (and writes back) whatever the last kernel left there.");
 
   m.def("device", [] {
     const lkw::ext::DeviceInfo i = lkw::ext::device_info();

@@ -3,14 +3,23 @@
 
 namespace lkw::ext {
 
+Timer& timer() {
+  static Timer t;  // owns the 2×L2 flush buffer; made once
+  return t;
+}
+
+void flush_l2() {
+  timer().flush();
+  LKW_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 TimeResult time_launches(const std::function<Status(int)>& launch, int warmup, int iters,
                          bool flush_l2) {
-  static Timer timer;  // owns the 2×L2 flush buffer; made once
   TimerOptions opt;
   opt.warmup = warmup;
   opt.iters = iters;
   opt.flush_l2 = flush_l2;
-  const Timing t = timer.time(launch, opt);
+  const Timing t = timer().time(launch, opt);
   return {t.median_us, t.min_us, t.max_us, t.iters};
 }
 

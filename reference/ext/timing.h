@@ -15,6 +15,9 @@ struct TimeResult {
 TimeResult time_launches(const std::function<Status(int)>& launch, int warmup, int iters,
                          bool flush_l2);
 
+// One flush kernel (the timer's): dirty lines left in L2 by the previous kernel go to DRAM now.
+void flush_l2();
+
 struct DeviceInfo {
   bool present = false;
   std::string name;

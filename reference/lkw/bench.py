@@ -63,6 +63,15 @@ class Case:
     notes: list[str] = field(default_factory=list)
 
 
+def _raw(tensors) -> list:
+    """Integer views of the same width: the registry gets the dtypes by name (narrow floats
+    do not cross DLPack everywhere)."""
+    import torch
+
+    views = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return [t.view(views[t.element_size()]) for t in tensors]
+
+
 def _host_bits(t) -> np.ndarray:
     """A device tensor's raw bits as a host numpy array of the same width."""
     import torch
@@ -162,6 +171,14 @@ def ext():
     return _ext
 
 
+def compare(got: np.ndarray, ref: np.ndarray, dtype: str, tolerance: str = "exact") -> dict:
+    """The harness's comparison (C++, common/lkw/compare.h) on two host arrays of the same bits."""
+    got, ref = np.ascontiguousarray(got), np.ascontiguousarray(ref)
+    if got.nbytes != ref.nbytes or got.size != ref.size:
+        raise ValueError(f"compare: {got.shape} {got.dtype} vs {ref.shape} {ref.dtype}")
+    return ext().compare(got.ctypes.data, ref.ctypes.data, got.size, dtype, tolerance)
+
+
 def _verify(case: Case, name: str, inputs, outputs, expected) -> dict:
     """Compare every output of a launch with the reference (on sampled rows where set)."""
     reports = []
@@ -170,8 +187,7 @@ def _verify(case: Case, name: str, inputs, outputs, expected) -> dict:
         dtype = case.dtypes[len(inputs) + i]
         if case.sample_rows:
             got = got[: case.sample_rows]
-        rep = ext().compare(np.ascontiguousarray(got).reshape(-1), np.ascontiguousarray(ref).reshape(-1), dtype, case.tolerance)
-        reports.append(rep)
+        reports.append(compare(got, ref, dtype, case.tolerance))
     ok = all(r["pass"] for r in reports)
     return {"pass": ok, "text": "; ".join(r["text"] for r in reports)}
 
@@ -195,7 +211,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(case.seed)
-    inputs, outputs = case.make(torch, gen)
+    inputs, outputs = (_raw(ts) for ts in case.make(torch, gen))
     host_inputs = [_host_bits(t) for t in inputs]
     expected = _reference(case, host_inputs)
     sets = _rotations(inputs, outputs, l2_bytes)
@@ -333,14 +349,16 @@ def ncu_pass(chapters: list[str], order_file: Path) -> None:
         for case in CHAPTERS[chapter]():
             gen = torch.Generator(device="cuda")
             gen.manual_seed(case.seed)
-            inputs, outputs = case.make(torch, gen)
+            inputs, outputs = (_raw(ts) for ts in case.make(torch, gen))
             for v in versions_of(chapter, case.op):
                 if v["kernels_per_launch"] == 0:
                     continue
-                torch.cuda.synchronize()
+                ext().flush_l2()  # nothing of the last launch left in L2 (outside the range)
                 torch.cuda.nvtx.range_push("lkw")
                 ext().launch(v["name"], inputs, outputs, dtypes=case.dtypes)
-                torch.cuda.synchronize()
+                # The L2 is write-back: up to its 60 MB of our output may still be dirty when the
+                # kernel ends. The flush's DRAM *writes* are those lines, so they count for us.
+                ext().flush_l2()
                 torch.cuda.nvtx.range_pop()
                 order.append({"name": v["name"], "shape": case.shape, "kernels": v["kernels_per_launch"],
                               "kernel_hint": v["sass"][0]["kernel"] if v["sass"] else ""})
@@ -374,23 +392,25 @@ def parse_ncu(stdout: str, order: list[dict], log=print) -> dict[tuple[str, str]
     lines = stdout[stdout.find('"ID"'):] if '"ID"' in stdout else ""
     per_kernel: dict[int, dict] = {}
     for rec in csv.DictReader(io.StringIO(lines)):
-        if rec.get("Metric Name") not in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
-            continue
-        k = per_kernel.setdefault(int(rec["ID"]), {"name": rec["Kernel Name"], "bytes": 0.0})
-        k["bytes"] += float(rec["Metric Value"].replace(",", ""))
+        metric = {"dram__bytes_read.sum": "read", "dram__bytes_write.sum": "write"}.get(rec.get("Metric Name"))
+        if metric:
+            k = per_kernel.setdefault(int(rec["ID"]), {"name": rec["Kernel Name"], "read": 0.0, "write": 0.0})
+            k[metric] += float(rec["Metric Value"].replace(",", ""))
     kernels = [per_kernel[i] for i in sorted(per_kernel)]
     out, at = {}, 0
     for launch in order:
-        group = kernels[at: at + launch["kernels"]]
-        at += launch["kernels"]
-        if len(group) < launch["kernels"]:
+        # The version's kernels, then the flush whose writes are the version's late write-backs.
+        group = kernels[at: at + launch["kernels"] + 1]
+        at += launch["kernels"] + 1
+        if len(group) < launch["kernels"] + 1:
             log(f"ncu: fewer kernels profiled than launched (at {launch['name']}): DRAM bytes incomplete")
             break
+        *own, flush = group
         hint = launch["kernel_hint"].split("*")[0]
-        if hint and hint not in group[0]["name"]:
-            log(f"ncu: kernel order mismatch at {launch['name']} ({group[0]['name']}): DRAM bytes dropped")
+        if (hint and hint not in own[0]["name"]) or "flush_l2" not in flush["name"]:
+            log(f"ncu: kernel order mismatch at {launch['name']} ({own[0]['name']}): DRAM bytes dropped")
             return {}
-        out[(launch["name"], launch["shape"])] = sum(k["bytes"] for k in group)
+        out[(launch["name"], launch["shape"])] = sum(k["read"] + k["write"] for k in own) + flush["write"]
     return out
 
 

@@ -90,10 +90,24 @@ def test_book_builds_before_any_measurement(empty_site):
 
 def test_suspect_and_failed_rows_are_marked(tmp_path, monkeypatch, recorded):
     data = json.loads(json.dumps(recorded))
-    data["rows"][0]["pct_ceiling"] = 104.0  # what L2 hits or a wrong byte model look like
+    # Above the ceiling with no DRAM measurement that settles it: L2 hits or a wrong byte model.
+    data["rows"][0].update(pct_ceiling=104.0, dram_ratio=None)
     data["rows"][1].update(correct=False, time_us=None, gbps=None, check="element 7: got 0, want 3")
     write_results(tmp_path, "00_roofline", data)
     monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
     table = results.markdown_table("00_roofline")
     assert "104.0 ⚠" in table and "the data sat in L2 or the byte model is wrong" in table
     assert "FAILED CHECK copy/v1_vec16" in table and "element 7" in table
+
+
+def test_rows_above_the_ceiling_with_dram_bytes_matching_the_model_are_explained(
+    tmp_path, monkeypatch, recorded
+):
+    data = json.loads(json.dumps(recorded))
+    data["rows"][0].update(pct_ceiling=101.0, dram_ratio=0.99)  # DRAM saw the model's bytes
+    data["rows"][1].update(pct_ceiling=101.0, dram_ratio=0.90)  # 10% short: still suspect
+    write_results(tmp_path, "00_roofline", data)
+    monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
+    table = results.markdown_table("00_roofline")
+    assert "101.0 †" in table and "not served from L2" in table.replace("\n", " ")
+    assert "101.0 ⚠" in table
