@@ -374,7 +374,9 @@ def ncu_dram_bytes(chapters: list[str], log=print) -> dict[tuple[str, str], floa
         return {}
     with tempfile.TemporaryDirectory() as tmp:
         order_file = Path(tmp) / "order.json"
-        cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "lkw/",
+        # --cache-control none: ncu must not flush L2 itself, or the dirty lines a kernel leaves
+        # behind would be written back by ncu, unseen; our own flush kernels do it, measured.
+        cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--nvtx", "--nvtx-include", "lkw/",
                "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum", "--csv", "--print-units", "base",
                sys.executable, str(Path(REPO) / "tools" / "bench.py"), "--ncu-pass", str(order_file)]
         for c in chapters:
