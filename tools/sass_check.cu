@@ -2,7 +2,8 @@
 // binary (which links every kernel), for every architecture the build targeted. No GPU needed.
 //
 //   build/lkw_sass_check                 check all facts, print one line per fact and arch
-//   build/lkw_sass_check --mix FILE      also write the instruction mix of every kernel as JSON
+//   build/lkw_sass_check --mix FILE      also write each version's instruction mix as JSON
+//   build/lkw_sass_check --mix-check F   fail if F (the committed mix, which the book shows) is stale
 //
 // A fact names a kernel (substrings joined by '*', in order, matched against the mangled name),
 // the opcodes that must / must not appear (matched as a prefix of the mnemonic at a '.'
@@ -116,9 +117,11 @@ bool checker_catches_false_facts(const Sass& sass) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mix_path;
-  for (int i = 1; i + 1 < argc; ++i)
+  std::string mix_path, mix_check_path;
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--mix") mix_path = argv[i + 1];
+    if (std::string(argv[i]) == "--mix-check") mix_check_path = argv[i + 1];
+  }
   if (std::string(LKW_CUOBJDUMP).empty() || std::string(LKW_CUOBJDUMP).find("NOTFOUND") != std::string::npos) {
     std::printf("FAIL: cuobjdump was not found at configure time (install nvidia-cuda-cuobjdump)\n");
     return 1;
@@ -158,12 +161,16 @@ int main(int argc, char** argv) {
                     detail.c_str());
       }
     }
+    // The instruction mix of each version's kernels (those its first fact names), by opcode.
     mix << (ai ? "," : "") << "\n \"" << arch << "\": {";
     bool first = true;
-    for (const auto& [name, code] : sass) {
+    for (const lkw::Version& v : lkw::Registry::get().all()) {
+      if (v.sass.empty()) continue;
       std::map<std::string, int> counts;
-      for (const std::string& m : code) ++counts[base_opcode(m)];
-      mix << (first ? "" : ",") << "\n  \"" << name << "\": {";
+      for (const auto& [name, code] : sass)
+        if (kernel_matches(name, v.sass[0].kernel))
+          for (const std::string& m : code) ++counts[base_opcode(m)];
+      mix << (first ? "" : ",") << "\n  \"" << v.name() << "\": {";
       bool f2 = true;
       for (const auto& [op, n] : counts) {
         mix << (f2 ? "" : ", ") << "\"" << op << "\": " << n;
@@ -176,6 +183,17 @@ int main(int argc, char** argv) {
   }
   mix << "\n}\n";
   if (!mix_path.empty()) std::ofstream(mix_path) << mix.str();
+  if (!mix_check_path.empty()) {
+    std::ifstream committed(mix_check_path);
+    std::stringstream text;
+    text << committed.rdbuf();
+    ++checked;
+    if (text.str() != mix.str()) {
+      std::printf("FAIL the instruction mix in %s is stale: rewrite it with lkw_sass_check --mix\n",
+                  mix_check_path.c_str());
+      ++failed;
+    }
+  }
   std::printf("%d passed, %d failed\n", checked - failed, failed);
   return failed == 0 && checked > 0 ? 0 : 1;
 }

@@ -155,9 +155,63 @@ def formats_cases() -> list[Case]:
     ]
 
 
+def int4_dequant_cases() -> list[Case]:
+    """Every dequant op at 8192 x 8192, the INT4 ones also at the Llama-3-8B and -70B weight
+    shapes (N, K), G = 128. The launchers infer G from the shapes (K / scales.shape[1]), so no
+    params travel; the reference checks 64 sampled rows."""
+    from lkw import golden
+
+    g = 128
+    llama = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+    shapes = {op: [(8192, 8192)] for op in golden.DEQUANT_OPS}
+    for op in ("int4_f16", "int4_bf16", "int4i_f16", "int4i_bf16"):
+        shapes[op] += llama
+
+    def make_for(op, n, k):
+        kind, fmt, zp = golden.dequant_signature(op)
+
+        def make(torch, gen):
+            dev = {"device": "cuda", "generator": gen}
+            if kind == "int4":  # random words: every nibble value, natural or interleaved alike
+                w = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, **dev)
+            elif kind == "int8":
+                w = torch.randint(0, 256, (n, k), dtype=torch.uint8, **dev)
+            else:  # E4M3 codes 0..0xFE without 0x7F: no NaN weights
+                c = torch.randint(0, 254, (n, k), dtype=torch.uint8, **dev)
+                w = c + (c >= 0x7F).to(torch.uint8)
+            dtype = torch.float16 if fmt == "float16" else torch.bfloat16
+            scales = (torch.randn(n, k // g, **dev).abs() * 0.01 + 1e-3).to(dtype)
+            inputs = [w, scales]
+            if zp:
+                zshape = (n, k // g // 8)
+                zeros = torch.randint(-(2**31), 2**31 - 1, zshape, dtype=torch.int32, **dev)
+                inputs.append(zeros)
+            return inputs, [torch.empty(n, k, dtype=dtype, device="cuda")]
+
+        return make
+
+    def expected_for(op):
+        def expected(x):
+            # The bench samples the first input's leading rows; scales and zero points have the
+            # same N rows, so they are cut to match.
+            rows = x[0].shape[0]
+            return [golden.OPS[op].fn(*(a[:rows] for a in x))]
+
+        return expected
+
+    cases = []
+    for op, op_shapes in shapes.items():
+        names = [*golden.OPS[op].inputs, *golden.OPS[op].outputs]
+        for n, k in op_shapes:
+            cases.append(Case(op, f"n={n},k={k},g={g}", names, make_for(op, n, k), expected_for(op),
+                              sample_rows=64))
+    return cases
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
+    "02_int4_dequant": int4_dequant_cases,
 }
 
 

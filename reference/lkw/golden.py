@@ -31,7 +31,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, roofline
+from lkw import formats, int4, roofline
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -66,6 +66,15 @@ OPS = {
     "f32_to_e5m2": Op(formats.f32_to_e5m2, ("float32",), ("float8_e5m2",)),
     "e4m3_to_bf16": Op(formats.e4m3_to_bf16, ("float8_e4m3fn",), ("bfloat16",)),
     "e5m2_to_bf16": Op(formats.e5m2_to_bf16, ("float8_e5m2",), ("bfloat16",)),
+    "int4_f16": Op(int4.int4_f16, ("uint32", "float16"), ("float16",)),
+    "int4_bf16": Op(int4.int4_bf16, ("uint32", "bfloat16"), ("bfloat16",)),
+    "int4i_f16": Op(int4.int4i_f16, ("uint32", "float16"), ("float16",)),
+    "int4i_bf16": Op(int4.int4i_bf16, ("uint32", "bfloat16"), ("bfloat16",)),
+    "int4i_zp_f16": Op(int4.int4i_zp_f16, ("uint32", "float16", "uint32"), ("float16",)),
+    "int4i_zp_bf16": Op(int4.int4i_zp_bf16, ("uint32", "bfloat16", "uint32"), ("bfloat16",)),
+    "int8_f16": Op(int4.int8_f16, ("uint8", "float16"), ("float16",)),
+    "e4m3_f16": Op(int4.e4m3_f16, ("float8_e4m3fn", "float16"), ("float16",)),
+    "e4m3_bf16": Op(int4.e4m3_bf16, ("float8_e4m3fn", "bfloat16"), ("bfloat16",)),
 }
 
 
@@ -278,10 +287,105 @@ def formats_cases(rng: np.random.Generator) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 02_int4_dequant
+
+DEQUANT_OPS = [
+    *("int4_f16", "int4_bf16", "int4i_f16", "int4i_bf16", "int4i_zp_f16", "int4i_zp_bf16"),
+    *("int8_f16", "e4m3_f16", "e4m3_bf16"),
+]
+# E4M3FN codes that are weights: all but the NaNs 0x7F and 0xFF (never produced by quantizers,
+# and the bit-shift kernels turn them into +-480 instead of NaN).
+E4M3_FINITE_CODES = np.array([c for c in range(256) if c not in int4.E4M3_NAN_CODES], np.uint8)
+# Scale exponent ranges [lo, hi] of the "wide" cases: s = u * 2^e, u in [1, 2), e in [lo, hi].
+# The FP16 ranges reach below 2^-14 (subnormal results) and stop where the largest product,
+# |q - z| <= 15, |b - 128| <= 128 or |e4m3| <= 448 times s, is still finite.
+WIDE_SCALE_EXPONENTS = {
+    ("int4", "float16"): (-18, 11),
+    ("int8", "float16"): (-20, 7),
+    ("e4m3", "float16"): (-12, 6),
+    ("int4", "bfloat16"): (-40, 40),
+    ("e4m3", "bfloat16"): (-40, 40),
+}
+
+
+def dequant_signature(op: str) -> tuple[str, str, bool]:
+    """(weights "int4" | "int8" | "e4m3", scale/output format, zero points) of a dequant op."""
+    weights = "int4" if op.startswith("int4") else op.split("_")[0]
+    return weights, "bfloat16" if op.endswith("_bf16") else "float16", "_zp_" in op
+
+
+def dequant_scales(rng: np.random.Generator, n: int, groups: int, fmt: str, wide=None):
+    """Positive scales [n, groups] as FP16/BF16 bits: realistic ones (|N(0,1)| * 0.01 + 1e-3),
+    or, with `wide` = (lo, hi), u * 2^e over many binades."""
+    if wide is None:
+        s = np.abs(rng.standard_normal((n, groups))) * 0.01 + 1e-3
+    else:
+        lo, hi = wide
+        s = rng.uniform(1, 2, (n, groups)) * np.exp2(rng.integers(lo, hi + 1, (n, groups)))
+    return int4.round_to(s, fmt)
+
+
+def _dequant_case(rng, op, tag, n, k, g, *, weights=None, zeros=None, wide=False) -> Case:
+    """One case of a dequant op; random weights and zero points unless given."""
+    kind, fmt, zp = dequant_signature(op)
+    if weights is None:
+        if kind == "int4":
+            weights = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)  # (N,K/8)
+        elif kind == "int8":
+            weights = rng.integers(0, 256, (n, k), dtype=np.uint8)  # (N,K)
+        else:
+            weights = rng.choice(E4M3_FINITE_CODES, (n, k))  # (N,K)
+    scales = dequant_scales(rng, n, k // g, fmt, WIDE_SCALE_EXPONENTS[kind, fmt] if wide else None)
+    inputs = [weights, scales]  # (N,K/8) or (N,K); (N,K/G)
+    if zp:
+        if zeros is None:
+            zeros = rng.integers(0, 2**32, (n, k // g // 8), dtype=np.uint32)  # (N,K/G/8)
+        inputs.append(zeros)
+    case_id = "_".join([op, *([tag] if tag else []), f"n{n}_k{k}_g{g}"])
+    return Case(case_id, op, "exact", inputs, {"group_size": g})
+
+
+def int4_dequant_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op in DEQUANT_OPS:
+        kind, _, zp = dequant_signature(op)
+        cases.append(_dequant_case(rng, op, "", 64, 1024, 128))
+        # Tail: odd N and an odd number of groups (zero points need K/G to be a multiple of 8).
+        cases.append(_dequant_case(rng, op, "tail", *((5, 256, 32) if zp else (3, 96, 32))))
+        # Wide: scales over many binades, so results land in every binade (and FP16 subnormals).
+        cases.append(_dequant_case(rng, op, "wide", 16, 512, 64, wide=True))
+        if kind == "int4" and not zp:
+            # Every 16-bit pattern, so every nibble pair and every byte, in both halves of a word.
+            words = int4.every_half_word(rng).reshape(256, 256)  # (N,K/8)
+            cases.append(_dequant_case(rng, op, "exhaustive", 256, 2048, 128, weights=words))
+        if zp:
+            # All 16 zero points x all 16 values: 128 groups of 32, each zero point in 8 groups,
+            # each group holding every value twice.
+            n, k, g = 16, 256, 32
+            z = rng.permutation(np.repeat(np.arange(16), (n * k // g) // 16)).reshape(n, k // g)
+            q = rng.permuted(np.tile(np.arange(16), (n * k // g, g // 16)), axis=1)
+            words = int4.pack(q.reshape(n, k), interleaved=True)
+            cases.append(
+                _dequant_case(rng, op, "all_zq", n, k, g, weights=words, zeros=int4.pack(z))
+            )
+        if kind == "int8":
+            bytes_ = rng.permuted(np.tile(np.arange(256, dtype=np.uint8), (8, 1)), axis=1)
+            cases.append(_dequant_case(rng, op, "all_bytes", 8, 256, 128, weights=bytes_))
+        if kind == "e4m3":
+            # Every finite code in every row (plus two random ones), shuffled along the row.
+            extra = rng.choice(E4M3_FINITE_CODES, (8, 2))
+            rows = np.hstack([np.tile(E4M3_FINITE_CODES, (8, 1)), extra])
+            codes = rng.permuted(rows, axis=1)  # (8,256)
+            cases.append(_dequant_case(rng, op, "all_codes", 8, 256, 128, weights=codes))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
 
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
+    "02_int4_dequant": int4_dequant_cases,
 }
 
 

@@ -15,6 +15,11 @@ from lkw import formats, golden
 REPO = Path(__file__).resolve().parents[2]
 SEED = 1234
 
+# Chapter 02's ops, as the C++ registry names them.
+DEQUANT_OPS = (
+    *("int4_f16", "int4_bf16", "int4i_f16", "int4i_bf16", "int4i_zp_f16", "int4i_zp_bf16"),
+    *("int8_f16", "e4m3_f16", "e4m3_bf16"),
+)
 # The contract with the C++ side: every case id and its op.
 EXPECTED_CASES = {
     "00_roofline": {
@@ -33,6 +38,19 @@ EXPECTED_CASES = {
         **{f"{f}_to_bf16_all_codes": f"{f}_to_bf16" for f in ("e4m3", "e5m2")},
         **{f"{f}_to_bf16_random_n100003": f"{f}_to_bf16" for f in ("e4m3", "e5m2")},
     },
+    "02_int4_dequant": {
+        **{f"{op}_n64_k1024_g128": op for op in DEQUANT_OPS},
+        **{f"{op}_tail_n3_k96_g32": op for op in DEQUANT_OPS if "_zp_" not in op},
+        **{f"{op}_tail_n5_k256_g32": op for op in ("int4i_zp_f16", "int4i_zp_bf16")},
+        **{f"{op}_wide_n16_k512_g64": op for op in DEQUANT_OPS},
+        **{
+            f"{op}_exhaustive_n256_k2048_g128": op
+            for op in ("int4_f16", "int4_bf16", "int4i_f16", "int4i_bf16")
+        },
+        **{f"{op}_all_zq_n16_k256_g32": op for op in ("int4i_zp_f16", "int4i_zp_bf16")},
+        "int8_f16_all_bytes_n8_k256_g128": "int8_f16",
+        **{f"{op}_all_codes_n8_k256_g128": op for op in ("e4m3_f16", "e4m3_bf16")},
+    },
 }
 # ... and every op's input and output dtypes, as the manifest names them.
 EXPECTED_SIGNATURES = {
@@ -44,6 +62,13 @@ EXPECTED_SIGNATURES = {
     "f32_to_e5m2": (["float32"], ["float8_e5m2"]),
     "e4m3_to_bf16": (["float8_e4m3fn"], ["bfloat16"]),
     "e5m2_to_bf16": (["float8_e5m2"], ["bfloat16"]),
+    **{op: (["uint32", "float16"], ["float16"]) for op in ("int4_f16", "int4i_f16")},
+    **{op: (["uint32", "bfloat16"], ["bfloat16"]) for op in ("int4_bf16", "int4i_bf16")},
+    "int4i_zp_f16": (["uint32", "float16", "uint32"], ["float16"]),
+    "int4i_zp_bf16": (["uint32", "bfloat16", "uint32"], ["bfloat16"]),
+    "int8_f16": (["uint8", "float16"], ["float16"]),
+    "e4m3_f16": (["float8_e4m3fn", "float16"], ["float16"]),
+    "e4m3_bf16": (["float8_e4m3fn", "bfloat16"], ["bfloat16"]),
 }
 # Cases whose inputs do not depend on the seed.
 FIXED_CASES = re.compile(r".*_(special|all_codes)$")
@@ -65,7 +90,8 @@ def parse_manifest(path: Path) -> tuple[dict, list[dict]]:
             assert re.fullmatch(r"[a-z0-9_]+", case_id)
             assert re.fullmatch(r"exact|ulp:\d+|close:[0-9.e+-]+:[0-9.e+-]+", tolerance)
             assert params == "-" or re.fullmatch(r"\w+=[^,=]+(,\w+=[^,=]+)*", params)
-            cases.append({"id": case_id, "op": op, "tolerance": tolerance, "in": [], "out": []})
+            case = {"id": case_id, "op": op, "tolerance": tolerance, "params": params}
+            cases.append({**case, "in": [], "out": []})
         else:
             assert kind in ("in", "out"), line
             assert cases and cases[-1]["id"] == case_id, f"record outside its case: {line!r}"
@@ -128,8 +154,20 @@ def test_manifest_lists_the_contracted_cases(manifests, chapter):
     assert len({c["id"] for c in cases}) == len(cases), "duplicate case ids"
 
 
+def dequant_shapes(case_id: str, op: str) -> tuple[list[tuple], tuple]:
+    """Input and output shapes of a dequant case from its id (_nN_kK_gG): weights [N, K/8]
+    words or [N, K] bytes, scales [N, K/G], zero points [N, K/G/8]; output [N, K]."""
+    n, k, g = map(int, re.search(r"_n(\d+)_k(\d+)_g(\d+)$", case_id).groups())
+    weights = (n, k // 8) if op.startswith("int4") else (n, k)
+    zeros = [(n, k // g // 8)] if "_zp_" in op else []
+    return [weights, (n, k // g), *zeros], (n, k)
+
+
 def expected_shapes(case_id: str, op: str) -> list[tuple]:
-    """Input shapes from the case id: _nN, _mM_nN_kK, all 2^16 or 256 codes, 2^16 x 5."""
+    """Input shapes from the case id: _nN, _mM_nN_kK, _nN_kK_gG, all 2^16 or 256 codes,
+    2^16 x 5."""
+    if op in DEQUANT_OPS:
+        return dequant_shapes(case_id, op)[0]
     if m := re.search(r"_m(\d+)_n(\d+)_k(\d+)$", case_id):
         m, n, k = map(int, m.groups())
         return [(m, k), (n, k)]
@@ -155,6 +193,8 @@ def test_files_have_the_declared_dtypes_and_shapes(manifests, chapter):
             assert want is None or array.shape == want, f"{case['id']}: {array.shape}"
         if case["op"] == "gemm_bf16":
             assert outputs[0].shape == (inputs[0].shape[0], inputs[1].shape[0])
+        elif case["op"] in DEQUANT_OPS:
+            assert outputs[0].shape == dequant_shapes(case["id"], case["op"])[1], case["id"]
         else:
             assert outputs[0].shape == inputs[0].shape, case["id"]
 
@@ -183,6 +223,17 @@ def test_tolerances(manifests):
                 assert rtol == 1.6e-2 and 0 < atol < 1e-2, case["tolerance"]
             else:
                 assert case["tolerance"] == "exact", case["id"]
+
+
+def test_dequant_cases_carry_their_group_size(manifests):
+    """Every chapter-02 case names G in its params, and G is K / (groups per row) of its files."""
+    for case in manifests["02_int4_dequant"][1]:
+        g = int(re.search(r"_g(\d+)$", case["id"])[1])
+        assert case["params"] == f"group_size={g}", case["id"]
+        assert g in (32, 64, 128)
+        weights, scales = (load(f) for _, f in case["in"][:2])
+        k = weights.shape[1] * (8 if case["op"].startswith("int4") else 1)
+        assert k == g * scales.shape[1], case["id"]
 
 
 def test_special_cases_hold_the_edges(manifests):
