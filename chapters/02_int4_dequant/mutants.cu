@@ -69,7 +69,7 @@ Status wrong_group(const DequantArgs& a, cudaStream_t stream) {
 
 template <const DequantOp& kOp, class Unpack>
 Status mutant(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Unpack>(kOp, a, stream);
+  return launch_units<Unpack>(kOp, a, stream);
 }
 
 const Register kSwapped{dequant_version(kInt4iF16, "mutant_swapped_nibbles", "nibbles of a byte swapped",

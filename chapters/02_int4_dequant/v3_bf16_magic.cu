@@ -26,13 +26,13 @@ struct Int4MagicBf16 {
 };
 
 Status dequant_v3(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Int4MagicBf16>(kInt4iBf16, a, stream);
+  return launch_units<Int4MagicBf16>(kInt4iBf16, a, stream);
 }
 
 const Register kRegistered{dequant_version(
     kInt4iBf16, "v3_bf16_magic", "BF16 magic 0x4300: one mask, shifts by 4, sub 136",
     dequant_v3,
-    {{"dequant_vec16_kernel*Int4MagicBf16", {}, {"LOP3", "LDG.E.128", "STG.E.128"},
+    {{"dequant_units_kernel*Int4MagicBf16", {}, {"LOP3", "STG.E.128"},
       {"I2F", "I2FP"}, true, "LOP3 unpack, no integer→float convert"}})};
 
 }  // namespace

@@ -141,12 +141,20 @@ inline Version dequant_version(const DequantOp& op, const char* id, const char* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// The 16-byte kernel shape shared by v1..v6: one thread loads one uint4 of weights (32 INT4 or
-// 16 8-bit weights, all in one group since 32 | G), converts them with the version's Unpack, and
-// stores them as 16-byte vectors. Unpack provides:
+// The kernel shape shared by v1..v6. The unit of work is 8 weights: one word of INT4 or two words
+// of 8-bit weights in, 16 bytes of FP16/BF16 out (always inside one group, since 8 | G). Thread t
+// of a block converts units t, t + blockDim, t + 2·blockDim, t + 3·blockDim of its row segment:
+// every load instruction of a warp reads one contiguous run (128 or 256 bytes) and every store
+// instruction writes 512 contiguous bytes — whole lines on both sides. (Giving each thread one
+// 16-byte *load* instead would spread its 64 output bytes over four stores 64 bytes apart: each
+// store instruction would then touch twice the lines for the same bytes, measured at under half
+// the copy ceiling.) Unpack provides:
 //   using Pair = half2 / __nv_bfloat162;   static constexpr int kPerWord = 8 or 4;
 //   static constexpr bool kZeroPoints;     (compile time: other kernels carry no zero-point code)
 //   void operator()(uint32_t word, Pair scale2, Pair neg_zs2, Pair* out) const   (kPerWord/2 pairs)
+// The grid is 2-D — blockIdx.y is the row — and the group size a power of two, so the index math
+// is shifts and adds: a run-time integer division would itself compile to I2F (reciprocal)
+// instructions and cloud the SASS facts.
 template <class Pair>
 struct PairOf;
 template <>
@@ -162,38 +170,61 @@ struct PairOf<__nv_bfloat162> {
   static __device__ __forceinline__ __nv_bfloat16 from_u32(uint32_t z) { return __uint2bfloat16_rn(z); }
 };
 
-// The grid is 2-D — blockIdx.y is the row — and the group size a power of two, so the index
-// math is shifts and adds: a run-time integer division would itself compile to I2F (reciprocal)
-// instructions and cloud the SASS facts.
+constexpr int kThreads = 128;
+constexpr int kUnitsPerThread = 4;
+
+template <int kWords>
+struct Words;
+template <>
+struct Words<1> {
+  using Type = uint32_t;
+  static __device__ __forceinline__ uint32_t get(uint32_t w, int) { return w; }
+};
+template <>
+struct Words<2> {
+  using Type = uint2;
+  static __device__ __forceinline__ uint32_t get(uint2 w, int i) { return i == 0 ? w.x : w.y; }
+};
+
 template <class Unpack>
-__global__ void dequant_vec16_kernel(const uint4* __restrict__ weights,
-                                     const typename PairOf<typename Unpack::Pair>::Scalar* __restrict__ scales,
-                                     const uint32_t* __restrict__ zeros, uint4* __restrict__ out,
-                                     int64_t k, int group_shift) {
+__global__ void __launch_bounds__(kThreads)
+    dequant_units_kernel(const void* __restrict__ weights,
+                         const typename PairOf<typename Unpack::Pair>::Scalar* __restrict__ scales,
+                         const uint32_t* __restrict__ zeros, uint4* __restrict__ out, int64_t k,
+                         int group_shift) {
   using Pair = typename Unpack::Pair;
   using P = PairOf<Pair>;
-  constexpr int kElems = 4 * Unpack::kPerWord;  // per thread: one uint4 of weights
-  const int64_t vecs_per_row = k / kElems;      // k / 32 or k / 16: a shift
-  const int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (v >= vecs_per_row) return;
-  const int64_t row = blockIdx.y, col = v * kElems;
-  const int64_t groups = k >> group_shift, g = col >> group_shift;
-  const auto scale = scales[row * groups + g];  // (N, K/G)
-  Pair neg_zs = P::dup(scale);
-  if constexpr (Unpack::kZeroPoints) {
-    const uint32_t z = (zeros[row * (groups / 8) + g / 8] >> (4 * (g % 8))) & 0xf;  // (N, K/G/8)
-    neg_zs = P::dup(__hneg(__hmul(P::from_u32(z), scale)));
-  }
-  const int64_t i = row * vecs_per_row + v;
-  const uint4 w = weights[i];
-  Pair r[kElems / 2];
-  Unpack{}(w.x, P::dup(scale), neg_zs, r + 0 * Unpack::kPerWord / 2);
-  Unpack{}(w.y, P::dup(scale), neg_zs, r + 1 * Unpack::kPerWord / 2);
-  Unpack{}(w.z, P::dup(scale), neg_zs, r + 2 * Unpack::kPerWord / 2);
-  Unpack{}(w.w, P::dup(scale), neg_zs, r + 3 * Unpack::kPerWord / 2);
-  constexpr int kStores = kElems * 2 / 16;
+  constexpr int kWords = 8 / Unpack::kPerWord;  // words per unit of 8 weights
+  using W = Words<kWords>;
+  const int64_t units_per_row = k / 8, row = blockIdx.y;
+  const int64_t groups = k >> group_shift;
+  const auto* w_row = static_cast<const typename W::Type*>(weights) + row * units_per_row;
+  const int64_t first = blockIdx.x * int64_t(kThreads * kUnitsPerThread) + threadIdx.x;
+
+  // Load every unit's weights first (independent loads in flight), then convert and store.
+  typename W::Type w[kUnitsPerThread];
 #pragma unroll
-  for (int s = 0; s < kStores; ++s) out[i * kStores + s] = reinterpret_cast<const uint4*>(r)[s];
+  for (int u = 0; u < kUnitsPerThread; ++u) {
+    const int64_t unit = first + u * kThreads;
+    if (unit < units_per_row) w[u] = w_row[unit];  // (N, K/8) units
+  }
+#pragma unroll
+  for (int u = 0; u < kUnitsPerThread; ++u) {
+    const int64_t unit = first + u * kThreads;
+    if (unit >= units_per_row) break;
+    const int64_t g = (unit * 8) >> group_shift;
+    const auto scale = scales[row * groups + g];  // (N, K/G)
+    Pair neg_zs = P::dup(scale);
+    if constexpr (Unpack::kZeroPoints) {
+      const uint32_t z = (zeros[row * (groups / 8) + g / 8] >> (4 * (g % 8))) & 0xf;  // (N, K/G/8)
+      neg_zs = P::dup(__hneg(__hmul(P::from_u32(z), scale)));
+    }
+    Pair r[4];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i)
+      Unpack{}(W::get(w[u], i), P::dup(scale), neg_zs, r + i * Unpack::kPerWord / 2);
+    out[row * units_per_row + unit] = *reinterpret_cast<const uint4*>(r);  // (N, K/8) × 16 B
+  }
 }
 
 inline int log2_of(int x) {
@@ -203,18 +234,18 @@ inline int log2_of(int x) {
 }
 
 template <class Unpack>
-Status launch_vec16(const DequantOp& op, const DequantArgs& a, cudaStream_t stream) {
+Status launch_units(const DequantOp& op, const DequantArgs& a, cudaStream_t stream) {
   Status s = Check().that(a.n <= 65535, "N must be at most 65535 (rows are grid.y)").status();
-  if (s.ok()) s = validate_dequant(op, a, 16);
+  constexpr int kWordBytes = 4 * (8 / Unpack::kPerWord);
+  if (s.ok()) s = validate_dequant(op, a, kWordBytes > 4 ? 8 : 4);
+  if (s.ok()) s = Check().aligned(a.out, 16, "out").status();
   if (!s.ok()) return s;
-  constexpr int kThreads = 128;
-  constexpr int kElems = 4 * Unpack::kPerWord;
-  const int64_t vecs_per_row = a.k / kElems;  // exact: K is a multiple of G ≥ 32
-  const dim3 grid(unsigned((vecs_per_row + kThreads - 1) / kThreads), unsigned(a.n));
+  const int64_t units_per_row = a.k / 8, per_block = int64_t(kThreads) * kUnitsPerThread;
+  const dim3 grid(unsigned((units_per_row + per_block - 1) / per_block), unsigned(a.n));
   using Scalar = typename PairOf<typename Unpack::Pair>::Scalar;
-  dequant_vec16_kernel<Unpack><<<grid, kThreads, 0, stream>>>(
-      static_cast<const uint4*>(a.weights), static_cast<const Scalar*>(a.scales), a.zeros,
-      static_cast<uint4*>(a.out), a.k, log2_of(a.group));
+  dequant_units_kernel<Unpack><<<grid, kThreads, 0, stream>>>(
+      a.weights, static_cast<const Scalar*>(a.scales), a.zeros, static_cast<uint4*>(a.out), a.k,
+      log2_of(a.group));
   return last_launch_status(op.name);
 }
 

@@ -1,10 +1,12 @@
-// v1_vec16 — 16-byte loads and stores, the same per-element arithmetic as v0.
+// v1_vec16 — 16-byte stores of 8 weights at a time, the same per-element arithmetic as v0.
 //
-// Since v0: a thread takes one uint4 of weights (32 INT4 or 16 8-bit weights, always inside one
-// group), so it reads its scale once, and writes its 64 or 32 bytes of output as 16-byte stores.
-// The arithmetic is unchanged — one I2F (or one hardware cvt for FP8) per element — which is the
-// cost the magic-number versions remove next.
-// Expect: close to the bound where the convert is cheap enough; SASS: LDG.E.128, STG.E.128, I2F.
+// Since v0: a thread converts units of 8 weights (one INT4 word or two 8-bit words in, 16 bytes
+// out), four units a thread at a stride of the block size (int4_dequant.cuh says why that
+// layout), reading each unit's scale once. The weight loads are 4 or 8 bytes per thread but
+// contiguous across the warp, so each load instruction still moves whole lines; the output,
+// four times wider, is what must be written 16 bytes at a time. The arithmetic is unchanged —
+// one I2F (or one hardware cvt for FP8) per element — which is what v2.. remove next.
+// Expect: far closer to the bound than v0; SASS: STG.E.128 and I2F.
 #include <cuda_fp8.h>
 
 #include "int4_dequant.cuh"
@@ -81,14 +83,13 @@ struct E4m3CvtBf16 {
 
 template <const DequantOp& kOp, class Unpack>
 Status dequant_v1(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Unpack>(kOp, a, stream);
+  return launch_units<Unpack>(kOp, a, stream);
 }
 
 std::vector<SassFact> wide(const char* unpack, std::vector<std::string> must) {
-  must.push_back("LDG.E.128");
   must.push_back("STG.E.128");
-  return {{std::string("dequant_vec16_kernel*") + unpack, {}, must, {}, true,
-           "16-byte accesses; the convert is still there"}};
+  return {{std::string("dequant_units_kernel*") + unpack, {}, must, {}, true,
+           "16-byte stores; the convert is still there"}};
 }
 
 constexpr const char* kSummary = "16-byte loads/stores, per-element convert";

@@ -26,13 +26,13 @@ struct Int4MagicF16 {
 };
 
 Status dequant_v2(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Int4MagicF16>(kInt4iF16, a, stream);
+  return launch_units<Int4MagicF16>(kInt4iF16, a, stream);
 }
 
 const Register kRegistered{dequant_version(
     kInt4iF16, "v2_lop3_magic", "FP16 magic 0x6400: LOP3 + HSUB2/HFMA2, interleaved weights",
     dequant_v2,
-    {{"dequant_vec16_kernel*Int4MagicF16", {}, {"LOP3", "HFMA2", "LDG.E.128", "STG.E.128"},
+    {{"dequant_units_kernel*Int4MagicF16", {}, {"LOP3", "HFMA2", "STG.E.128"},
       {"I2F", "I2FP"}, true, "LOP3 + HFMA2 unpack, no integer→float convert"}})};
 
 }  // namespace

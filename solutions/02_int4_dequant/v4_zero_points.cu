@@ -40,17 +40,17 @@ struct Int4ZeroPointBf16 {
 
 template <const DequantOp& kOp, class Unpack>
 Status dequant_v4(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Unpack>(kOp, a, stream);
+  return launch_units<Unpack>(kOp, a, stream);
 }
 
 constexpr const char* kSummary = "zero points: magic unpack + one FMA q·s − z·s";
 const Register kRegisteredF16{dequant_version(
     kInt4iZpF16, "v4_zero_points", kSummary, dequant_v4<kInt4iZpF16, Int4ZeroPointF16>,
-    {{"dequant_vec16_kernel*Int4ZeroPointF16", {}, {"LOP3", "HFMA2"}, {}, true,
+    {{"dequant_units_kernel*Int4ZeroPointF16", {}, {"LOP3", "HFMA2"}, {}, true,
       "LOP3 + HFMA2 unpack"}})};
 const Register kRegisteredBf16{dequant_version(
     kInt4iZpBf16, "v4_zero_points", kSummary, dequant_v4<kInt4iZpBf16, Int4ZeroPointBf16>,
-    {{"dequant_vec16_kernel*Int4ZeroPointBf16", {}, {"LOP3"}, {}, true, "LOP3 unpack"}})};
+    {{"dequant_units_kernel*Int4ZeroPointBf16", {}, {"LOP3"}, {}, true, "LOP3 unpack"}})};
 
 }  // namespace
 }  // namespace lkw::int4

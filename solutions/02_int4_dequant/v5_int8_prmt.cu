@@ -23,12 +23,12 @@ struct Int8PrmtF16 {
 };
 
 Status dequant_v5(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Int8PrmtF16>(kInt8F16, a, stream);
+  return launch_units<Int8PrmtF16>(kInt8F16, a, stream);
 }
 
 const Register kRegistered{dequant_version(
     kInt8F16, "v5_int8_prmt", "UINT8: PRMT into 0x64XX, HSUB2 1152", dequant_v5,
-    {{"dequant_vec16_kernel*Int8PrmtF16", {}, {"PRMT"}, {"I2F", "I2FP"}, true,
+    {{"dequant_units_kernel*Int8PrmtF16", {}, {"PRMT"}, {"I2F", "I2FP"}, true,
       "byte permute, no integer→float convert"}})};
 
 }  // namespace

@@ -38,17 +38,17 @@ struct E4m3ShiftBf16 {
 
 template <const DequantOp& kOp, class Unpack>
 Status dequant_v6(const DequantArgs& a, cudaStream_t stream) {
-  return launch_vec16<Unpack>(kOp, a, stream);
+  return launch_units<Unpack>(kOp, a, stream);
 }
 
 constexpr const char* kSummary = "E4M3 by bit shift + power-of-two multiply";
 const Register kRegisteredF16{dequant_version(
     kE4m3F16, "v6_fp8_bit_shift", kSummary, dequant_v6<kE4m3F16, E4m3ShiftF16>,
-    {{"dequant_vec16_kernel*E4m3ShiftF16", {}, {"PRMT", "LOP3"}, {"F2FP"}, true,
+    {{"dequant_units_kernel*E4m3ShiftF16", {}, {"PRMT", "LOP3"}, {"F2FP"}, true,
       "bit moves, no FP8 convert instruction"}})};
 const Register kRegisteredBf16{dequant_version(
     kE4m3Bf16, "v6_fp8_bit_shift", kSummary, dequant_v6<kE4m3Bf16, E4m3ShiftBf16>,
-    {{"dequant_vec16_kernel*E4m3ShiftBf16", {}, {"PRMT", "LOP3"}, {}, true,
+    {{"dequant_units_kernel*E4m3ShiftBf16", {}, {"PRMT", "LOP3"}, {}, true,
       "bit moves, no FP8 convert instruction"}})};
 
 }  // namespace
