@@ -40,43 +40,24 @@ __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
 // elements (0, 1) into the two halves, the next shift by 4 picks (2, 3), and so on: each step
 // yields two consecutive elements.
 
-// Eight INT4 of an interleaved word → four half2 of (q − 8), in element order.
+// Eight INT4 of an interleaved word → four half2 of (q − 8) (or of q, with kMinus8 = false, for
+// zero points that subtract later), in element order.
 // Low nibbles: 0x6400 | q = 1024 + q, minus 0x6408 (1032) = q − 8: one LOP3 + one HSUB2.
 // High nibbles (bits 4..7 of each half) read as 1024 + 16q: × 1/16 (0x2C00) + (−72) (0xD480)
-// = 64 + q − 72 = q − 8: one LOP3 + one HFMA2. All exact in FP16.
+// = 64 + q − 72 = q − 8: one LOP3 + one HFMA2. All exact in FP16. Without the bias the constants
+// are 0x6400 (1024) and 0xD400 (−64).
+template <bool kMinus8 = true>
 __device__ __forceinline__ void u4_to_f16_magic(uint32_t q, half2 (&out)[4]) {
   // TODO(exercise): two LOP3 per byte pair (masks 0x000F000F and 0x00F000F0 with 0x64006400), then HSUB2 / HFMA2 with the constants above; shift q by 8 for the second pair. (about 10 lines)
 }
 
-// Eight INT4 of an interleaved word → four bf162 of (q − 8). BF16 has 7 mantissa bits: 128 + 16q
-// does not fit (16·15 = 240 > 127), so the FP16 high-nibble trick is out; instead one mask and a
-// shift by 4 per pair: 0x4300 | q = 128 + q, minus 136 (0x4308) = q − 8. Four LOP3 + four HSUB2.
+// Eight INT4 of an interleaved word → four bf162 of (q − 8) (or q). BF16 has 7 mantissa bits:
+// 128 + 16q does not fit (16·15 = 240 > 127), so the FP16 high-nibble trick is out; instead one
+// mask and a shift by 4 per pair: 0x4300 | q = 128 + q, minus 136 (0x4308) = q − 8 (minus 128,
+// 0x4300, = q). Four LOP3 + four HSUB2.
+template <bool kMinus8 = true>
 __device__ __forceinline__ void u4_to_bf16_magic(uint32_t q, __nv_bfloat162 (&out)[4]) {
   // TODO(exercise): for each pair: LOP3 (mask 0x000F000F, magic 0x43004300), subtract 136 (0x43084308), shift q right by 4. (about 7 lines)
-}
-
-// As above but without the bias: four half2 of q itself (for zero points, which subtract later).
-__device__ __forceinline__ void u4_to_f16_magic_unbiased(uint32_t q, half2 (&out)[4]) {
-  constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kMagic = 0x64006400;
-  const half2 k1024 = as_half2(0x64006400), kSixteenth = as_half2(0x2c002c00),
-              kMinus64 = as_half2(0xd400d400);
-  const uint32_t lo0 = lop3<kAndOr>(q, kLo, kMagic), hi0 = lop3<kAndOr>(q, kHi, kMagic);
-  q >>= 8;
-  const uint32_t lo1 = lop3<kAndOr>(q, kLo, kMagic), hi1 = lop3<kAndOr>(q, kHi, kMagic);
-  out[0] = __hsub2(as_half2(lo0), k1024);
-  out[1] = __hfma2(as_half2(hi0), kSixteenth, kMinus64);
-  out[2] = __hsub2(as_half2(lo1), k1024);
-  out[3] = __hfma2(as_half2(hi1), kSixteenth, kMinus64);
-}
-
-__device__ __forceinline__ void u4_to_bf16_magic_unbiased(uint32_t q, __nv_bfloat162 (&out)[4]) {
-  constexpr uint32_t kMask = 0x000f000f, kMagic = 0x43004300;
-  const __nv_bfloat162 k128 = as_bf162(0x43004300);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[i] = __hsub2(as_bf162(lop3<kAndOr>(q, kMask, kMagic)), k128);
-    q >>= 4;
-  }
 }
 
 // Four UINT8 (bias 128) → two half2 of (b − 128), in element order. PRMT (byte permute) builds

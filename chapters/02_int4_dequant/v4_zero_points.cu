@@ -19,7 +19,7 @@ struct Int4ZeroPointF16 {
   static constexpr bool kZeroPoints = true;
   __device__ void operator()(uint32_t word, half2 s, half2 neg_zs, half2* out) const {
     half2 q[4];
-    u4_to_f16_magic_unbiased(word, q);
+    u4_to_f16_magic<false>(word, q);
     // TODO(exercise): one HFMA2 per pair: q·s + (−z·s). (about 2 lines)
   }
 };
@@ -30,7 +30,7 @@ struct Int4ZeroPointBf16 {
   __device__ void operator()(uint32_t word, __nv_bfloat162 s, __nv_bfloat162 neg_zs,
                              __nv_bfloat162* out) const {
     __nv_bfloat162 q[4];
-    u4_to_bf16_magic_unbiased(word, q);
+    u4_to_bf16_magic<false>(word, q);
 #pragma unroll
     for (int j = 0; j < 4; ++j) out[j] = __hfma2(q[j], s, neg_zs);
   }

@@ -56,6 +56,20 @@ struct Version {
   std::string name() const { return chapter + "/" + op + "/" + id; }
 };
 
+// A version's identity, for the chapter helpers (copy_version, cast_version, ...) to complete
+// with the launcher and the models.
+inline Version version_of(const char* chapter, std::string op, const char* id, const char* summary,
+                          Kind kind, std::vector<SassFact> sass) {
+  Version v;
+  v.chapter = chapter;
+  v.op = std::move(op);
+  v.id = id;
+  v.summary = summary;
+  v.kind = kind;
+  v.sass = std::move(sass);
+  return v;
+}
+
 class Registry {
  public:
   static Registry& get() {

@@ -50,12 +50,9 @@ Status gemm_bf16_cublas(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfl
 }
 
 Version gemm_peer() {
-  Version v;
-  v.chapter = kChapter;
-  v.op = "gemm_bf16";
-  v.id = "cublas";
-  v.summary = "cuBLAS BF16 GEMM, FP32 accumulation: the matrix-unit ceiling";
-  v.kind = Kind::kPeer;
+  Version v = version_of(kChapter, "gemm_bf16", "cublas",
+                         "cuBLAS BF16 GEMM, FP32 accumulation: the matrix-unit ceiling", Kind::kPeer,
+                         {});
   v.kernels_per_launch = 0;  // a library call: not mapped in the ncu pass
   v.launch = [](const Args& a, cudaStream_t stream) -> Status {
     Status s = Check()

@@ -39,13 +39,7 @@ inline bool is_word(DType t) { return dtype_size(t) == 4; }
 
 inline Version copy_version(const char* id, const char* summary, CopyLaunch launch,
                             std::vector<SassFact> sass = {}, Kind kind = Kind::kVersion) {
-  Version v;
-  v.chapter = kChapter;
-  v.op = "copy";
-  v.id = id;
-  v.summary = summary;
-  v.kind = kind;
-  v.sass = std::move(sass);
+  Version v = version_of(kChapter, "copy", id, summary, kind, std::move(sass));
   v.launch = [launch](const Args& a, cudaStream_t stream) -> Status {
     Status s = Check()
                    .that(a.inputs.size() == 1 && a.outputs.size() == 1, "copy takes src and dst")

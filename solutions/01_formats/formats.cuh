@@ -59,13 +59,7 @@ inline Status validate_cast(const CastOp& op, const void* src, void* dst, int64_
 inline Version cast_version(const CastOp& op, const char* id, const char* summary,
                             CastLaunch launch, std::vector<SassFact> sass = {},
                             Kind kind = Kind::kVersion) {
-  Version v;
-  v.chapter = kChapter;
-  v.op = op.name;
-  v.id = id;
-  v.summary = summary;
-  v.kind = kind;
-  v.sass = std::move(sass);
+  Version v = version_of(kChapter, op.name, id, summary, kind, std::move(sass));
   v.launch = [op, launch](const Args& a, cudaStream_t stream) -> Status {
     Status s = Check()
                    .that(a.inputs.size() == 1 && a.outputs.size() == 1, "a cast takes src and dst")

@@ -84,13 +84,7 @@ inline Status validate_dequant(const DequantOp& op, const DequantArgs& a, int al
 inline Version dequant_version(const DequantOp& op, const char* id, const char* summary,
                                DequantLaunch launch, std::vector<SassFact> sass = {},
                                Kind kind = Kind::kVersion) {
-  Version v;
-  v.chapter = kChapter;
-  v.op = op.name;
-  v.id = id;
-  v.summary = summary;
-  v.kind = kind;
-  v.sass = std::move(sass);
+  Version v = version_of(kChapter, op.name, id, summary, kind, std::move(sass));
   const size_t n_inputs = op.zero_points ? 3 : 2;
   const DType wtype = op.weights == Weights::kInt4   ? DType::kU32
                       : op.weights == Weights::kInt8 ? DType::kU8
