@@ -7,6 +7,11 @@ The JSON files are written by ``tools/bench.py``; this module only reads them.
 Where the files are: ``$LKW_RESULTS_DIR`` if set, else ``<repo>/results``. A chapter with no file
 is not an error: every function here then says "no measurement recorded yet" instead of numbers,
 so the book and the notebooks work before the first GPU run.
+
+The instruction mix (``results/sass/mix.json``, written by ``build/lkw_sass_check --mix`` from the
+compiled binary, no GPU involved) is presented here too. It belongs to the build, not to a run, so
+it is read from the repository (``$LKW_SASS_MIX`` names another file) whatever
+``$LKW_RESULTS_DIR`` says.
 """
 
 from __future__ import annotations
@@ -227,6 +232,127 @@ def ridge_markdown(chapter: str) -> str:
     )
 
 
+# ---- the instruction mix of the build (SASS opcodes per kernel) --------------------------------
+
+SASS_ARCH = "sm_90a"  # the H200's architecture: the mix the book shows beside the H200 run
+SASS_TOOLKIT = "CUDA 13.0"  # the toolkit whose compiler and cuobjdump wrote results/sass/mix.json
+NO_MIX = "No instruction mix recorded yet"
+ARCH_NOTE = {"sm_80": " (A100)", "sm_89": " (Ada)", "sm_90a": " (Hopper, the H200 of the results)"}
+# The opcodes (mnemonics without their .suffixes) each chapter's mix table shows, in this order.
+MIX_OPCODES = {
+    "02_int4_dequant": [
+        "I2F", "LOP3", "PRMT", "HADD2", "HFMA2", "HMUL2", "SHF", "F2FP", "LDG", "STG",
+    ],
+}
+DEFAULT_MIX_OPCODES = ["LDG", "STG"]
+# What one execution of a chapter's kernel covers, said under its mix table.
+MIX_UNIT = {
+    "02_int4_dequant": (
+        "A thread of `v1`–`v6` runs its kernel once for 32 weights: four units of 8 (one INT4 "
+        "word or two 8-bit words in, one 16-byte store out), unrolled, so 16 bytes of INT4 "
+        "weights or 32 bytes of 8-bit weights; a thread of `v0_naive` runs it for one weight."
+    ),
+}
+
+
+def sass_mix_path() -> Path:
+    return Path(os.environ.get("LKW_SASS_MIX") or Path(REPO) / "results" / "sass" / "mix.json")
+
+
+def load_mix() -> dict | None:
+    """{arch: {"chapter/op/version": {opcode: count}}}, or None when the file is missing."""
+    path = sass_mix_path()
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def mix_rows(chapter: str, arch: str = SASS_ARCH) -> list[dict] | None:
+    """The chapter's versions in the mix of one arch, ordered by version then op: each a dict
+    with name, op, version, counts {opcode: n} and total (every instruction of the kernel).
+    None when there is no mix file; [] when it has no such arch or no version of the chapter."""
+    mix = load_mix()
+    if mix is None:
+        return None
+    out = []
+    for name, counts in mix.get(arch, {}).items():
+        parts = name.split("/")
+        if parts[0] != chapter or len(parts) != 3:
+            continue
+        out.append({"name": name, "op": parts[1], "version": parts[2], "counts": counts,
+                    "total": sum(counts.values())})
+    return sorted(out, key=lambda r: (r["version"], r["op"]))
+
+
+def _mix_missing(chapter: str, arch: str, rows: list[dict] | None) -> str | None:
+    if rows is None:
+        return (
+            f"{NO_MIX}: {_shown(sass_mix_path())} does not exist. "
+            "`build/lkw_sass_check --mix results/sass/mix.json` writes it from the build."
+        )
+    if not rows:
+        return f"{NO_MIX} for {chapter} on {arch} in {_shown(sass_mix_path())}."
+    return None
+
+
+def _mix_table(chapter: str, arch: str) -> tuple[list[str], list[list[str]]] | str:
+    rows = mix_rows(chapter, arch)
+    missing = _mix_missing(chapter, arch, rows)
+    if missing:
+        return missing
+    opcodes = MIX_OPCODES.get(chapter, DEFAULT_MIX_OPCODES)
+    header = ["version", *opcodes, "total"]
+    body = [
+        [f"{r['op']}/{r['version']}", *(str(r["counts"].get(op, 0)) for op in opcodes),
+         str(r["total"])]
+        for r in rows
+    ]
+    return header, body
+
+
+def mix_caption(chapter: str, arch: str = SASS_ARCH) -> str:
+    unit = MIX_UNIT.get(chapter, "")
+    return (
+        f"Instruction counts for {arch}{ARCH_NOTE.get(arch, '')}, from cuobjdump of the build "
+        f"({SASS_TOOLKIT}), stored in {_shown(sass_mix_path())}. Each is a static count over the "
+        "whole kernel: every instruction of its machine code once, including paths not taken and "
+        "the padding after its exit. Opcodes are counted without their suffixes (I2F counts "
+        "I2F.F16 and I2F.U32.RP alike), 0 where absent; the total counts every opcode, those not "
+        f"shown included. {unit}"
+    ).rstrip()
+
+
+def sass_mix_markdown(chapter: str, arch: str = SASS_ARCH) -> str:
+    """The book's instruction-mix table for a chapter (or a line saying there is none)."""
+    table = _mix_table(chapter, arch)
+    if isinstance(table, str):
+        return table
+    header, body = table
+    out = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * (len(header) - 1)]
+    out += ["| " + " | ".join([f"`{cells[0]}`", *cells[1:]]) + " |" for cells in body]
+    return "\n".join(out + ["", mix_caption(chapter, arch)]) + "\n"
+
+
+def sass_mix_text(chapter: str, arch: str = SASS_ARCH) -> str:
+    """The same table, fixed-width, for notebooks and terminals."""
+    table = _mix_table(chapter, arch)
+    if isinstance(table, str):
+        return table
+    header, body = table
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    lines = [  # names left, counts right
+        "  ".join([line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])])
+        for line in [header] + body
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines + ["", mix_caption(chapter, arch)])
+
+
 # ---- notebooks: replay a recorded run, or measure live ------------------------------------------
 
 
@@ -319,6 +445,41 @@ def example(chapter: str) -> dict:
             ]:
                 time_us = size * n / (share * ceiling * 1e3)
                 rows.append(row(op, version, "version", summary, f"n={n}", time_us, size * n))
+    elif chapter == "02_int4_dequant":
+        rows = []
+        g = 128
+        # (op, weight bytes per element, zero points, [(version, share of the ceiling)])
+        ops = [
+            ("int4_f16", 0.5, False, [("v0_naive", 0.30), ("v1_vec16", 0.80)]),
+            ("int4_bf16", 0.5, False, [("v0_naive", 0.30), ("v1_vec16", 0.78)]),
+            ("int4i_f16", 0.5, False, [("v2_lop3_magic", 0.84)]),
+            ("int4i_bf16", 0.5, False, [("v3_bf16_magic", 0.83)]),
+            ("int4i_zp_f16", 0.5, True, [("v4_zero_points", 0.82)]),
+            ("int4i_zp_bf16", 0.5, True, [("v4_zero_points", 0.81)]),
+            ("int8_f16", 1.0, False, [("v1_vec16", 0.82), ("v5_int8_prmt", 0.86)]),
+            ("e4m3_f16", 1.0, False, [("v1_vec16", 0.86), ("v6_fp8_bit_shift", 0.85)]),
+            ("e4m3_bf16", 1.0, False, [("v1_vec16", 0.85), ("v6_fp8_bit_shift", 0.84)]),
+        ]
+        summaries = {
+            "v0_naive": "one element per thread: shift, mask, I2F, sub, mul",
+            "v1_vec16": "16-byte loads/stores, per-element convert",
+            "v2_lop3_magic": "FP16 magic 0x6400: LOP3 + HSUB2/HFMA2, interleaved weights",
+            "v3_bf16_magic": "BF16 magic 0x4300: one mask, shifts by 4, sub 136",
+            "v4_zero_points": "zero points: magic unpack + one FMA q·s − z·s",
+            "v5_int8_prmt": "UINT8: PRMT into 0x64XX, HSUB2 1152",
+            "v6_fp8_bit_shift": "E4M3 by bit shift + power-of-two multiply",
+        }
+        for op, weight_bytes, zero_points, versions in ops:
+            shapes = [(8192, 8192)] + ([(14336, 4096)] if op.startswith("int4") else [])
+            for n_rows, k in shapes:
+                model = n_rows * k * (weight_bytes + 2) + n_rows * (k // g) * 2  # W + out + scales
+                if zero_points:
+                    model += n_rows * (k // g) // 2  # 4-bit zero points
+                for version, share in versions:
+                    time_us = model / (share * ceiling * 1e3)
+                    shape = f"n={n_rows},k={k},g={g}"
+                    rows.append(row(op, version, "version", summaries[version], shape, time_us,
+                                    model))
     else:
         raise KeyError(f"no example for chapter {chapter}")
     return {
