@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -60,7 +60,6 @@ class Case:
     tolerance: str = "exact"
     sample_rows: int | None = None
     seed: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _raw(tensors) -> list:
@@ -233,7 +232,7 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str, tolerance: str = "exac
     return ext().compare(got.ctypes.data, ref.ctypes.data, got.size, dtype, tolerance)
 
 
-def _verify(case: Case, name: str, inputs, outputs, expected) -> dict:
+def _verify(case: Case, inputs, outputs, expected) -> dict:
     """Compare every output of a launch with the reference (on sampled rows where set)."""
     reports = []
     for i, (out, ref) in enumerate(zip(outputs, expected)):
@@ -280,7 +279,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
                 t.view(torch.uint8).fill_(0xFF)  # poison: NaN in every float format
         ext().launch(name, inputs, arg_sets[0][1], dtypes=case.dtypes)
         torch.cuda.synchronize()
-        before = _verify(case, name, inputs, arg_sets[0][1], expected)
+        before = _verify(case, inputs, arg_sets[0][1], expected)
         row = {
             "name": name, "op": v["op"], "version": v["id"], "kind": v["kind"],
             "summary": v["summary"], "shape": case.shape,
@@ -295,7 +294,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
             continue
         t = ext().time(name, arg_sets, dtypes=case.dtypes, warmup=warmup, iters=iters, flush_l2=False)
         torch.cuda.synchronize()
-        after = [_verify(case, name, ins, outs, expected) for ins, outs in arg_sets]
+        after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
         correct = all(a["pass"] for a in after)
         if not correct:
             log(f"  {name}: WRONG after timing: {[a['text'] for a in after if not a['pass']]}")

@@ -1,0 +1,70 @@
+"""The bench's parts that need no GPU: the Nsight Compute CSV mapping (kernels by launch order,
+the late write-backs of the flush that follows each version), the harness comparison through the
+extension, and the replay of recorded results."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lkw import bench
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ncu_csv(kernels):
+    lines = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
+    for i, (name, read, write) in enumerate(kernels):
+        lines.append(f'"{i}","{name}","dram__bytes_read.sum","byte","{read:,}"')
+        lines.append(f'"{i}","{name}","dram__bytes_write.sum","byte","{write:,}"')
+    return "==PROF== noise before the table\n" + "\n".join(lines) + "\n"
+
+
+def launch(name, hint, kernels=1):
+    return {"name": name, "shape": "n=1", "kernels": kernels, "kernel_hint": hint}
+
+
+def test_dram_bytes_count_the_flush_writes_after_each_version_and_not_its_reads():
+    csv_text = ncu_csv([
+        ("copy_v0_scalar_kernel", 1000, 900), ("flush_l2_kernel<0>", 120_000, 100),
+        ("copy_v1_vec16_kernel", 1000, 1000), ("flush_l2_kernel<0>", 120_000, 0),
+    ])
+    order = [launch("a/copy/v0", "copy_v0_scalar_kernel"), launch("a/copy/v1", "copy_v1_vec16_kernel")]
+    got = bench.parse_ncu(csv_text, order, log=lambda *_: None)
+    assert got == {("a/copy/v0", "n=1"): 2000.0, ("a/copy/v1", "n=1"): 2000.0}
+
+
+def test_a_kernel_order_mismatch_drops_the_measurement_instead_of_misattributing_it():
+    csv_text = ncu_csv([("copy_v1_vec16_kernel", 1, 1), ("flush_l2_kernel<0>", 1, 1)])
+    messages = []
+    got = bench.parse_ncu(csv_text, [launch("a/copy/v0", "copy_v0_scalar_kernel")], log=messages.append)
+    assert got == {} and "mismatch" in messages[0]
+
+
+def test_missing_kernels_leave_later_launches_unmeasured():
+    csv_text = ncu_csv([("cast_v0_kernel<X>", 10, 10), ("flush_l2_kernel<0>", 5, 5)])
+    order = [launch("a/x/v0", "cast_v0_kernel"), launch("a/x/v1", "cast_v1_kernel")]
+    got = bench.parse_ncu(csv_text, order, log=lambda *_: None)
+    assert got == {("a/x/v0", "n=1"): 25.0}
+
+
+def test_compare_uses_the_harness_and_reports_the_first_bad_element():
+    pytest.importorskip("lkw._ext", reason="the extension is built by tools/setup.sh")
+    a = np.arange(1, 101, dtype=np.uint32)
+    assert bench.compare(a, a.copy(), "uint32")["pass"]
+    b = a.copy()
+    b[17] += 1
+    rep = bench.compare(b, a, "uint32")
+    assert not rep["pass"] and rep["first_bad"] == 17 and rep["bad"] == 1
+    with pytest.raises(ValueError):
+        bench.compare(a, a[:50], "uint32")
+
+
+def test_replay_prints_the_recorded_h200_tables():
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--replay"],
+                         capture_output=True, text=True, check=True).stdout
+    for chapter in bench.CHAPTERS:
+        if (REPO / "results" / "h200" / f"{chapter}.json").exists():
+            assert "NVIDIA H200" in out and "copy ceiling" in out
+    assert "v1_vec16" in out
