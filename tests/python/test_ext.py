@@ -1,0 +1,52 @@
+"""lkw._ext on any machine: the registry as Python sees it, the byte models, and the errors that bad
+calls raise before anything reaches a GPU."""
+
+import numpy as np
+import pytest
+
+ext = pytest.importorskip("lkw._ext", reason="the extension is built by tools/setup.sh")
+
+
+def test_every_chapter_registers_versions_with_sass_promises():
+    versions = ext.versions()
+    chapters = {v["chapter"] for v in versions}
+    assert {"00_roofline", "01_formats", "02_int4_dequant"} <= chapters
+    names = [v["name"] for v in versions]
+    assert len(names) == len(set(names)), "a version is registered twice"
+    for v in versions:
+        assert v["name"] == f"{v['chapter']}/{v['op']}/{v['id']}"
+        assert v["kind"] in ("version", "peer", "mutant")
+        if v["kind"] == "version":
+            assert v["summary"] and v["sass"], f"{v['name']} promises nothing checkable"
+
+
+def test_byte_models_count_each_input_once_and_each_output_once():
+    words = np.zeros(1000, np.uint32)
+    assert ext.model("00_roofline/copy/v1_vec16", [words], [words])["bytes"] == 8000
+    packed = np.zeros((16, 64), np.uint32)  # N = 16, K = 512
+    scales = np.zeros((16, 4), np.uint16)  # G = 128
+    out = np.zeros((16, 512), np.uint16)
+    m = ext.model("02_int4_dequant/int4i_f16/v2_lop3_magic", [packed, scales], [out],
+                  dtypes=["uint32", "float16", "float16"])
+    assert m["bytes"] == 16 * 512 * (0.5 + 2 / 128 + 2)  # INT4 + one 2-byte scale per 128 + out
+
+
+def test_bad_calls_raise_value_errors():
+    a = np.zeros(64, np.uint32)
+    with pytest.raises(ValueError, match="no registered version"):
+        ext.launch("00_roofline/copy/v9_nothing", [a], [a])
+    with pytest.raises(ValueError, match="GPU"):
+        ext.launch("00_roofline/copy/v1_vec16", [a], [a.copy()])
+    with pytest.raises(ValueError, match="one entry per input and output"):
+        ext.model("00_roofline/copy/v1_vec16", [a], [a], dtypes=["uint32"])
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ext.model("00_roofline/copy/v1_vec16", [a], [a], dtypes=["uint32", "float7"])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ext.model("00_roofline/copy/v1_vec16", [np.zeros((8, 8), np.uint32)[:, ::2]], [a])
+
+
+def test_the_device_query_answers_without_a_gpu():
+    dev = ext.device()
+    assert set(dev) >= {"present", "name", "arch", "sms", "l2_bytes"}
+    if not dev["present"]:
+        assert dev["arch"] == 0
