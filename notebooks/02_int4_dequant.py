@@ -309,6 +309,59 @@ if data and mix:
         print(f"No INT4 row at {SHAPE} with a time in this run.")
 
 # %% [markdown]
+# ## Time against bytes: a fixed cost per launch?
+#
+# The INT4 versions land at very different shares of the ceiling at different shapes, much more
+# than they differ from each other. The chapter's hypothesis (not measured directly): every launch
+# pays a fixed cost that does not grow with the matrix (the launch itself, the first memory round
+# trip before any store can leave, the last blocks draining on a few SMs). If so, each op's times
+# over the shapes lie on one line, time = t0 + bytes / B, with t0 a few microseconds and B close to
+# the ceiling. The cell fits that line for every op and version measured at three shapes or more
+# and prints how far the worst shape lies from it; with two shapes a line fits anything, so those
+# are skipped.
+
+# %%
+if data:
+    timed = [r for r in results.rows(data, kind="version") if r.get("time_us")]
+    for op, version in dict.fromkeys((r["op"], r["version"]) for r in timed):
+        here = [r for r in timed if (r["op"], r["version"]) == (op, version)]
+        if len(here) < 3:
+            print(f"{op}/{version}: {len(here)} shape(s), no fit")
+            continue
+        x = np.array([r["model_bytes"] for r in here])
+        y = np.array([r["time_us"] for r in here])
+        us_per_byte, t0 = np.polyfit(x, y, 1)
+        rate = 1e-3 / us_per_byte  # bytes per µs → GB/s
+        miss = np.abs(y - (t0 + us_per_byte * x)).max()
+        share = ""
+        if data.get("ceiling_gbps"):
+            share = f" ({100 * rate / data['ceiling_gbps']:.0f}% of the ceiling)"
+        print(f"{op}/{version}: t0 = {t0:.1f} µs, B = {rate:.0f} GB/s{share}; "
+              f"the worst of {len(here)} shapes is {miss:.2f} µs off the line")
+
+# %% [markdown]
+# ## What the recorded H200 run shows
+#
+# The book's results section (`book/docs/02_int4_dequant.md`) gives the full account of the run
+# recorded in `results/h200/02_int4_dequant.json` (H200, 2026-11-30T05:39:41Z, commit 945cb82); a
+# live run shows your own numbers instead. In short:
+#
+# - `v0_naive` reaches about an eighth of the ceiling: its instructions per weight, not the memory,
+#   set its pace.
+# - The step to `v1` comes from the store layout, not the arithmetic: an earlier layout with the
+#   same arithmetic, whose warp stores touched 16 lines instead of 4, stayed under half of the
+#   ceiling (`results/h200/history/02_int4_dequant_strided_stores.json`; H200,
+#   2026-11-30T05:36:18Z, commit 3f0eb14).
+# - `v1`, `v2` and `v3` take the same time at every shape, although `v2` and `v3` run far fewer
+#   instructions (Part 2). A standalone dequantization writes 2 bytes for every half byte it reads,
+#   so it waits on memory and the unpack's savings cannot show; they matter where the unpack feeds
+#   arithmetic from registers (chapters 06 and 07). That is the chapter's key lesson.
+# - `v4`'s zero points cost nothing measurable; the 8-bit ops land a little higher than INT4 at the
+#   same shape; the FP8 bit shift ties the hardware convert for FP16 and is a little faster for
+#   BF16, for a reason the chapter has not pinned down.
+# - The shape moves the INT4 versions far more than the version does (the fit above).
+
+# %% [markdown]
 # ## Try
 #
 # - Change `WORD` and check the pairs by hand, then try a word whose two nibbles in every byte are
@@ -317,3 +370,6 @@ if data and mix:
 #   much? That is the mistake `mutant_high_constant` makes.
 # - In the zero-point cell, search for other scales where q·s − z·s and s·(q − z) differ: how often
 #   does it happen over all FP16 scales in [0.01, 0.1] and all q, z?
+# - Use the fitted line of an INT4 op to predict its time at a shape the bench does not run (say
+#   2048 × 4096 or 16384 × 16384), then add that shape to `int4_dequant_cases` in
+#   `reference/lkw/bench.py` and measure. How close was the prediction?

@@ -92,7 +92,7 @@ std::vector<SassFact> wide(const char* unpack, std::vector<std::string> must) {
            "16-byte stores; the convert is still there"}};
 }
 
-constexpr const char* kSummary = "16-byte loads/stores, per-element convert";
+constexpr const char* kSummary = "16-byte stores of 8 weights, per-element convert";
 const Register kRegisteredInt4F16{dequant_version(kInt4F16, "v1_vec16", kSummary,
                                                   dequant_v1<kInt4F16, Int4ShiftF16>,
                                                   wide("Int4ShiftF16", {"I2F"}))};
