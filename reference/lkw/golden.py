@@ -31,7 +31,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, int4, roofline
+from lkw import formats, int4, quant, rmsnorm, roofline
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -55,6 +55,7 @@ class Op:
     fn: Callable[..., np.ndarray]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    params: tuple[str, ...] = ()  # case params passed to fn as keyword arguments (if present)
 
 
 OPS = {
@@ -75,6 +76,30 @@ OPS = {
     "int8_f16": Op(int4.int8_f16, ("uint8", "float16"), ("float16",)),
     "e4m3_f16": Op(int4.e4m3_f16, ("float8_e4m3fn", "float16"), ("float16",)),
     "e4m3_bf16": Op(int4.e4m3_bf16, ("float8_e4m3fn", "bfloat16"), ("bfloat16",)),
+    # 03_dynamic_quant (lkw.quant: scales [T, 1], [1], or [d/128, T] column-major)
+    "per_token_fp8": Op(
+        quant.per_token_fp8, ("bfloat16",), ("float8_e4m3fn", "float32"), ("scale_ub",)
+    ),
+    "per_token_int8": Op(quant.per_token_int8, ("bfloat16",), ("int8", "float32")),
+    "per_tensor_fp8": Op(quant.per_tensor_fp8, ("bfloat16",), ("float8_e4m3fn", "float32")),
+    "per_group_fp8": Op(quant.per_group_fp8, ("bfloat16",), ("float8_e4m3fn", "float32")),
+    # 04_rmsnorm (lkw.rmsnorm: x, [residual,] weight; outputs end with residual_out)
+    "rmsnorm": Op(rmsnorm.rmsnorm, ("bfloat16", "bfloat16"), ("bfloat16",), ("eps",)),
+    "fused_add_rmsnorm": Op(
+        rmsnorm.fused_add_rmsnorm, ("bfloat16",) * 3, ("bfloat16", "bfloat16"), ("eps",)
+    ),
+    "fused_add_rmsnorm_fp8": Op(
+        rmsnorm.fused_add_rmsnorm_fp8,
+        ("bfloat16",) * 3,
+        ("float8_e4m3fn", "float32", "bfloat16"),
+        ("eps",),
+    ),
+    "fused_add_rmsnorm_int8": Op(
+        rmsnorm.fused_add_rmsnorm_int8,
+        ("bfloat16",) * 3,
+        ("int8", "float32", "bfloat16"),
+        ("eps",),
+    ),
 }
 
 
@@ -89,10 +114,23 @@ class Case:
     params: dict[str, float] = field(default_factory=dict)
 
 
-def expected_outputs(case: Case) -> list[np.ndarray]:
-    """The op's reference function applied to the case's inputs."""
-    out = OPS[case.op].fn(*case.inputs)
+def reference(op: str, inputs: list[np.ndarray], params: dict[str, float]) -> list[np.ndarray]:
+    """The op's reference function on the inputs, with the params it takes, as a list."""
+    kwargs = {name: params[name] for name in OPS[op].params if name in params}
+    out = OPS[op].fn(*inputs, **kwargs)
     return list(out) if isinstance(out, tuple) else [out]
+
+
+def parse_params(text: str) -> dict[str, float]:
+    """The manifest's params field ("-" or name=value,...) back to a dict."""
+    if text == "-":
+        return {}
+    return {k: float(v) for k, v in (kv.split("=") for kv in text.split(","))}
+
+
+def expected_outputs(case: Case) -> list[np.ndarray]:
+    """The op's reference function applied to the case's inputs (and params)."""
+    return reference(case.op, case.inputs, case.params)
 
 
 @np.errstate(invalid="ignore")  # signalling NaNs are valid inputs
@@ -381,11 +419,117 @@ def int4_dequant_cases(rng: np.random.Generator) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 03_dynamic_quant
+
+QUANT_OPS = ("per_token_fp8", "per_token_int8", "per_tensor_fp8", "per_group_fp8")
+QUANT_SHAPES = ((1, 128), (5, 5120), (64, 4096))  # (T, d); 5120 is not a power of two
+OUTLIER_FACTOR = 100
+OUTLIERS = 8  # elements per tensor multiplied by OUTLIER_FACTOR
+
+
+def activations(rng: np.random.Generator, t: int, d: int, spread: float = 4.0) -> np.ndarray:
+    """BF16 bits [T, d]: normal samples, each row times 2^u, u uniform in [-spread, spread]
+    (rows of different magnitude, as real activations have)."""
+    rows = np.exp2(rng.uniform(-spread, spread, (t, 1)))
+    return formats.f32_to_bf16((rng.standard_normal((t, d)) * rows).astype(np.float32))
+
+
+def with_outliers(rng: np.random.Generator, x: np.ndarray, n: int = OUTLIERS) -> np.ndarray:
+    """x with n distinct random elements multiplied by OUTLIER_FACTOR (rounded to BF16)."""
+    flat = formats.bf16_to_f32(x).reshape(-1)
+    at = rng.choice(flat.size, n, replace=False)
+    flat[at] *= OUTLIER_FACTOR
+    return formats.f32_to_bf16(flat.reshape(x.shape))
+
+
+def dynamic_quant_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op in QUANT_OPS:
+        for t, d in QUANT_SHAPES:
+            cases.append(Case(f"{op}_t{t}_d{d}", op, "exact", [activations(rng, t, d)]))
+        if op != "per_group_fp8":  # 1 x 128 groups need d % 128 == 0
+            # d = 200: not a multiple of 8 BF16 (16 bytes), so a vectorized kernel has a tail.
+            cases.append(Case(f"{op}_tail_t5_d200", op, "exact", [activations(rng, 5, 200)]))
+        # A few x100 elements: the per-tensor scale follows the largest, and small rows of the
+        # tensor sink into E4M3's subnormals (tests/python/test_quant_reference.py).
+        x = with_outliers(rng, activations(rng, 64, 4096))
+        cases.append(Case(f"{op}_outliers_t64_d4096", op, "exact", [x]))
+        # One all-zero row: FP8 scale MIN_SCALE, INT8 scale 0, q 0.
+        x = activations(rng, 5, 4096)
+        x[2] = 0
+        cases.append(Case(f"{op}_zero_row_t5_d4096", op, "exact", [x]))
+    # scale_ub below the absmax of some rows: those rows clamp the absmax and saturate at +-448.
+    x = activations(rng, 5, 4096, spread=2)
+    absmax = np.max(np.abs(formats.bf16_to_f32(x)), axis=1)
+    scale_ub = float(formats.bf16_to_f32(formats.f32_to_bf16(np.median(absmax))))  # exact in FP32
+    cases.append(
+        Case("per_token_fp8_ub_t5_d4096", "per_token_fp8", "exact", [x], {"scale_ub": scale_ub})
+    )
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# 04_rmsnorm
+
+NORM_OPS = ("rmsnorm", "fused_add_rmsnorm", "fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8")
+# (tag, T, d, eps): d = 200 is not a multiple of 8 (a vectorized kernel's tail); "small" rows
+# have mean(x^2) ~ 1e-6, the size of eps, so eps and its FP32 rounding matter.
+NORM_SHAPES = (
+    ("", 1, 4096, 1e-6),
+    ("", 5, 5120, 1e-5),
+    ("", 64, 4096, 1e-6),
+    ("", 64, 128, 1e-5),
+    ("tail", 5, 200, 1e-6),
+    ("small", 5, 4096, 1e-5),
+)
+# One tolerance per case covers all its outputs (see lkw.rmsnorm for the per-output rules):
+# y within 2 BF16 ulps (rstd depends on the summation order); the fused quant ops' q and scales
+# follow the reference's own yb, which a kernel's yb matches only within those 2 ulps:
+# FP8: RTOL 2^-2 = one E4M3 step (<= 2^-3 relative) plus the scale's and yb's drift (<= 2^-5),
+# ATOL 2^-9 = one E4M3 subnormal step; INT8: RTOL 2^-4 covers the drift, ATOL 1 one step.
+NORM_TOLERANCES = {
+    "rmsnorm": rmsnorm.TOLERANCE_Y,
+    "fused_add_rmsnorm": rmsnorm.TOLERANCE_Y,
+    "fused_add_rmsnorm_fp8": "close:0.25:0.001953125",
+    "fused_add_rmsnorm_int8": "close:0.0625:1",
+}
+
+
+def norm_weight(rng: np.random.Generator, d: int) -> np.ndarray:
+    """BF16 bits [d]: weights around 1 (N(1, 0.25)), none zero."""
+    w = rng.normal(1.0, 0.25, d)
+    return formats.f32_to_bf16(np.where(np.abs(w) < 1e-2, 1.0, w).astype(np.float32))
+
+
+def rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op in NORM_OPS:
+        for tag, t, d, eps in NORM_SHAPES:
+            spread = 0 if tag == "small" else 4.0
+            x = activations(rng, t, d, spread)
+            if tag == "small":
+                x = formats.f32_to_bf16(formats.bf16_to_f32(x) * np.float32(1e-3))
+            inputs = [x]
+            if op != "rmsnorm":
+                # A residual stream larger than the update, so bf16(x + residual) rounds.
+                residual = formats.f32_to_bf16(formats.bf16_to_f32(activations(rng, t, d)) * 4)
+                if tag == "small":
+                    residual = formats.f32_to_bf16(formats.bf16_to_f32(x) * np.float32(0.5))
+                inputs.append(residual)
+            inputs.append(norm_weight(rng, d))
+            case_id = "_".join([op, *([tag] if tag else []), f"t{t}_d{d}"])
+            cases.append(Case(case_id, op, NORM_TOLERANCES[op], inputs, {"eps": eps}))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
 
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
     "02_int4_dequant": int4_dequant_cases,
+    "03_dynamic_quant": dynamic_quant_cases,
+    "04_rmsnorm": rmsnorm_cases,
 }
 
 

@@ -20,6 +20,9 @@ DEQUANT_OPS = (
     *("int4_f16", "int4_bf16", "int4i_f16", "int4i_bf16", "int4i_zp_f16", "int4i_zp_bf16"),
     *("int8_f16", "e4m3_f16", "e4m3_bf16"),
 )
+# Chapters 03 and 04.
+QUANT_OPS = ("per_token_fp8", "per_token_int8", "per_tensor_fp8", "per_group_fp8")
+NORM_OPS = ("rmsnorm", "fused_add_rmsnorm", "fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8")
 # The contract with the C++ side: every case id and its op.
 EXPECTED_CASES = {
     "00_roofline": {
@@ -51,6 +54,33 @@ EXPECTED_CASES = {
         "int8_f16_all_bytes_n8_k256_g128": "int8_f16",
         **{f"{op}_all_codes_n8_k256_g128": op for op in ("e4m3_f16", "e4m3_bf16")},
     },
+    "03_dynamic_quant": {
+        **{
+            f"{op}_{tag}t{t}_d{d}": op
+            for op in QUANT_OPS
+            for tag, t, d in (
+                ("", 1, 128),
+                ("", 5, 5120),
+                ("", 64, 4096),
+                ("outliers_", 64, 4096),
+                ("zero_row_", 5, 4096),
+            )
+        },
+        **{f"{op}_tail_t5_d200": op for op in QUANT_OPS if op != "per_group_fp8"},
+        "per_token_fp8_ub_t5_d4096": "per_token_fp8",
+    },
+    "04_rmsnorm": {
+        f"{op}_{tag}t{t}_d{d}": op
+        for op in NORM_OPS
+        for tag, t, d in (
+            ("", 1, 4096),
+            ("", 5, 5120),
+            ("", 64, 4096),
+            ("", 64, 128),
+            ("tail_", 5, 200),
+            ("small_", 5, 4096),
+        )
+    },
 }
 # ... and every op's input and output dtypes, as the manifest names them.
 EXPECTED_SIGNATURES = {
@@ -69,6 +99,12 @@ EXPECTED_SIGNATURES = {
     "int8_f16": (["uint8", "float16"], ["float16"]),
     "e4m3_f16": (["float8_e4m3fn", "float16"], ["float16"]),
     "e4m3_bf16": (["float8_e4m3fn", "bfloat16"], ["bfloat16"]),
+    **{op: (["bfloat16"], ["float8_e4m3fn", "float32"]) for op in QUANT_OPS if "fp8" in op},
+    "per_token_int8": (["bfloat16"], ["int8", "float32"]),
+    "rmsnorm": (["bfloat16", "bfloat16"], ["bfloat16"]),
+    "fused_add_rmsnorm": (["bfloat16"] * 3, ["bfloat16", "bfloat16"]),
+    "fused_add_rmsnorm_fp8": (["bfloat16"] * 3, ["float8_e4m3fn", "float32", "bfloat16"]),
+    "fused_add_rmsnorm_int8": (["bfloat16"] * 3, ["int8", "float32", "bfloat16"]),
 }
 # Cases whose inputs do not depend on the seed.
 FIXED_CASES = re.compile(r".*_(special|all_codes)$")
@@ -168,6 +204,11 @@ def expected_shapes(case_id: str, op: str) -> list[tuple]:
     2^16 x 5."""
     if op in DEQUANT_OPS:
         return dequant_shapes(case_id, op)[0]
+    if m := re.search(r"_t(\d+)_d(\d+)$", case_id):  # chapters 03, 04: x, [residual,] weight
+        t, d = map(int, m.groups())
+        if op in QUANT_OPS:
+            return [(t, d)]
+        return [(t, d), (d,)] if op == "rmsnorm" else [(t, d), (t, d), (d,)]
     if m := re.search(r"_m(\d+)_n(\d+)_k(\d+)$", case_id):
         m, n, k = map(int, m.groups())
         return [(m, k), (n, k)]
@@ -204,8 +245,12 @@ def test_expected_outputs_are_the_references(manifests, chapter):
     for case in manifests[chapter][1]:
         inputs = [load(f) for _, f in case["in"]]
         outputs = [load(f) for _, f in case["out"]]
-        recomputed = golden.OPS[case["op"]].fn(*inputs)
-        assert np.array_equal(raw_bits(recomputed), raw_bits(outputs[0])), case["id"]
+        params = golden.parse_params(case["params"])
+        recomputed = golden.reference(case["op"], inputs, params)
+        assert len(recomputed) == len(outputs), case["id"]
+        for want, got in zip(recomputed, outputs, strict=True):
+            assert want.shape == got.shape, case["id"]
+            assert np.array_equal(raw_bits(want), raw_bits(got)), case["id"]
 
 
 @pytest.mark.parametrize("chapter", list(EXPECTED_CASES))
@@ -221,6 +266,8 @@ def test_tolerances(manifests):
             if case["op"] == "gemm_bf16":
                 rtol, atol = map(float, case["tolerance"].split(":")[1:])
                 assert rtol == 1.6e-2 and 0 < atol < 1e-2, case["tolerance"]
+            elif case["op"] in NORM_OPS:
+                assert case["tolerance"] == golden.NORM_TOLERANCES[case["op"]], case["id"]
             else:
                 assert case["tolerance"] == "exact", case["id"]
 
