@@ -3,7 +3,8 @@
 // registered version on every case of its op and compare.
 //
 // manifest.txt, one record per line:
-//   case <id> <op> <tolerance> <params>     tolerance: exact | ulp:N | close:RTOL:ATOL
+//   case <id> <op> <tolerance> <params>     tolerance: exact | ulp:N | close:RTOL:ATOL, or one
+//                                            per output joined by '/' (e.g. ulp:2/exact)
 //                                            params: - | name=value,name=value
 //   in   <id> <index> <dtype> <file>         dtype as numpy/ml_dtypes names it; narrow floats
 //   out  <id> <index> <dtype> <file>         are stored as their raw bits (uint8/uint16)
@@ -36,7 +37,8 @@ struct HostTensor {
 
 struct Case {
   std::string id, op;
-  Tolerance tol;
+  std::vector<Tolerance> tols;  // one per output, or one for all
+  const Tolerance& tol(size_t output) const { return tols.size() == 1 ? tols[0] : tols.at(output); }
   std::map<std::string, double> params;
   std::vector<std::string> input_files, output_files;
   std::vector<DType> input_dtypes, output_dtypes;
@@ -48,8 +50,12 @@ inline std::string golden_dir() {
 }
 
 // All cases of a chapter, in manifest order. Missing golden data is an error, not a skip.
+inline std::vector<Case> load_cases_from(const std::string& dir);
 inline std::vector<Case> load_cases(const std::string& chapter) {
-  const std::string dir = golden_dir() + "/" + chapter;
+  return load_cases_from(golden_dir() + "/" + chapter);
+}
+
+inline std::vector<Case> load_cases_from(const std::string& dir) {
   std::ifstream f(dir + "/manifest.txt");
   if (!f) {
     throw std::runtime_error("no golden data at " + dir +
@@ -68,7 +74,9 @@ inline std::vector<Case> load_cases(const std::string& chapter) {
       std::string tol, params;
       c.id = id;
       in >> c.op >> tol >> params;
-      c.tol = Tolerance::parse(tol);
+      std::stringstream ts(tol);
+      std::string one;
+      while (std::getline(ts, one, '/')) c.tols.push_back(Tolerance::parse(one));
       if (params != "-") {
         std::stringstream ps(params);
         std::string kv;
@@ -90,6 +98,11 @@ inline std::vector<Case> load_cases(const std::string& chapter) {
       (kind == "in" ? c.input_dtypes : c.output_dtypes).push_back(t);
     }
   }
+  for (const Case& c : cases)
+    if (c.tols.size() != 1 && c.tols.size() != c.output_files.size())
+      throw std::runtime_error("manifest: case " + c.id + " has " + std::to_string(c.tols.size()) +
+                               " tolerances for " + std::to_string(c.output_files.size()) +
+                               " outputs");
   return cases;
 }
 
@@ -120,6 +133,7 @@ inline CaseData load_data(const Case& c) {
 struct RunResult {
   Status status;
   std::vector<CompareReport> reports;
+  std::vector<std::string> tolerances;  // per output, as checked
   bool guards_intact = true;
   bool pass() const {
     if (!status.ok() || !guards_intact) return false;
@@ -130,7 +144,8 @@ struct RunResult {
   std::string str() const {
     std::ostringstream s;
     s << "status " << status.str() << (guards_intact ? "" : "; WROTE PAST THE END of an output");
-    for (size_t i = 0; i < reports.size(); ++i) s << "\n  out" << i << ": " << reports[i].str();
+    for (size_t i = 0; i < reports.size(); ++i)
+      s << "\n  out" << i << " (" << tolerances[i] << "): " << reports[i].str();
     return s.str();
   }
 };
@@ -158,7 +173,8 @@ inline RunResult run_on_gpu(const Version& v, const Case& c, const CaseData& d, 
   for (size_t i = 0; i < d.expected.size(); ++i) {
     std::vector<uint8_t> got = out_bufs[i].download();
     r.reports.push_back(compare(got.data(), d.expected[i].bytes.data(), d.expected[i].dtype,
-                                d.expected[i].numel(), c.tol));
+                                d.expected[i].numel(), c.tol(i)));
+    r.tolerances.push_back(c.tol(i).str());
     r.guards_intact &= out_bufs[i].guard_intact();
   }
   return r;

@@ -5,7 +5,10 @@
 // Chapter-specific tests (host-built bit functions, ...) live beside this file in tests/cpp/NN_*/.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -111,7 +114,7 @@ TEST_P(Golden, MatchesReference) {
   // Two poison patterns: an element left unwritten cannot match the reference under both.
   for (uint8_t poison : {uint8_t(0xFF), uint8_t(0x3C)}) {
     RunResult r = run_on_gpu(v, c, d, poison);
-    EXPECT_TRUE(r.pass()) << v.name() << " on " << c.id << " (" << c.tol.str() << ", poison 0x"
+    EXPECT_TRUE(r.pass()) << v.name() << " on " << c.id << " (poison 0x"
                           << std::hex << int(poison) << std::dec << "): " << r.str();
   }
 }
@@ -181,6 +184,33 @@ TEST(HostGoldenData, IsPresentAndCoversEveryOp) {
     for (const Case& c : chapter_cases()) covered |= c.op == v->op;
     EXPECT_TRUE(covered) << v->name() << ": no golden case for op " << v->op;
   }
+}
+
+// The manifest reader: one tolerance per output, or one for all; a count that fits neither is
+// refused.
+TEST(HostManifest, ReadsOneToleranceForEachOutput) {
+  char tmpl[] = "/tmp/lkw_manifest_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  auto write = [&](const std::string& tolerance) {
+    std::ofstream(dir + "/manifest.txt")
+        << "# lkw golden v1\n"
+        << "case c1 op " << tolerance << " eps=1e-06\n"
+        << "in c1 0 bfloat16 c1.in0.npy\nout c1 0 bfloat16 c1.out0.npy\n"
+        << "out c1 1 bfloat16 c1.out1.npy\n";
+  };
+  write("ulp:2/exact");
+  const std::vector<Case> cases = load_cases_from(dir);
+  ASSERT_EQ(cases.size(), 1u);
+  EXPECT_EQ(cases[0].tol(0).mode, Tolerance::Mode::kUlp);
+  EXPECT_EQ(cases[0].tol(0).max_ulp, 2);
+  EXPECT_EQ(cases[0].tol(1).mode, Tolerance::Mode::kExact);
+  EXPECT_DOUBLE_EQ(cases[0].params.at("eps"), 1e-6);
+  write("exact");
+  EXPECT_EQ(load_cases_from(dir)[0].tol(1).mode, Tolerance::Mode::kExact);  // one for all
+  write("exact/exact/exact");
+  EXPECT_THROW(load_cases_from(dir), std::runtime_error);
+  std::remove((dir + "/manifest.txt").c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -124,7 +124,8 @@ def parse_manifest(path: Path) -> tuple[dict, list[dict]]:
         if kind == "case":
             _, _, op, tolerance, params = fields
             assert re.fullmatch(r"[a-z0-9_]+", case_id)
-            assert re.fullmatch(r"exact|ulp:\d+|close:[0-9.e+-]+:[0-9.e+-]+", tolerance)
+            one = r"exact|ulp:\d+|close:[0-9.e+-]+:[0-9.e+-]+"
+            assert re.fullmatch(rf"({one})(/({one}))*", tolerance), tolerance
             assert params == "-" or re.fullmatch(r"\w+=[^,=]+(,\w+=[^,=]+)*", params)
             case = {"id": case_id, "op": op, "tolerance": tolerance, "params": params}
             cases.append({**case, "in": [], "out": []})
@@ -268,6 +269,10 @@ def test_tolerances(manifests):
                 assert rtol == 1.6e-2 and 0 < atol < 1e-2, case["tolerance"]
             elif case["op"] in NORM_OPS:
                 assert case["tolerance"] == golden.NORM_TOLERANCES[case["op"]], case["id"]
+                tolerances = case["tolerance"].split("/")
+                assert len(tolerances) in (1, len(case["out"])), case["id"]
+                if case["op"] != "rmsnorm":
+                    assert tolerances[-1] == "exact", "residual_out is exact"
             else:
                 assert case["tolerance"] == "exact", case["id"]
 

@@ -56,7 +56,7 @@ TEST_P(HostBits, MatchesReference) {
     const std::vector<uint8_t> got = run_on_host(c.op, d.inputs.at(0));
     ASSERT_EQ(got.size(), d.expected.at(0).bytes.size()) << "no host function for op " << c.op;
     const CompareReport r = compare(got.data(), d.expected[0].bytes.data(), d.expected[0].dtype,
-                                    d.expected[0].numel(), c.tol);
+                                    d.expected[0].numel(), c.tol(0));
     EXPECT_TRUE(r.pass) << c.op << " on " << c.id << ": " << r.str();
     return;
   }
