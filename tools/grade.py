@@ -463,6 +463,8 @@ def configure(chapter: str, build: Path, archs: str, python_extension: bool) -> 
         raise ToolFailure(f"no chapters/{chapter}: generate it with python3 tools/exercises.py")
     command = ["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja"]
     command += [f"-DLKW_EXERCISES={chapter}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+    # LKW_ONLY="03_dynamic_quant;04_rmsnorm": build only those chapters (with 00, the ceiling).
+    command += [f"-DLKW_ONLY={os.environ.get('LKW_ONLY', '')}"]
     run_step("configure", command + [f"-DLKW_BUILD_PYTHON={'ON' if python_extension else 'OFF'}"])
 
 

@@ -2,7 +2,7 @@
 // v1_vec16 — 16-byte stores of 8 weights at a time, the same per-element arithmetic as v0.
 //
 // Since v0: a thread converts units of 8 weights (one INT4 word or two 8-bit words in, 16 bytes
-// out), four units a thread at a stride of the block size (int4_dequant.cuh says why that
+// out), two units a thread at a stride of the block size (int4_dequant.cuh says why that
 // layout), reading each unit's scale once. The weight loads are 4 or 8 bytes per thread but
 // contiguous across the warp, so each load instruction still moves whole lines; the output,
 // four times wider, is what must be written 16 bytes at a time. The arithmetic is unchanged —

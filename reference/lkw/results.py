@@ -109,6 +109,7 @@ COLUMNS = [
     "time µs",
     "achieved",
     "% of ceiling",
+    "% of same-size copy",
     "DRAM bytes / model",
     "peers (their time / ours)",
 ]
@@ -151,6 +152,7 @@ def _cells(row: dict) -> list[str]:
         _time(row.get("time_us")),
         achieved,
         pct_text,
+        _num(row.get("pct_same_size_copy"), ".1f"),
         _num(row.get("dram_ratio"), ".3f"),
         peers or "—",
     ]
@@ -207,7 +209,7 @@ def markdown_table(chapter: str) -> str:
     if data is None:
         return missing_message(chapter)
     out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(COLUMNS) + " |"]
-    out.append("|" + ":--|" * 4 + "--:|" * 4 + ":--|")  # names left, numbers right
+    out.append("|" + ":--|" * 4 + "--:|" * 5 + ":--|")  # names left, numbers right
     for row in data["rows"]:
         cells = [_md_escape(c) for c in _cells(row)]
         cells[0] = f"`{cells[0]}`"
