@@ -168,8 +168,8 @@ print(f"E4M3 bit move x 256 equals ml_dtypes on {int((shifted == expected).sum()
 # ## Part 2 · The instruction mix of the build (no GPU needed)
 #
 # Static counts of each version's kernel for sm_90a, as the book shows them. Dividing by the
-# weights one thread converts gives instructions per weight: a thread of `v1`…`v6` converts four
-# units of 8 weights (32), a thread of `v0_naive` one weight.
+# weights the code converts gives instructions per weight: the kernel of `v1`…`v6` holds two
+# copies of a loop over a thread's two units of 8 weights (32), a thread of `v0_naive` one weight.
 
 # %%
 print(results.sass_mix_text(CHAPTER))
@@ -177,7 +177,7 @@ mix = results.mix_rows(CHAPTER)
 
 
 def weights_per_thread(version):
-    """v0 converts one weight per thread; v1..v6 four units of 8 weights (int4_dequant.cuh)."""
+    """v0 converts one weight per thread; v1..v6 two loops over two units of 8 (int4_dequant.cuh)."""
     return 1 if version == "v0_naive" else 32
 
 

@@ -35,6 +35,35 @@ def test_dram_bytes_count_the_flush_writes_after_each_version_and_not_its_reads(
     assert got == {("a/copy/v0", "n=1"): 2000.0, ("a/copy/v1", "n=1"): 2000.0}
 
 
+def test_the_first_profiled_flush_alone_is_dropped_not_charged_to_a_version():
+    csv_text = ncu_csv([
+        ("flush_l2_kernel<0>", 9_999, 9_999),  # the dropped first profiled kernel
+        ("copy_v1_vec16_kernel", 1000, 1000), ("flush_l2_kernel<0>", 120_000, 7),
+    ])
+    order = [{"name": "(first)", "shape": "", "kernels": 0, "kernel_hint": ""},
+             launch("a/copy/v1", "copy_v1_vec16_kernel")]
+    assert bench.parse_ncu(csv_text, order, log=lambda *_: None) == {("a/copy/v1", "n=1"): 2007.0}
+
+
+def test_per_output_tolerances_split_on_slashes():
+    assert bench.tolerance_of("exact", 3) == "exact"
+    assert [bench.tolerance_of("ulp:2/exact", i) for i in (0, 1)] == ["ulp:2", "exact"]
+
+
+def test_bench_cases_of_chapters_03_and_04_name_every_tensor_of_their_op():
+    from lkw import golden
+
+    for chapter, ops in (("03_dynamic_quant", golden.QUANT_OPS), ("04_rmsnorm", golden.NORM_OPS)):
+        cases = bench.CHAPTERS[chapter]()
+        assert {c.op for c in cases} == set(ops)
+        for c in cases:
+            op = golden.OPS[c.op]
+            assert c.dtypes == [*op.inputs, *op.outputs]
+            assert "torch_eager" in c.torch_peers
+            t = int(c.shape.split(",")[0].split("=")[1])
+            assert ("torch_compile" in c.torch_peers) == (t > bench.ACT_SAMPLE_ROWS)
+
+
 def test_a_kernel_order_mismatch_drops_the_measurement_instead_of_misattributing_it():
     csv_text = ncu_csv([("copy_v1_vec16_kernel", 1, 1), ("flush_l2_kernel<0>", 1, 1)])
     messages = []
