@@ -482,6 +482,68 @@ def example(chapter: str) -> dict:
                     shape = f"n={n_rows},k={k},g={g}"
                     rows.append(row(op, version, "version", summaries[version], shape, time_us,
                                     model))
+    elif chapter == "03_dynamic_quant":
+        rows = []
+        ops = {
+            "per_token_fp8": [("v0_two_pass", 0.55), ("v1_row_in_registers", 0.80), ("v2_vec16", 0.92)],
+            "per_token_int8": [("v0_two_pass", 0.55), ("v1_row_in_registers", 0.80), ("v2_vec16", 0.91)],
+            "per_tensor_fp8": [("v0_two_pass", 0.50), ("v2_vec16", 0.60), ("v3_grid_sync", 0.58)],
+            "per_group_fp8": [("v0_two_pass", 0.50), ("v2_vec16", 0.90)],
+        }
+        for op, versions in ops.items():
+            for t, d in [(8192, 4096), (1, 4096), (64, 4096)]:
+                scales = 1 if op == "per_tensor_fp8" else t * (d // 128 if op == "per_group_fp8" else 1)
+                model = 3 * t * d + 4 * scales
+                shape = f"t={t},d={d}"
+                times = {}
+                for version, share in versions:
+                    times[version] = model / (share * ceiling * 1e3) + 2.0  # + a launch
+                for peer, share in [("torch_eager", 0.25), ("torch_compile", 0.60)]:
+                    if t > 64 or peer == "torch_eager":
+                        times[peer] = model / (share * ceiling * 1e3) + 8.0
+                peer_times = {k: v for k, v in times.items() if k.startswith("torch")}
+                for name, time_us in times.items():
+                    kind = "peer" if name.startswith("torch") else "version"
+                    peers = {} if kind == "peer" else {
+                        p: {"time_us": pt, "ratio": pt / time_us} for p, pt in peer_times.items()}
+                    rows.append(row(op, name, kind, "example row", shape, time_us, model,
+                                    dram_ratio=None if kind == "peer" else 1.001, peers=peers))
+    elif chapter == "04_rmsnorm":
+        rows = []
+        t, d = 8192, 4096
+        # (op, version, kind, bytes per element moved, share of the ceiling)
+        ladder = [
+            ("rmsnorm", "v0_scalar", "version", 4, 0.10),
+            ("rmsnorm", "v1_block_tree", "version", 4, 0.75),
+            ("rmsnorm", "v2_warp_shuffle", "version", 4, 0.85),
+            ("rmsnorm", "v3_vec16_registers", "version", 4, 0.93),
+            ("rmsnorm", "torch_eager", "peer", 4, 0.40),
+            ("rmsnorm", "torch_compile", "peer", 4, 0.85),
+            ("fused_add_rmsnorm", "v4_fused_add", "version", 8, 0.93),
+            ("fused_add_rmsnorm", "chain_unfused", "peer", 10, 0.92),
+            ("fused_add_rmsnorm", "torch_compile", "peer", 8, 0.85),
+            ("fused_add_rmsnorm_fp8", "v5_fused_add_quant", "version", 7, 0.92),
+            ("fused_add_rmsnorm_fp8", "chain_unfused", "peer", 13, 0.90),
+            ("fused_add_rmsnorm_fp8", "torch_compile", "peer", 7, 0.55),
+            ("fused_add_rmsnorm_int8", "v5_fused_add_quant", "version", 7, 0.92),
+            ("fused_add_rmsnorm_int8", "chain_unfused", "peer", 13, 0.90),
+        ]
+        for shape_t in (t, 1, 16, 64):
+            for op, version, kind, per_element, share in ladder:
+                if shape_t <= 64 and version == "torch_compile":
+                    continue
+                moved = per_element * shape_t * d + 2 * d
+                model = (7 if op.endswith(("fp8", "int8")) else 8 if op.startswith("fused") else 4)
+                model = model * shape_t * d + 2 * d
+                time_us = moved / (share * ceiling * 1e3) + 2.0
+                rows.append(row(op, version, kind, "example row", f"t={shape_t},d={d}", time_us,
+                                moved if version == "chain_unfused" else model,
+                                dram_ratio=None if version.startswith("torch") else 1.002))
+        for r in rows:  # peers of the same op and shape, as tools/bench.py records them
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
+                              for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
+                              and p["shape"] == r["shape"]}
     else:
         raise KeyError(f"no example for chapter {chapter}")
     return {

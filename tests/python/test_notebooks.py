@@ -15,11 +15,15 @@ nbformat = pytest.importorskip("nbformat")
 NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-CHAPTERS = ["00_roofline", "01_formats", "02_int4_dequant"]
+CHAPTERS = ["00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm"]
 # Figures a notebook draws without a measurement: chapter 02's instruction mix.
-STATIC_FIGURES = {"02_int4_dequant": 1}
+STATIC_FIGURES = {"02_int4_dequant": 1, "03_dynamic_quant": 1}
 # Figures it draws on a recorded run: the static ones, then the measured ones.
-RECORDED_FIGURES = {"02_int4_dequant": 3}  # mix, versions side by side, mix against time
+RECORDED_FIGURES = {
+    "02_int4_dequant": 3,  # mix, versions side by side, mix against time
+    "03_dynamic_quant": 3,  # error per token, prefill bars, decode latency
+    "04_rmsnorm": 2,  # the version ladder, the byte table
+}
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
