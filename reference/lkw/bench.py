@@ -266,6 +266,11 @@ def _eager_and_compiled(body: Callable) -> dict[str, Callable]:
     return {"torch_eager": eager, "torch_compile": compiled}
 
 
+def _outputs(result) -> list:
+    """A reference's result as a list of outputs (one array, or a tuple of them)."""
+    return list(result) if isinstance(result, tuple) else [result]
+
+
 def _peers_for(peers: dict[str, Callable], t: int) -> dict[str, Callable]:
     """torch.compile only at prefill sizes: each shape is a compilation of its own (tens of
     seconds), and at decode sizes the comparison that matters is the eager launch chain."""
@@ -312,7 +317,7 @@ def dynamic_quant_cases() -> list[Case]:
                 extra["cut"] = {1: lambda a, rows: a[:, :rows]}  # scales [d/128, T], column-major
             cases.append(Case(
                 op, f"t={t},d={d}", [*golden.OPS[op].inputs, *golden.OPS[op].outputs], make_for(op, t, d),
-                extra.pop("expected", lambda x, op=op: list(golden.OPS[op].fn(*x))),
+                extra.pop("expected", lambda x, op=op: _outputs(golden.OPS[op].fn(*x))),
                 sample_rows=ACT_SAMPLE_ROWS if t > ACT_SAMPLE_ROWS else None,
                 torch_peers=_peers_for(peers, t),
                 # torch's q may round differently where x·(1/scale) lands within an FP32 ulp of a
@@ -379,7 +384,7 @@ def rmsnorm_cases() -> list[Case]:
         for t, d in ACT_SHAPES:
             cases.append(Case(
                 op, f"t={t},d={d}", [*golden.OPS[op].inputs, *golden.OPS[op].outputs], make_for(op, t, d),
-                lambda x, op=op: list(golden.OPS[op].fn(*x, eps)),
+                lambda x, op=op: _outputs(golden.OPS[op].fn(*x, eps)),
                 tolerance=golden.NORM_TOLERANCES[op],
                 sample_rows=ACT_SAMPLE_ROWS if t > ACT_SAMPLE_ROWS else None,
                 params={"eps": eps}, torch_peers=_peers_for(peers, t),
@@ -484,10 +489,13 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
             continue
         t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=warmup, iters=iters, flush_l2=False)
         torch.cuda.synchronize()
-        after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
+        # Launch i used set i % len(arg_sets): with more sets than launches (small shapes, many
+        # rotations), the sets past the last launch were never written.
+        after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets[: warmup + iters]]
         correct = all(a["pass"] for a in after)
         if not correct:
-            log(f"  {name}: WRONG after timing: {[a['text'] for a in after if not a['pass']]}")
+            bad = [i for i, a in enumerate(after) if not a["pass"]]
+            log(f"  {name}: WRONG after timing in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
         us = t["median_us"]
         row.update(
             correct=correct, time_us=us, time_min_us=t["min_us"], time_max_us=t["max_us"],
@@ -617,12 +625,14 @@ def _commit() -> str:
 
 
 def run_chapter(chapter: str, *, ceiling: tuple[float, str, list[dict]], warmup: int, iters: int,
-                l2_bytes: int, log=print) -> dict:
+                l2_bytes: int, ops: list[str] | None = None, log=print) -> dict:
     dev = ext().device()
     ceiling_gbps, ceiling_name, ceiling_rows = ceiling
     rows = []
     copies: dict[int, float | None] = {}
     for case in CHAPTERS[chapter]():
+        if ops and case.op not in ops:
+            continue
         if chapter == CEILING_OP[0] and case.op == CEILING_OP[1]:
             rows += ceiling_rows  # already measured at the start of this run
             continue
@@ -762,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--list", action="store_true", help="list chapters, ops and versions")
     ap.add_argument("--chapter", action="append", default=[], help="chapter to run (repeatable)")
+    ap.add_argument("--op", action="append", default=[], help="only these ops (repeatable)")
     ap.add_argument("--all", action="store_true", help="every chapter with bench cases")
     ap.add_argument("--json", type=Path, help="write the (single chapter's) results JSON here")
     ap.add_argument("--write-results", action="store_true", help="write results/<gpu>/<chapter>.json")
@@ -807,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = dict(warmup=args.warmup, iters=args.iters, l2_bytes=dev["l2_bytes"])
     ceiling = measure_ceiling(**opts)
     print(f"bench: ceiling {ceiling[0]:.1f} GB/s ({ceiling[1]})")
-    results_by_chapter = {c: run_chapter(c, ceiling=ceiling, **opts) for c in chapters}
+    results_by_chapter = {c: run_chapter(c, ceiling=ceiling, ops=args.op, **opts) for c in chapters}
 
     if args.ncu:
         dram = ncu_dram_bytes(chapters)
