@@ -234,21 +234,22 @@ def _torch_quant(torch, y, kind: str, group: int | None = None):
     from lkw import quant
 
     y32 = y.float()
+    fp8, min_scale = torch.float8_e4m3fn, float(quant.MIN_SCALE)
     if kind == "int8":
         scale = y32.abs().amax(dim=1, keepdim=True) / 127.0
         inv = torch.where(scale > 0, scale.reciprocal(), torch.zeros_like(scale))
-        return torch.round(y32 * inv).clamp(-128, 127).to(torch.int8), scale
+        return torch.clamp(torch.round(y32 * inv), min=-128.0, max=127.0).to(torch.int8), scale
     if kind == "tensor":
-        scale = (y32.abs().amax() / 448.0).clamp(min=float(quant.MIN_SCALE)).reshape(1)
-        return (y32 * scale.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+        scale = torch.clamp(y32.abs().amax() / 448.0, min=min_scale).reshape(1)
+        return torch.clamp(y32 * scale.reciprocal(), min=-448.0, max=448.0).to(fp8), scale
     if group:
         t, d = y32.shape
         g = y32.view(t, d // group, group)
-        scale = (g.abs().amax(dim=2, keepdim=True) / 448.0).clamp(min=float(quant.MIN_SCALE))
-        q = (g * scale.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn).view(t, d)
+        scale = torch.clamp(g.abs().amax(dim=2, keepdim=True) / 448.0, min=min_scale)
+        q = torch.clamp(g * scale.reciprocal(), min=-448.0, max=448.0).to(fp8).view(t, d)
         return q, scale.view(t, d // group).t().contiguous()
-    scale = (y32.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=float(quant.MIN_SCALE))
-    return (y32 * scale.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+    scale = torch.clamp(y32.abs().amax(dim=1, keepdim=True) / 448.0, min=min_scale)
+    return torch.clamp(y32 * scale.reciprocal(), min=-448.0, max=448.0).to(fp8), scale
 
 
 def _eager_and_compiled(body: Callable) -> dict[str, Callable]:
@@ -262,8 +263,10 @@ def _eager_and_compiled(body: Callable) -> dict[str, Callable]:
     def compiled(torch, inputs):
         # Every case compiles afresh: Dynamo's cache is keyed by the code object, and after its
         # recompile limit it would silently run the function eagerly.
+        # fullgraph: a graph break raises (the peer is then recorded as not running) instead of
+        # running part of the function eagerly under the compiled name.
         torch._dynamo.reset()
-        fn = torch.compile(lambda *xs: body(torch, *xs), dynamic=False)
+        fn = torch.compile(lambda *xs: body(torch, *xs), dynamic=False, fullgraph=True)
         return lambda: fn(*inputs)
 
     return {"torch_eager": eager, "torch_compile": compiled}
@@ -493,7 +496,9 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
             row.update(correct=False, time_us=None, gbps=None, tflops=None, check=before["text"])
             rows.append(row)
             continue
-        t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=warmup, iters=iters, flush_l2=False)
+        # The flush also gives the host a head start: the events time the GPU's work, not the
+        # launcher's argument checks (which a small kernel would otherwise wait for).
+        t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=warmup, iters=iters, flush_l2=True)
         torch.cuda.synchronize()
         # Launch i used set i % len(arg_sets): with more sets than launches (small shapes, many
         # rotations), the sets past the last launch were never written.

@@ -125,9 +125,15 @@ def _time(us: float | None) -> str:
     return f"{us:.1f}" if us >= 100 else f"{us:.2f}" if us >= 1 else f"{us:.3f}"
 
 
+# Rows doing more FLOPs per byte than this show TFLOP/s (GEMMs); the others, whatever FLOPs they
+# count (a norm's few per element), are about bytes and show GB/s.
+COMPUTE_BOUND_FLOP_PER_BYTE = 10.0
+
+
 def _cells(row: dict) -> list[str]:
     """One row as plain strings, in COLUMNS order."""
-    if row.get("tflops") is not None:
+    intensity = (row.get("flops") or 0) / row["model_bytes"] if row.get("model_bytes") else 0
+    if row.get("tflops") is not None and intensity > COMPUTE_BOUND_FLOP_PER_BYTE:
         achieved = f"{row['tflops']:.1f} TFLOP/s"
     elif row.get("gbps") is not None:
         achieved = f"{row['gbps']:.0f} GB/s"
