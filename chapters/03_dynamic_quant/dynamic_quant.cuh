@@ -8,7 +8,9 @@
 //   per_token_int8  q int8 [T, d], scales FP32 [T, 1]
 //   per_tensor_fp8  q E4M3 [T, d], scale FP32 [1]: one absmax over the whole tensor
 //   per_group_fp8   q E4M3 [T, d], scales FP32 [d/128, T], column-major: 1 × 128 groups along
-//                   d, the T scales of one group contiguous (the FP8 GEMM's activation format)
+//                   d, the T scales of one group contiguous (the FP8 GEMM's activation format);
+//                   with Args param "scales_row_major" = 1 they are [T, d/128] instead (the
+//                   param, not the shape, decides: the two shapes coincide when T = d/128)
 // Bytes per element: 2 read + 1 written, + 4 per scale (4/d per token, 4/128 per group).
 // At the bound every op reads x once and writes q once; how the absmax is found decides the rest.
 //
@@ -57,7 +59,14 @@ struct QuantArgs {
   float* scales;           // [T] per token, [1] per tensor, [d/128, T] per group
   int64_t t, d;
   float scale_ub;  // per_token_fp8 only: the absmax is clamped to it; ≤ 0 means none
+  bool scales_row_major = false;  // per_group_fp8 only: scales [T, d/128] instead of [d/128, T]
 };
+
+// Where the scale of token `row`, group `g` lives (per_group_fp8).
+__host__ __device__ __forceinline__ int64_t group_scale_index(int64_t g, int64_t row, int64_t t,
+                                                              int64_t groups, bool row_major) {
+  return row_major ? row * groups + g : g * t + row;
+}
 
 using QuantLaunch = Status (*)(const QuantArgs& a, cudaStream_t stream);
 
@@ -110,6 +119,8 @@ inline Status validate_quant(const QuantOp& op, const QuantArgs& a, const Limits
                 " must be a multiple of 128 (1 x 128 groups)")
       .that(takes_ub || !(a.scale_ub > 0.0f),
             std::string(op.name) + " takes no scale_ub (only per_token_fp8 does)")
+      .that(op.granularity == Granularity::kGroup || !a.scales_row_major,
+            std::string(op.name) + " takes no scales_row_major (only per_group_fp8 does)")
       .aligned(a.x, limits.x_align, "x")
       .aligned(a.q, limits.q_align, "q")
       .aligned(a.scales, 4, "scales")
@@ -120,22 +131,25 @@ inline Status validate_quant(const QuantOp& op, const QuantArgs& a, const Limits
       .status();
 }
 
-// The shape the scales output must have: [T, 1] (or [T]), [1], or [d/128, T].
+// The shape the scales output must have: [T, 1] (or [T]), [1], or [d/128, T] ([T, d/128] when
+// row-major).
 inline bool scales_shape_ok(const QuantOp& op, const std::vector<int64_t>& shape, int64_t t,
-                            int64_t d) {
+                            int64_t d, bool row_major) {
   switch (op.granularity) {
     case Granularity::kToken:
       return shape == std::vector<int64_t>{t, 1} || shape == std::vector<int64_t>{t};
     case Granularity::kTensor:
       return shape == std::vector<int64_t>{1};
     case Granularity::kGroup:
-      return shape == std::vector<int64_t>{d / kGroup, t};
+      return row_major ? shape == std::vector<int64_t>{t, d / kGroup}
+                       : shape == std::vector<int64_t>{d / kGroup, t};
   }
   return false;
 }
-inline const char* scales_shape_text(const QuantOp& op) {
+inline const char* scales_shape_text(const QuantOp& op, bool row_major) {
   return op.granularity == Granularity::kToken    ? "[T, 1]"
          : op.granularity == Granularity::kTensor ? "[1]"
+         : row_major                              ? "[T, d/128] (scales_row_major)"
                                                   : "[d/128, T]";
 }
 
@@ -160,15 +174,16 @@ inline Version quant_version(const QuantOp& op, const char* id, const char* summ
             .status();
     if (!s.ok()) return s;
     const int64_t t = x.dim(0), d = x.dim(1);
+    const bool row_major = a.param("scales_row_major", 0.0) != 0.0;
     s = Check()
-            .that(scales_shape_ok(op, scales.shape, t, d),
-                  std::string(op.name) + ": scales must be " + scales_shape_text(op))
+            .that(scales_shape_ok(op, scales.shape, t, d, row_major),
+                  std::string(op.name) + ": scales must be " + scales_shape_text(op, row_major))
             .status();
     if (!s.ok()) return s;
     const auto* x_data = static_cast<const __nv_bfloat16*>(x.data);
     auto* scales_data = static_cast<float*>(scales.data);
     const auto scale_ub = static_cast<float>(a.param("scale_ub", 0.0));
-    return launch({x_data, q.data, scales_data, t, d, scale_ub}, stream);
+    return launch({x_data, q.data, scales_data, t, d, scale_ub, row_major}, stream);
   };
   // 2 B read + 1 B written per element, 4 B per scale.
   v.bytes = [](const Args& a) {

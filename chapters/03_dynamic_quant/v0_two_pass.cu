@@ -46,13 +46,15 @@ constexpr int kGroupThreads = 128;
 
 __global__ void __launch_bounds__(kGroupThreads)
     per_group_v0_two_pass_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ q,
-                                 float* __restrict__ scales, int64_t t, int64_t d) {
+                                 float* __restrict__ scales, int64_t t, int64_t d,
+                                 bool scales_row_major) {
   const int warp_idx = threadIdx.x / 32, lane_idx = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const __nv_bfloat16* x_row = x + row * d;  // (T, d)
   uint8_t* q_row = q + row * d;              // (T, d)
   // For each of this warp's groups: the absmax of its 128 elements (4 per lane, warp_max), the
-  // scale stored at [g, row], then load and quantize the 128 elements again.
+  // scale stored at group_scale_index (column-major [g, row] by default), then load and quantize
+  // the 128 elements again.
   // TODO(exercise): the group loop (about 11 lines)
 }
 
@@ -60,7 +62,7 @@ Status per_group_v0_two_pass(const QuantArgs& a, cudaStream_t stream) {
   Status s = validate_quant(kPerGroupFp8, a);
   if (!s.ok()) return s;
   per_group_v0_two_pass_kernel<<<unsigned(a.t), kGroupThreads, 0, stream>>>(
-      a.x, static_cast<uint8_t*>(a.q), a.scales, a.t, a.d);
+      a.x, static_cast<uint8_t*>(a.q), a.scales, a.t, a.d, a.scales_row_major);
   return last_launch_status(kPerGroupFp8.name);
 }
 

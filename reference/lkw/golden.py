@@ -83,7 +83,9 @@ OPS = {
     ),
     "per_token_int8": Op(quant.per_token_int8, ("bfloat16",), ("int8", "float32")),
     "per_tensor_fp8": Op(quant.per_tensor_fp8, ("bfloat16",), ("float8_e4m3fn", "float32")),
-    "per_group_fp8": Op(quant.per_group_fp8, ("bfloat16",), ("float8_e4m3fn", "float32")),
+    "per_group_fp8": Op(
+        quant.per_group_fp8, ("bfloat16",), ("float8_e4m3fn", "float32"), ("scales_row_major",)
+    ),
     # 04_rmsnorm (lkw.rmsnorm: x, [residual,] weight; outputs end with residual_out)
     "rmsnorm": Op(rmsnorm.rmsnorm, ("bfloat16", "bfloat16"), ("bfloat16",), ("eps",)),
     "fused_add_rmsnorm": Op(
@@ -470,6 +472,12 @@ def dynamic_quant_cases(rng: np.random.Generator) -> list[Case]:
     scale_ub = float(formats.bf16_to_f32(formats.f32_to_bf16(np.median(absmax))))  # exact in FP32
     cases.append(
         Case("per_token_fp8_ub_t5_d4096", "per_token_fp8", "exact", [x], {"scale_ub": scale_ub})
+    )
+    # Row-major group scales [T, d/128]. T = d/128 = 40, so both layouts have the same shape and
+    # only the param can tell a kernel which one to write.
+    x = activations(rng, 40, 5120)
+    cases.append(
+        Case("per_group_fp8_row_major_t40_d5120", "per_group_fp8", "exact", [x], {"scales_row_major": 1})
     )
     return cases
 

@@ -38,7 +38,9 @@ Ops (outputs in this order; q has the input's shape):
         Groups are 1 x 128 along d (d a multiple of 128); group g of token t is x[t, 128g:128g+128].
         The scales are COLUMN-MAJOR: the stored array has shape (d/128, T) and element [g, t] is
         the scale of token t, group g, so the T scales of one group are contiguous -- the layout
-        cuBLASLt's 1 x 128 (VEC128_32F) activation scales and DeepGEMM's A scales read.
+        cuBLASLt's 1 x 128 (VEC128_32F) activation scales and DeepGEMM's A scales read. With the
+        param scales_row_major = 1 they are (T, d/128) instead (the param decides, not the shape,
+        which is the same for both when T = d/128).
 
 Dequantized value: q * scale (scale[t] per token, scale per tensor, scale[g, t] per group).
 
@@ -128,8 +130,9 @@ def per_tensor_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return quantize_fp8(x32, scale), scale
 
 
-def per_group_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """BF16 [T, d] -> (E4M3 bits [T, d], FP32 scales [d/128, T] column-major), 1 x 128 groups."""
+def per_group_fp8(x: np.ndarray, scales_row_major: float = 0) -> tuple[np.ndarray, np.ndarray]:
+    """BF16 [T, d] -> (E4M3 bits [T, d], FP32 scales [d/128, T] column-major), 1 x 128 groups;
+    with scales_row_major (a case param, so 0 or 1) the scales are [T, d/128] instead."""
     x32 = _rows(x)
     t, d = x32.shape
     if d % GROUP:
@@ -137,7 +140,7 @@ def per_group_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     groups = x32.reshape(t, d // GROUP, GROUP)  # (T,G,128)
     scales = fp8_scale(np.max(np.abs(groups), axis=2))  # (T,G)
     q = quantize_fp8(groups, scales[:, :, None]).reshape(t, d)
-    return q, np.ascontiguousarray(scales.T)  # (G,T)
+    return q, np.ascontiguousarray(scales if scales_row_major else scales.T)  # (T,G) or (G,T)
 
 
 def dequantize(q: np.ndarray, scales: np.ndarray, kind: str) -> np.ndarray:

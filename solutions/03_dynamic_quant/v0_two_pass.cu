@@ -55,13 +55,15 @@ constexpr int kGroupThreads = 128;
 
 __global__ void __launch_bounds__(kGroupThreads)
     per_group_v0_two_pass_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ q,
-                                 float* __restrict__ scales, int64_t t, int64_t d) {
+                                 float* __restrict__ scales, int64_t t, int64_t d,
+                                 bool scales_row_major) {
   const int warp_idx = threadIdx.x / 32, lane_idx = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const __nv_bfloat16* x_row = x + row * d;  // (T, d)
   uint8_t* q_row = q + row * d;              // (T, d)
   // For each of this warp's groups: the absmax of its 128 elements (4 per lane, warp_max), the
-  // scale stored at [g, row], then load and quantize the 128 elements again.
+  // scale stored at group_scale_index (column-major [g, row] by default), then load and quantize
+  // the 128 elements again.
   // BEGIN SOLUTION: the group loop
   for (int64_t g = warp_idx; g < d / kGroup; g += kGroupThreads / 32) {
     const __nv_bfloat16* x_group = x_row + g * kGroup;
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(kGroupThreads)
       absmax = fmaxf(absmax, fabsf(__bfloat162float(x_group[k])));
     const float scale = fp8_scale(warp_max(absmax), kNoBound);
     const float inv = fp8_inverse(scale);
-    if (lane_idx == 0) scales[g * t + row] = scale;  // (d/128, T): column-major
+    if (lane_idx == 0) scales[group_scale_index(g, row, t, d / kGroup, scales_row_major)] = scale;
     for (int k = lane_idx; k < kGroup; k += 32)
       q_row[g * kGroup + k] = Fp8::code(__bfloat162float(x_group[k]), inv);
   }
@@ -81,7 +83,7 @@ Status per_group_v0_two_pass(const QuantArgs& a, cudaStream_t stream) {
   Status s = validate_quant(kPerGroupFp8, a);
   if (!s.ok()) return s;
   per_group_v0_two_pass_kernel<<<unsigned(a.t), kGroupThreads, 0, stream>>>(
-      a.x, static_cast<uint8_t*>(a.q), a.scales, a.t, a.d);
+      a.x, static_cast<uint8_t*>(a.q), a.scales, a.t, a.d, a.scales_row_major);
   return last_launch_status(kPerGroupFp8.name);
 }
 

@@ -138,7 +138,8 @@ constexpr int kGroupPasses = 4;                                 // groups per ha
 
 __global__ void __launch_bounds__(kGroupThreads)
     per_group_v2_vec16_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ q,
-                              float* __restrict__ scales, int64_t t, int64_t groups_per_row) {
+                              float* __restrict__ scales, int64_t t, int64_t groups_per_row,
+                              bool scales_row_major) {
   // Groups are numbered along memory: group g is elements 128g .. 128g + 127 of x, which is
   // row g / groups_per_row, group g % groups_per_row (d is a multiple of 128).
   const uint4* x_vec = reinterpret_cast<const uint4*>(x);  // (T·d/128, 16) chunks
@@ -149,8 +150,8 @@ __global__ void __launch_bounds__(kGroupThreads)
       blockIdx.x * int64_t(kGroupsPerPass * kGroupPasses) + threadIdx.x / kLanesPerGroup;
   // Load all kGroupPasses groups' chunks first (groups first + p·kGroupsPerPass); per group:
   // half_warp_max (in every lane, also past n_groups: the shuffle needs the whole warp), the
-  // scale and its inverse, eight codes per lane; lane 0 stores the scale at [g % groups_per_row,
-  // row].
+  // scale and its inverse, eight codes per lane; lane 0 stores the scale at group_scale_index of
+  // (g % groups_per_row, row).
   // BEGIN SOLUTION: load the groups, then reduce, quantize and store each
   uint4 x_rg[kGroupPasses];
 #pragma unroll
@@ -165,7 +166,9 @@ __global__ void __launch_bounds__(kGroupThreads)
     const float inv = fp8_inverse(scale);
     if (g < n_groups) {
       q_vec[g * kLanesPerGroup + lane] = quantize8<Fp8>(x_rg[p], inv);
-      if (lane == 0) scales[(g % groups_per_row) * t + g / groups_per_row] = scale;  // (d/128, T)
+      if (lane == 0)
+        scales[group_scale_index(g % groups_per_row, g / groups_per_row, t, groups_per_row,
+                                 scales_row_major)] = scale;
     }
   }
   // END SOLUTION
@@ -177,7 +180,7 @@ Status per_group_v2_vec16(const QuantArgs& a, cudaStream_t stream) {
   const int64_t groups_per_row = a.d / kGroup;
   const int64_t blocks = ceil_div(a.t * groups_per_row, kGroupsPerPass * kGroupPasses);
   per_group_v2_vec16_kernel<<<unsigned(blocks), kGroupThreads, 0, stream>>>(
-      a.x, static_cast<uint8_t*>(a.q), a.scales, a.t, groups_per_row);
+      a.x, static_cast<uint8_t*>(a.q), a.scales, a.t, groups_per_row, a.scales_row_major);
   return last_launch_status(kPerGroupFp8.name);
 }
 

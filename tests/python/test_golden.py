@@ -68,6 +68,7 @@ EXPECTED_CASES = {
         },
         **{f"{op}_tail_t5_d203": op for op in QUANT_OPS if op != "per_group_fp8"},
         "per_token_fp8_ub_t5_d4096": "per_token_fp8",
+        "per_group_fp8_row_major_t40_d5120": "per_group_fp8",
     },
     "04_rmsnorm": {
         f"{op}_{tag}t{t}_d{d}": op

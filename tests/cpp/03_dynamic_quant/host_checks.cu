@@ -25,8 +25,10 @@ TEST(HostReference, MatchesEveryGoldenCase) {
     std::vector<uint16_t> x(in.numel());
     std::memcpy(x.data(), in.bytes.data(), in.bytes.size());
     const auto ub = c.params.find("scale_ub");
-    const host::Quantized r = host::reference(c.op, x, in.shape.at(0), in.shape.at(1),
-                                              ub == c.params.end() ? 0.0f : float(ub->second));
+    const auto row_major = c.params.find("scales_row_major");
+    const host::Quantized r = host::reference(
+        c.op, x, in.shape.at(0), in.shape.at(1), ub == c.params.end() ? 0.0f : float(ub->second),
+        row_major != c.params.end() && row_major->second != 0.0);
     const test::HostTensor &q = data.expected.at(0), &scales = data.expected.at(1);
     ASSERT_EQ(r.q.size(), q.bytes.size()) << c.id;
     ASSERT_EQ(int64_t(r.scales.size()), scales.numel()) << c.id;
@@ -94,6 +96,21 @@ TEST(HostValidation, OnlyPerTokenFp8TakesScaleUb) {
       a.params["scale_ub"] = 1.0;
       expect_refused(*v, a, "takes no scale_ub");
     }
+  }
+}
+
+TEST(HostValidation, RowMajorGroupScalesNeedTheirShapeAndOnlyPerGroupTakesThem) {
+  for (const QuantOp* op : {&kPerTokenFp8, &kPerTokenInt8, &kPerTensorFp8}) {
+    for (const Version* v : versions_of(*op)) {
+      Args a = fake_args(*op, 4, 256);
+      a.params["scales_row_major"] = 1.0;
+      expect_refused(*v, a, "takes no scales_row_major");
+    }
+  }
+  for (const Version* v : versions_of(kPerGroupFp8)) {
+    Args a = fake_args(kPerGroupFp8, 4, 256);  // scales [2, 4]: column-major
+    a.params["scales_row_major"] = 1.0;
+    expect_refused(*v, a, "[T, d/128]");
   }
 }
 

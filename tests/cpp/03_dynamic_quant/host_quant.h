@@ -38,7 +38,7 @@ inline uint8_t int8_code(float x, float inv) {
 
 // x: BF16 bits [T, d]. `op` is one of the chapter's four ops.
 inline Quantized reference(const std::string& op, const std::vector<uint16_t>& x, int64_t t,
-                           int64_t d, float scale_ub = 0.0f) {
+                           int64_t d, float scale_ub = 0.0f, bool scales_row_major = false) {
   auto value = [&](int64_t i) { return lkw::bf16_bits_to_f32(x[i]); };
   auto absmax = [&](int64_t begin, int64_t end) {
     float m = 0.0f;
@@ -72,8 +72,8 @@ inline Quantized reference(const std::string& op, const std::vector<uint16_t>& x
     for (int64_t row = 0; row < t; ++row)
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t begin = row * d + g * 128;
-        r.scales[g * t + row] =
-            fp8_span(begin, begin + 128, fp8_scale(absmax(begin, begin + 128), 0.0f));  // (G, T)
+        r.scales[scales_row_major ? row * groups + g : g * t + row] =  // (T, G) or (G, T)
+            fp8_span(begin, begin + 128, fp8_scale(absmax(begin, begin + 128), 0.0f));
       }
   } else {
     throw std::invalid_argument("no host reference for op " + op);
