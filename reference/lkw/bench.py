@@ -399,12 +399,134 @@ def rmsnorm_cases() -> list[Case]:
     return cases
 
 
+# Chapter 06: the decode GEMV at the Llama-3-8B and -70B weight shapes (N, K), G = 128.
+GEMV_SHAPES = [
+    (4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (8192, 28672),
+]
+GEMV_M = (1, 2, 4, 8, 16)
+GEMV_SAMPLE_ROWS = 256  # weight rows (columns of y) the reference computes
+GEMV_INV_PERM = (0, 4, 1, 5, 2, 6, 3, 7)  # element e of an interleaved word sits at nibble INV[e]
+
+
+def _gemv_tolerance(op: str, m: int, k: int) -> str:
+    """The golden cases' tolerance (lkw.gemv.tolerance) for a sample drawn like the bench's
+    inputs, with ATOL doubled: the bench checks 256 x M outputs, the sample 32 x M, and the
+    statistical term takes the largest. Drawn once per (op, M, K) on the host, seed fixed."""
+    from lkw import gemv, golden, int4
+
+    rng = np.random.default_rng([m, k])
+    x = formats.f32_to_bf16(rng.standard_normal((m, k)).astype(np.float32))
+    if op == "bf16_gemv":
+        w = formats.f32_to_bf16((rng.standard_normal((32, k)) * 0.05).astype(np.float32))
+        tol = golden.gemm_bf16_tolerance(x, w)
+    else:
+        words = rng.integers(0, 2**32, (32, k // 8), dtype=np.uint32)
+        s = np.abs(rng.standard_normal((32, k // 128))) * 0.01 + 1e-3
+        scales = int4.round_to(s, "bfloat16")
+        tol = gemv.tolerance(x, gemv.w_hat(words, scales))
+    rtol, atol = tol.split(":")[1:]
+    return f"close:{rtol}:{2 * float(atol):.3g}"
+
+
+def _torch_nibbles(torch, words, interleaved: bool):
+    """int32 words [R, K/8] -> their 4-bit values [R, K] (int32), in element order."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
+    q = (words.unsqueeze(-1) >> shifts) & 0xF  # (R,K/8,8): nibble positions
+    if interleaved:
+        q = q[..., list(GEMV_INV_PERM)]
+    return q.reshape(words.shape[0], -1)
+
+
+def _torch_matmul_peer(torch, inputs):
+    """x @ W^T with W dequantized to BF16 once, untimed (s * (q - 8), one rounding: chapter 02's
+    W_hat): cuBLAS on BF16 weights, what running without the INT4 kernel costs."""
+    x, words, scales = inputs
+    g = 8 * words.shape[1] // scales.shape[1]
+    w = torch.empty(words.shape[0], 8 * words.shape[1], dtype=torch.bfloat16, device=x.device)
+    for r in range(0, w.shape[0], 2048):
+        q = _torch_nibbles(torch, words[r : r + 2048], interleaved=True)
+        s = scales[r : r + 2048].repeat_interleave(g, dim=1)
+        w[r : r + 2048] = (q - 8).to(torch.bfloat16) * s
+    return lambda: x @ w.T
+
+
+def _torch_int4pack_peer(torch, inputs):
+    """torch._weight_int4pack_mm (the tinygemm kernel) on the same weights: uint8 [N, K/2] with
+    element 2j in the high nibble of byte j, repacked by torch._convert_weight_to_int4pack
+    (innerKTiles 8), scales and zeros [K/G, N, 2] with zero 0, so it computes (q - 8) * s."""
+    x, words, scales = inputs
+    n, k = words.shape[0], 8 * words.shape[1]
+    g = k // scales.shape[1]
+    packed = torch.empty(n, k // 2, dtype=torch.uint8, device=x.device)
+    for r in range(0, n, 2048):
+        q = _torch_nibbles(torch, words[r : r + 2048], interleaved=True)
+        packed[r : r + 2048] = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    w_int4 = torch._convert_weight_to_int4pack(packed, 8)
+    scales_and_zeros = torch.stack([scales.t(), torch.zeros_like(scales.t())], dim=-1).contiguous()
+    return lambda: torch._weight_int4pack_mm(x, w_int4, g, scales_and_zeros)
+
+
+def int4_gemv_cases() -> list[Case]:
+    """Chapter 06's ops at GEMV_SHAPES x GEMV_M, and the cuBLAS BF16 peer's op at the same shapes
+    (shape strings identical across ops, so peers match up). Inputs: x ~ N(0, 1), random words,
+    scales |N(0, 1)| * 0.01 + 1e-3. The reference computes GEMV_SAMPLE_ROWS columns of y from
+    that many weight rows (y is [M, N]: the bench's row sampling would cut x, so the reference
+    sees every input and cuts W itself). int4i_gemv carries the torch peers."""
+    from lkw import gemv, golden
+
+    g = 128
+    rows = GEMV_SAMPLE_ROWS
+
+    def make_for(op, m, n, k):
+        def make(torch, gen):
+            dev = {"device": "cuda", "generator": gen}
+            x = torch.randn(m, k, **dev).to(torch.bfloat16)
+            y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            if op == "bf16_gemv":
+                return [x, (torch.randn(n, k, **dev) * 0.05).to(torch.bfloat16)], [y]
+            words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, **dev)
+            scales = (torch.randn(n, k // g, **dev).abs() * 0.01 + 1e-3).to(torch.bfloat16)
+            inputs = [x, words, scales]
+            if op == "int4i_zp_gemv":
+                zshape = (n, k // g // 8)
+                inputs.append(torch.randint(-(2**31), 2**31 - 1, zshape, dtype=torch.int32, **dev))
+            return inputs, [y]
+
+        return make
+
+    def expected_for(op):
+        def expected(x):
+            if op == "bf16_gemv":
+                return [gemv.bf16_gemv(x[0], x[1][:rows])]
+            return [golden.OPS[op].fn(x[0], *(a[:rows] for a in x[1:]))]
+
+        return expected
+
+    peers = {"torch_matmul": _torch_matmul_peer, "torch_int4pack_mm": _torch_int4pack_peer}
+    tolerances: dict[tuple, str] = {}
+    cases = []
+    for op in (*golden.GEMV_OPS, "bf16_gemv"):
+        names = [*golden.OPS[op].inputs, *golden.OPS[op].outputs]
+        kind = "bf16" if op == "bf16_gemv" else "int4"
+        for n, k in GEMV_SHAPES:
+            for m in GEMV_M:
+                if (kind, m, k) not in tolerances:
+                    tolerances[kind, m, k] = _gemv_tolerance(op, m, k)
+                cases.append(Case(
+                    op, f"m={m},n={n},k={k},g={g}", names, make_for(op, m, n, k), expected_for(op),
+                    tolerance=tolerances[kind, m, k], sample_rows=rows,
+                    cut={0: lambda a, r: a[:, :r]}, reference_sees_all=True,
+                    torch_peers=peers if op == "int4i_gemv" else {}))
+    return cases
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
     "02_int4_dequant": int4_dequant_cases,
     "03_dynamic_quant": dynamic_quant_cases,
     "04_rmsnorm": rmsnorm_cases,
+    "06_int4_gemv": int4_gemv_cases,
 }
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, int4, quant, rmsnorm, roofline
+from lkw import formats, gemv, int4, quant, rmsnorm, roofline
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -103,6 +103,13 @@ OPS = {
         ("int8", "float32", "bfloat16"),
         ("eps",),
     ),
+    # 06_int4_gemv (lkw.gemv: x, w, scales [, zeros] -> y; the cuBLAS peer's bf16_gemv)
+    "int4_gemv": Op(gemv.int4_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
+    "int4i_gemv": Op(gemv.int4i_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
+    "int4i_zp_gemv": Op(
+        gemv.int4i_zp_gemv, ("bfloat16", "uint32", "bfloat16", "uint32"), ("bfloat16",)
+    ),
+    "bf16_gemv": Op(gemv.bf16_gemv, ("bfloat16", "bfloat16"), ("bfloat16",)),
 }
 
 
@@ -537,6 +544,70 @@ def rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 06_int4_gemv
+
+GEMV_OPS = ("int4_gemv", "int4i_gemv", "int4i_zp_gemv")
+# (M, N, K, G): every M path of the kernels (1 and 2..8: one mma column tile; 9..16: two), odd N
+# and N past one block of rows, every group size (G = 128 scales the FP32 sums in v3, G < 128 the
+# weights), K = 352, 1152 and 4192 not multiples of 256 (the 16-byte versions' K tail, alone and
+# in the last of several K splits), N = 1. The launchers split K by the shape, so N = 37 with
+# K = 4096 also runs the split-K path.
+GEMV_SHAPES = (
+    (1, 37, 4096, 128),
+    (4, 37, 1152, 128),
+    (3, 200, 1024, 64),
+    (8, 37, 256, 32),
+    (16, 37, 4096, 128),
+    (9, 64, 1024, 64),
+    (5, 37, 352, 32),
+    (2, 37, 4192, 32),
+    (1, 1, 1024, 128),
+)
+# Zero points need K/G to be a multiple of 8, hence K a multiple of 256: no K tail here.
+GEMV_ZP_SHAPES = (
+    (1, 37, 1024, 128),
+    (3, 200, 512, 64),
+    (8, 37, 256, 32),
+    (16, 37, 4096, 128),
+    (11, 64, 2048, 32),
+)
+BF16_GEMV_SHAPES = ((1, 37, 4096), (8, 200, 1024), (16, 37, 256))
+
+
+def gemv_activations(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    """BF16 bits [M, K]: normal samples, each row times 2^u, u uniform in [-2, 2]."""
+    rows = np.exp2(rng.uniform(-2, 2, (m, 1)))
+    return formats.f32_to_bf16((rng.standard_normal((m, k)) * rows).astype(np.float32))
+
+
+def _gemv_case(rng: np.random.Generator, op: str, m: int, n: int, k: int, g: int) -> Case:
+    x = gemv_activations(rng, m, k)  # (M,K)
+    words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)  # (N,K/8): every nibble value
+    scales = dequant_scales(rng, n, k // g, "bfloat16")  # (N,K/G)
+    inputs = [x, words, scales]
+    zeros = None
+    if op == "int4i_zp_gemv":
+        zeros = rng.integers(0, 2**32, (n, k // g // 8), dtype=np.uint32)  # (N,K/G/8)
+        inputs.append(zeros)
+    w = gemv.w_hat(words, scales, zeros, interleaved=op != "int4_gemv")
+    tol = gemv.tolerance(x, w)
+    return Case(f"{op}_m{m}_n{n}_k{k}_g{g}", op, tol, inputs, {"group_size": g})
+
+
+def int4_gemv_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op in GEMV_OPS:
+        for m, n, k, g in GEMV_ZP_SHAPES if op == "int4i_zp_gemv" else GEMV_SHAPES:
+            cases.append(_gemv_case(rng, op, m, n, k, g))
+    for m, n, k in BF16_GEMV_SHAPES:
+        x = gemv_activations(rng, m, k)  # (M,K)
+        w = formats.f32_to_bf16((rng.standard_normal((n, k)) * 0.05).astype(np.float32))  # (N,K)
+        tol = gemm_bf16_tolerance(x, w)
+        cases.append(Case(f"bf16_gemv_m{m}_n{n}_k{k}", "bf16_gemv", tol, [x, w]))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
 
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
@@ -544,6 +615,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "02_int4_dequant": int4_dequant_cases,
     "03_dynamic_quant": dynamic_quant_cases,
     "04_rmsnorm": rmsnorm_cases,
+    "06_int4_gemv": int4_gemv_cases,
 }
 
 

@@ -1,0 +1,124 @@
+"""Chapter 06 reference: the W4A16 GEMV y[M, N] = x[M, K] . W_hat[N, K]^T and its tolerance.
+
+Layouts (stored bits, as the golden files hold them; chapter 02's packing, lkw.int4):
+
+- x: BF16 bits uint16 [M, K]; y: BF16 bits uint16 [M, N].
+- weights: uint32 [N, K/8], natural order (int4_gemv) or interleaved (int4i_gemv, int4i_zp_gemv).
+- scales: BF16 bits [N, K/G], G = K / scales.shape[1] in {32, 64, 128}.
+- zero points (int4i_zp_gemv): 4-bit, uint32 [N, K/G/8], natural order along the groups.
+
+W_hat is the dequantized weight, exact in float64: s * (q - 8), or q * s - zs with zs = bf16(z * s)
+rounded once per group -- chapter 02's zero-point contract, the zs of lkw.int4.int4i_zp_bf16.
+Unlike chapter 02's outputs, W_hat itself is NOT rounded to BF16: a GEMV never stores it. The
+product x . W_hat^T is computed in float64 and rounded once, to BF16, where the kernel rounds.
+Quantization error (W_hat vs the original weights) is not the kernel's business: the kernels are
+compared with this, never with unquantized weights.
+
+What kernels legitimately do differently, and what the tolerance (``tolerance``) allows for:
+FP32 accumulation in their own order (split-K, tensor-core sums), and kernels or peers that
+round each weight to BF16 before multiplying (chapter 02's W_hat, as cuBLAS on dequantized
+weights, torch's int4 kernel, and this chapter's v3 when the scale goes into the mma operand).
+"""
+
+import numpy as np
+
+from lkw import int4, roofline
+from lkw.formats import f64_to_bf16
+
+RTOL = 1.6e-2  # PyTorch's BF16 default: two BF16 ulps of the output (see tolerance)
+ROUNDING_SIGMAS = 8  # safety factor of the statistical ATOL term (see tolerance)
+
+
+def _bf16(bits: np.ndarray) -> np.ndarray:
+    """BF16 bits -> float64, exact."""
+    return int4.decode(np.asarray(bits, np.uint16), "bfloat16")
+
+
+def _group_size(scales: np.ndarray, k: int) -> int:
+    s = np.asarray(scales)
+    if s.ndim != 2 or s.shape[1] == 0 or k % s.shape[1] or k // s.shape[1] not in int4.GROUP_SIZES:
+        raise ValueError(
+            f"scales must be [N, K/G] with G in {int4.GROUP_SIZES}: K = {k}, scales {s.shape}"
+        )
+    return k // s.shape[1]
+
+
+def w_hat(packed: np.ndarray, scales: np.ndarray, zeros=None, interleaved=False) -> np.ndarray:
+    """The dequantized weights [N, K] in float64, exact: s * (q - 8), or with zero points
+    q * s - bf16(z * s)."""
+    q = int4.unpack(packed, interleaved).astype(np.float64)  # (N,K)
+    n, k = q.shape
+    g = _group_size(scales, k)
+    if np.asarray(scales).shape[0] != n:
+        raise ValueError(f"scales must have N = {n} rows, got {np.asarray(scales).shape}")
+    s = _bf16(scales)  # (N,K/G)
+    if zeros is None:
+        return np.repeat(s, g, axis=1) * (q - 8)
+    z_words = np.asarray(zeros)
+    if s.shape[1] % 8 or z_words.shape != (n, s.shape[1] // 8):
+        raise ValueError(
+            f"zero points must be [N, K/G/8] words: K/G = {s.shape[1]}, got {z_words.shape}"
+        )
+    z = int4.unpack(z_words).astype(np.float64)  # (N,K/G)
+    zs = _bf16(int4.round_to(z * s, "bfloat16"))  # rounded once per group, as the kernels
+    return q * np.repeat(s, g, axis=1) - np.repeat(zs, g, axis=1)
+
+
+def gemv(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """y = bf16(x . W^T) for BF16 bits x [M, K] and float64 W [N, K]: float64 sums, one rounding."""
+    x64 = _bf16(x)
+    if x64.ndim != 2 or weights.ndim != 2 or x64.shape[1] != weights.shape[1]:
+        raise ValueError(f"gemv needs x [M, K] and W [N, K], got {x64.shape} and {weights.shape}")
+    return f64_to_bf16(x64 @ weights.T)  # (M,N)
+
+
+def int4_gemv(x: np.ndarray, packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """y = x . (s * (q - 8))^T: weights packed in the natural nibble order."""
+    return gemv(x, w_hat(packed, scales))
+
+
+def int4i_gemv(x: np.ndarray, packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """As int4_gemv, with the weights in the interleaved order of the magic unpack."""
+    return gemv(x, w_hat(packed, scales, interleaved=True))
+
+
+def int4i_zp_gemv(x, packed, scales, zeros) -> np.ndarray:
+    """y = x . (q * s - zs)^T, zs = bf16(z * s): interleaved weights, 4-bit zero points."""
+    return gemv(x, w_hat(packed, scales, zeros, interleaved=True))
+
+
+def bf16_gemv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """y = x . W^T with BF16 weights [N, K] (the cuBLAS peer's op): chapter 00's GEMM reference."""
+    return roofline.gemm_bf16(x, w)
+
+
+def tolerance(x: np.ndarray, weights: np.ndarray) -> str:
+    """close:RTOL:ATOL (|got - ref| <= ATOL + RTOL * |ref|) for y = x . W^T, x BF16 bits [M, K],
+    W the exact weights [N, K] (float64).
+
+    RTOL = 1.6e-2: the kernel rounds its FP32 sum to BF16 (<= 2^-9 relative) and the reference
+    rounds the exact sum; an FP32 sum a hair off the exact one can round to the neighbouring BF16,
+    so the two may be one ulp (<= 2^-7 relative at the bottom of a binade) apart; 1.6e-2 ~ 2^-6.
+
+    ATOL covers what no relative bound can, outputs that cancel to near zero, with two terms:
+
+    1. Weights rounded to BF16 before the multiply (v3 with G < 128 or zero points, and the torch
+       and cuBLAS peers on dequantized weights): each product x_k w_k carries a relative error
+       d_k, |d_k| <= 2^-9, independent from weight to weight. Their sum is a random walk with
+       standard deviation <= 2^-9 / sqrt(3) * sqrt(sum_k (x_k w_k)^2). The term is
+       ROUNDING_SIGMAS * 2^-9 * sqrt(max over m, n of sum_k (x_k w_k)^2), about 14 standard
+       deviations of the largest output's walk: never reached by chance, and growing like
+       sqrt(K).
+    2. FP32 accumulation: K additions, each off by <= 2^-24 of a partial sum bounded by
+       S = max over m, n of sum_k |x_k w_k|, adding up like a random walk: sqrt(K) * 2^-24 * S,
+       times 8 for any summation order (tensor-core trees, split-K partials, chunked sums).
+
+    Both are far below what the mutants get wrong (a dropped K tail, another group's scale or
+    zero point change outputs by a sizeable fraction of their typical magnitude).
+    """
+    x64 = _bf16(x)
+    k = x64.shape[1]
+    walk = np.sqrt(np.max((x64 * x64) @ (weights * weights).T))
+    total = np.max(np.abs(x64) @ np.abs(weights).T)
+    atol = ROUNDING_SIGMAS * 2.0**-9 * walk + 8 * np.sqrt(k) * 2.0**-24 * total
+    return f"close:{RTOL}:{atol:.3g}"

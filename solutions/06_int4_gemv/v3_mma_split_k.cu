@@ -1,0 +1,563 @@
+// v3_mma_split_k — the multiply-adds on the tensor cores, split-K, a wave-aware grid.
+//
+// Since v2: v2 has the memory side right but spends ~4 CUDA-core instructions per weight at
+// M = 1 and one FMA more per weight and row of x: at M = 8 that is ~12, three times what the
+// SMs can issue while HBM delivers 8·10¹² weights per second. Here the unpacked weights go to
+// mma.sync m16n8k16 instead ("swap AB": the weights are the 16-row A operand, x^T the 8-column
+// B operand, so M ≤ 8 rows of x ride in one mma and M ≤ 16 in two). The tensor core is the
+// register tile over M: one instruction does 2048 multiply-adds, and what is left per weight is
+// the unpack (~1.4 instructions) whatever M is.
+//
+// Layout. A warp works on a tile of 16 rows; lane (g, t) = (lane / 4, lane % 4) holds rows g and
+// g + 8 as the mma fragments want. Per iteration a lane takes, for both of its rows, 16 bytes at
+// k0 + 128·u + 32·t (u = 0, 1): the four lanes of a row read 64 contiguous bytes per copy and
+// the whole 128-byte line per iteration. The mma does not care which k a k-slot means as long as
+// A and B agree, so lane t's slots are its own weights: for word i of chunk u, two mma steps
+// take the pairs (0, 1) and (2, 3) of the unpacked word — k0' = k0 + 8i + 4h, slots 2t, 2t+1 ←
+// k0' + 0, 1 and 2t + 8, 2t + 9 ← k0' + 2, 3 — and B is x[m, k0' .. k0' + 4): one 16-byte __ldg
+// of x serves both steps.
+//
+// Loads in flight. The weights stream through a per-warp ring in shared memory with 16-byte
+// cp.async copies (LDGSTS), kStages = 4 iterations deep: while one iteration is computed, the
+// next three (6 KB per warp) are in flight, and they hold no registers. Each lane reads back only
+// the bytes it copied itself, so cp.async.wait_group is the only synchronization — no barrier.
+// (Register double buffering does not survive ptxas: it sinks the prefetch loads to the end of
+// the loop body to shorten their register lives.)
+//
+// Scales. With G = 128 an mma step's 16 k-slots (4 lanes × 4, k0 + 128u + [0, 128)) lie in one
+// group, so A holds the exact q − 8 and the scale multiplies the FP32 sums once per group and
+// row: no rounding of the weights at all. With G = 32 or 64 the four lanes of a step cross
+// groups, so each lane scales its own weights first, BF16(s·(q − 8)) — chapter 02's W_hat, one
+// rounding per weight — and with zero points BF16(q·s − zs) by one HFMA2 (zs = BF16(z·s) once
+// per group, as chapter 02). The tolerance covers that rounding (reference/lkw/gemv.py).
+//
+// The grid: a block is 4 warps on ONE tile of 16 rows, the warps taking turns along K (warp w
+// computes iterations w, w + 4, ...): at any time a block reads 4 neighbouring 128-byte lines of
+// each of its rows, 512 contiguous bytes, and the x slices its warps read are neighbours too.
+// (Measured against a tile per warp: the same speed at M ≤ 8 — DRAM page locality was not what
+// held either back, see Expect.) At the end warp 0 adds the four warps' sums.
+//
+// Split-K: grid (ceil(N / 16), S). S splits K into slices of whole 256-k iterations so that
+// small-N shapes still fill the GPU. With T = ceil(N / 16) tiles and B resident blocks per SM
+// (read from the occupancy API for the kernel at hand), one wave holds W = 132·B blocks:
+//   T ≤ W:       the fewest splits that make the wave half full (≥ 10 warps per SM at B = 5,
+//                about 60 KB of weights in flight), without a second wave;
+//   W < T < 2W:  the S ≤ 4 whose last wave is fullest (a last wave of few blocks would run
+//                at a fraction of the bandwidth);
+//   T ≥ 2W:      S = 1: the last wave is a small part of the time.
+// S never exceeds a quarter of the iterations (every warp gets at least one). On an H200:
+// M ≤ 8 (B = 5, W = 660): S = 2 at 4096 × 4096, 14336 × 4096 and 4096 × 14336, else 1;
+// M > 8 (B = 3, W = 396): S = 3 at 8192 × 8192 and 8192 × 28672, else 1.
+// With S > 1 warp 0 of each block writes the tile's FP32 partial sums to a workspace and counts
+// itself in with an atomic; the last of the S blocks of a tile adds the S partials in split
+// order (deterministic), writes y and resets the counter: one kernel per launch, no memset. The
+// partial sums are S·M·N·4 bytes written and read, mostly in L2 (≤ 5% of the weight bytes at
+// the shapes above). The workspace and counters are one lazily grown allocation per process
+// (launches sharing it must be ordered, e.g. one stream).
+//
+// Expect: the unpack is the only per-weight cost, ~2.4 instructions per weight (SASS count: 313
+// per warp iteration of 4096 weights) at every M ≤ 8 — a third of v2's — and the speed nearly
+// flat in M. Measured on an H200 (copy ceiling 4.2 TB/s, cuBLAS BF16 ~117 µs at these shapes):
+// M = 1: 46 µs at 28672 × 8192 and 44 µs at 8192 × 28672, 61-65% of the ceiling, 2.6× cuBLAS;
+// M = 8: 62 µs at 28672 × 8192 (2.0×); M = 16: 108 µs at 8192 × 28672; torch's tinygemm
+// (torch._weight_int4pack_mm) 75, 162 and 285 µs there.
+// Not yet the bound: Nsight Compute shows 54% DRAM throughput and 0.5 issued instructions per
+// cycle and scheduler with 4.6 resident warps, each stalled ~9 cycles between instructions,
+// a third of that on L1/L2 loads (x and scales), the rest on the HMMA chains and the unpack.
+// Occupancy (20 warps per SM) is capped by registers (~96) and the ring; more warps, or fewer
+// instructions per weight (the HSUB2 of the bias can move into one per-group correction), are the
+// next steps. DRAM bytes within a few % of the model (the partial sums add 8·S·M/K of it).
+// SASS: the weights as 16-byte async copies with the 256-byte L2 fetch
+// (LDGSTS.E.BYPASS.LTC256B.128), x as LDG.E.128, HMMA, no I2F, no local memory.
+#include <algorithm>
+#include <mutex>
+
+#include "02_int4_dequant/dequant.cuh"
+#include "int4_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+constexpr int kWarps = 4;                         // warps per block: one row tile, K interleaved
+constexpr int kTileRows = 16;                     // rows of an mma A operand, and of a block
+constexpr int kIterK = 256;                       // k per iteration: 4 lanes × 2 chunks × 32
+constexpr int kStages = 4;                        // iterations of weights in the ring per warp
+constexpr int kMaxSplits = 64;
+
+// cp.async.cg.shared.global, 16 bytes: a global→shared copy that holds no register while it is
+// in flight and bypasses L1 (.cg: the weights are read once). With plain loads the next
+// iterations' weights would sit in registers, and ptxas, to shorten their lives, sinks such
+// prefetches to the end of the loop body, where they no longer overlap anything. .L2::256B lets
+// L2 fetch the whole 256-byte pair of lines from DRAM at once: the block reads both anyway.
+// `valid` false copies 0 bytes and zero-fills the 16 (the K tail), reading nothing.
+__device__ __forceinline__ void cp_async_16(void* dst_sh, const void* src_gl, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_gl),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Closes the group of copies issued since the last commit; wait<n> returns once at most n groups
+// are still in flight (the lane's own copies: each lane reads back only what it copied itself).
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// mma.sync m16n8k16, BF16 × BF16 + FP32: c += A·B. Fragments (g = lane / 4, t = lane % 4):
+// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
+// b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1].
+// Written as PTX because CUDA C++ exposes it only through the WMMA API, whose fragment layout
+// is opaque — and this kernel picks which weights sit in which k-slot.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "mma.sync.m16n8k16 with BF16 needs sm_80 or newer"
+#endif
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct Params {
+  const __nv_bfloat16* x;       // [M, K]
+  const uint32_t* w;            // [N, K/8]
+  const __nv_bfloat16* scales;  // [N, K/G]
+  const uint32_t* zeros;        // [N, K/G/8] or null
+  __nv_bfloat16* y;             // [M, N]
+  float* partials;              // [N/16 tiles, S, M, 16] when S > 1
+  unsigned* arrivals;           // [N/16 tiles]: splits of the tile done so far
+  int m, k, k_split, splits, group_shift;
+  int64_t n;
+};
+
+// What a lane reads, as pointers to the start of its split (offsets within a split are 32-bit):
+// for its rows g and g + 8 the 16-byte weight chunk at k_begin + 32t, the scales and zero-point
+// words of the rows, and per n-tile the row of x its B column carries at k_begin + 32t.
+template <int kNTiles>
+struct Lane {
+  const uint4* w[2];
+  const __nv_bfloat16* s[2];
+  const uint32_t* z[2];
+  const __nv_bfloat16* x[kNTiles];
+  int group0;       // group index of k_begin
+  int group_of[2];  // group offset of chunk u within an iteration: (128u + 32t) >> group_shift
+  int t, lane;
+};
+
+// What one iteration gives a lane: [row g, g + 8][chunk u]; x as [n-tile][chunk u][word i].
+template <int kNTiles>
+struct Loads {
+  uint4 w[2][2];
+  __nv_bfloat16 s[2][2];
+  uint32_t z[2][2];  // the zero points themselves (4 bits), with kZp
+  uint4 x[kNTiles][2][4];
+};
+
+// The weights of iteration kk (k offset within the split) into the ring: chunk u of row r at
+// kk + 128u + 32t, zero-filled from k_len on (the end of K: only the last split has a tail).
+template <int kNTiles>
+__device__ __forceinline__ void copy_weights(uint4 (&slot_sh)[4][32], const Lane<kNTiles>& ln,
+                                             int kk, int k_len) {
+  // BEGIN SOLUTION: for r, u = 0, 1: cp_async_16 into slot_sh[2r + u][lane] from ln.w[r] + (kk + 128u) / 32, valid while kk + 128u + 32t < k_len (an invalid chunk still names a valid address: the lane's first chunk).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const bool valid = kk + 128 * u + 32 * ln.t < k_len;
+      cp_async_16(&slot_sh[2 * r + u][ln.lane], ln.w[r] + (valid ? (kk + 128 * u) / 32 : 0), valid);
+    }
+  }
+  // END SOLUTION
+}
+
+// One iteration's operands for a lane, in two steps. First, before waiting for the ring, what
+// comes from global memory through L1: the scales (and zero points) of its groups and its x
+// fragments — issued early, their latency hides behind the wait. Then its weights from the ring.
+// kTail: chunks from k_len on get zero scales and zero x (their weights are zero-filled), so
+// they add nothing. Elsewhere B needs no guard: a lane whose row of x is past M reads row 0, and
+// the C columns it feeds are never stored.
+template <int kNTiles, bool kZp, bool kTail>
+__device__ __forceinline__ void load_globals(Loads<kNTiles>& l, const Lane<kNTiles>& ln, int kk,
+                                             int k_len, int group_shift) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int group = (kk >> group_shift) + ln.group_of[u];  // within the split
+    const bool in_k = !kTail || kk + 128 * u + 32 * ln.t < k_len;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (in_k) {
+        l.s[r][u] = ln.s[r][group];  // (N, K/G)
+        if constexpr (kZp) {
+          const int abs_group = ln.group0 + group;
+          l.z[r][u] = (ln.z[r][abs_group / 8] >> (4 * (abs_group % 8))) & 0xfu;  // (N, K/G/8)
+        }
+      } else {
+        l.s[r][u] = __float2bfloat16_rn(0.0f);
+        if constexpr (kZp) l.z[r][u] = 0;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        l.x[j][u][i] = in_k ? __ldg(reinterpret_cast<const uint4*>(ln.x[j] + kk + 128 * u + 8 * i))
+                            : make_uint4(0, 0, 0, 0);  // (M, K)
+  }
+}
+
+template <int kNTiles>
+__device__ __forceinline__ void load_weights(Loads<kNTiles>& l, const uint4 (&slot_sh)[4][32],
+                                             int lane) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l.w[r][u] = slot_sh[2 * r + u][lane];
+}
+
+// A's four pairs from one word of one row: exact q − 8 (scale applied later, on the sums), or
+// BF16(s·(q − 8)), or with zero points BF16(q·s − zs).
+template <bool kScaleInA, bool kZp>
+__device__ __forceinline__ void unpack_a(uint32_t word, __nv_bfloat162 s2, __nv_bfloat162 neg_zs2,
+                                         uint32_t (&a)[4]) {
+  __nv_bfloat162 q[4];
+  int4::u4_to_bf16_magic<!kZp>(word, q);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    if constexpr (kZp) q[p] = __hfma2(q[p], s2, neg_zs2);
+    else if constexpr (kScaleInA) q[p] = __hmul2(q[p], s2);
+    a[p] = bits_of(q[p]);
+  }
+}
+
+// −BF16(z·s) for a zero point z (4 bits): z·s is exact in FP32 (4 × 8 significant bits), so one
+// rounding, as chapter 02's reference. z becomes a float through the FP32 magic 2^23 + z (no I2F).
+__device__ __forceinline__ __nv_bfloat162 neg_zero_times_scale(uint32_t z, __nv_bfloat16 s) {
+  const float zf = __uint_as_float(0x4b000000u | z) - 8388608.0f;
+  return __bfloat162bfloat162(__float2bfloat16_rn(-zf * bf16_to_f32(s)));
+}
+
+template <int kNTiles, bool kScaleInA, bool kZp>
+__device__ __forceinline__ void mma_iteration(const Loads<kNTiles>& l, float (&acc)[kNTiles][4]) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    __nv_bfloat162 s2[2], neg_zs2[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s2[r] = __bfloat162bfloat162(l.s[r][u]);
+      if constexpr (kZp) neg_zs2[r] = neg_zero_times_scale(l.z[r][u], l.s[r][u]);
+    }
+    float sums[kNTiles][4] = {};  // this chunk's Σ x·(q − 8), when the scale comes after
+    float(&c)[kNTiles][4] = kScaleInA ? acc : sums;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // BEGIN SOLUTION: unpack word i of both rows into a_lo[4], a_hi[4] (unpack_a); for every n-tile j two mma steps with A = {a_lo[2h], a_hi[2h], a_lo[2h+1], a_hi[2h+1]} and B = pairs 2h, 2h+1 of x fragment l.x[j][u][i] (h = 0, 1).
+      const uint4& w_lo = l.w[0][u];
+      const uint4& w_hi = l.w[1][u];
+      uint32_t a_lo[4], a_hi[4];
+      unpack_a<kScaleInA, kZp>(i == 0 ? w_lo.x : i == 1 ? w_lo.y : i == 2 ? w_lo.z : w_lo.w, s2[0],
+                               neg_zs2[0], a_lo);
+      unpack_a<kScaleInA, kZp>(i == 0 ? w_hi.x : i == 1 ? w_hi.y : i == 2 ? w_hi.z : w_hi.w, s2[1],
+                               neg_zs2[1], a_hi);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const uint4& xv = l.x[j][u][i];
+        const uint32_t a0[4] = {a_lo[0], a_hi[0], a_lo[1], a_hi[1]};
+        const uint32_t a1[4] = {a_lo[2], a_hi[2], a_lo[3], a_hi[3]};
+        mma_bf16_16816(c[j], a0, xv.x, xv.y);
+        mma_bf16_16816(c[j], a1, xv.z, xv.w);
+      }
+      // END SOLUTION
+    }
+    if constexpr (!kScaleInA) {
+      // BEGIN SOLUTION: once per group and row: acc += s·sums (c0, c1 are row g: scale of row 0; c2, c3 row g + 8: row 1).
+      const float s_lo = bf16_to_f32(l.s[0][u]), s_hi = bf16_to_f32(l.s[1][u]);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        acc[j][0] = fmaf(s_lo, sums[j][0], acc[j][0]);
+        acc[j][1] = fmaf(s_lo, sums[j][1], acc[j][1]);
+        acc[j][2] = fmaf(s_hi, sums[j][2], acc[j][2]);
+        acc[j][3] = fmaf(s_hi, sums[j][3], acc[j][3]);
+      }
+      // END SOLUTION
+    }
+  }
+}
+
+// The tile's result (called by warp 0 of the block): straight to y with one split; with S splits
+// through the workspace, the last of the tile's S blocks to arrive adding the S partials in
+// split order.
+template <int kNTiles>
+__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[kNTiles][4],
+                                           int64_t tile, int g, int t, int lane) {
+  if (p.splits == 1) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 8 * j + 2 * t + (e & 1);
+        const int64_t row = tile * kTileRows + g + (e >= 2 ? 8 : 0);
+        if (m < p.m && row < p.n) p.y[m * p.n + row] = __float2bfloat16_rn(acc[j][e]);  // (M, N)
+      }
+    }
+    return;
+  }
+  // BEGIN SOLUTION: write the partials to p.partials[tile][blockIdx.y][m][16] (m < M); __threadfence, __syncwarp; lane 0 atomicAdd on p.arrivals[tile], shuffled to the warp; all but the last (S - 1 before it) return; __threadfence, sum the S partials in split order with __ldcg, write y (rows < N), lane 0 resets the counter.
+  const int64_t stride = int64_t(p.m) * kTileRows;
+  float* mine = p.partials + (tile * p.splits + blockIdx.y) * stride;  // (tiles, S, M, 16)
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      if (m < p.m) mine[m * kTileRows + g + (e >= 2 ? 8 : 0)] = acc[j][e];
+    }
+  }
+  __threadfence();  // the partials are visible device-wide before the count says so
+  __syncwarp();
+  unsigned before = 0;
+  if (lane == 0) before = atomicAdd(p.arrivals + tile, 1u);
+  before = __shfl_sync(0xffffffffu, before, 0);
+  if (before != unsigned(p.splits - 1)) return;
+  __threadfence();
+  const float* all = p.partials + tile * p.splits * stride;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      const int r = g + (e >= 2 ? 8 : 0);
+      const int64_t row = tile * kTileRows + r;
+      if (m >= p.m || row >= p.n) continue;
+      float sum = 0.0f;
+      for (int s = 0; s < p.splits; ++s) sum += __ldcg(all + s * stride + m * kTileRows + r);
+      p.y[m * p.n + row] = __float2bfloat16_rn(sum);  // (M, N)
+    }
+  }
+  if (lane == 0) p.arrivals[tile] = 0;  // ready for the next launch
+  // END SOLUTION
+}
+
+// Register budgets: ≤ 102 per thread with one n-tile (5 blocks, 20 warps per SM), ≤ 170 with two
+// (their accumulators and x fragments double; asked for less, ptxas spills).
+template <int kNTiles, bool kScaleInA, bool kZp>
+__global__ void __launch_bounds__(kWarps * 32, kNTiles == 1 ? 5 : 3)
+    gemv_v3_kernel(const Params p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t tile = blockIdx.x;  // rows 16·tile .. 16·tile + 15
+  const int k_begin = int(blockIdx.y) * p.k_split;
+  const int k_len = min(p.k - k_begin, p.k_split);  // k of this split
+  const int groups = p.k >> p.group_shift;
+
+  Lane<kNTiles> ln;
+  ln.t = t;
+  ln.lane = lane;
+  ln.group0 = k_begin >> p.group_shift;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) ln.group_of[u] = (128 * u + 32 * t) >> p.group_shift;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int64_t row = tile * kTileRows + g + 8 * r;
+    row = row < p.n ? row : p.n - 1;  // past N: reads row N − 1, never written
+    ln.w[r] = reinterpret_cast<const uint4*>(p.w + row * (p.k / 8)) + (k_begin + 32 * t) / 32;
+    ln.s[r] = p.scales + row * groups + ln.group0;           // (N, K/G)
+    ln.z[r] = kZp ? p.zeros + row * (groups / 8) : nullptr;  // (N, K/G/8)
+  }
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {  // B column g of n-tile j: row 8j + g of x (row 0 past M)
+    const int m = 8 * j + g < p.m ? 8 * j + g : 0;
+    ln.x[j] = p.x + int64_t(m) * p.k + k_begin + 32 * t;  // (M, K)
+  }
+
+  // The four warps share the tile's rows and take turns along K: warp w computes iterations
+  // w, w + 4, w + 8, ..., so at any time the block reads 4 neighbouring 128-byte lines of each
+  // row, 512 contiguous bytes (DRAM pages open once, not once per line). Each warp streams its
+  // iterations through its own ring of kStages: kStages − 1 in flight while one is computed.
+  __shared__ uint4 ring_sh[kWarps][kStages][4][32];  // (warp, stage, row·chunk, lane) × 16 B
+  uint4(&ring)[kStages][4][32] = ring_sh[warp];
+  const int iters = (k_len + kIterK - 1) / kIterK;
+  const int whole = k_len / kIterK;  // iterations without a tail
+  const int mine = iters > warp ? (iters - warp + kWarps - 1) / kWarps : 0;  // this warp's share
+  float acc[kNTiles][4] = {};
+  // BEGIN SOLUTION: prologue: copy this warp's iterations 0 .. kStages − 2 (those that exist; the i-th is iteration warp + kWarps·i), one commit each; then per whole iteration: copy the one kStages − 1 ahead if it exists, commit (always), load_globals, cp_async_wait<kStages − 1>, load_weights from its ring slot, mma_iteration; last the partial iteration (the K tail), if it is this warp's, the same with kTail and cp_async_wait<0>.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < mine) copy_weights(ring[s], ln, (warp + kWarps * s) * kIterK, k_len);
+    cp_async_commit();
+  }
+  int i = 0;
+  for (; i < mine && warp + kWarps * i < whole; ++i) {
+    const int ahead = i + kStages - 1;
+    if (ahead < mine) copy_weights(ring[ahead % kStages], ln, (warp + kWarps * ahead) * kIterK, k_len);
+    cp_async_commit();
+    const int kk = (warp + kWarps * i) * kIterK;
+    Loads<kNTiles> l;
+    load_globals<kNTiles, kZp, false>(l, ln, kk, k_len, p.group_shift);
+    cp_async_wait<kStages - 1>();  // this iteration's weights have landed
+    load_weights(l, ring[i % kStages], lane);
+    mma_iteration<kNTiles, kScaleInA, kZp>(l, acc);
+  }
+  if (i < mine) {  // the K tail: K not a multiple of 256, the last iteration of the last split
+    const int kk = (warp + kWarps * i) * kIterK;
+    Loads<kNTiles> l;
+    load_globals<kNTiles, kZp, true>(l, ln, kk, k_len, p.group_shift);
+    cp_async_wait<0>();
+    load_weights(l, ring[i % kStages], lane);
+    mma_iteration<kNTiles, kScaleInA, kZp>(l, acc);
+  }
+  // END SOLUTION
+
+  // The four warps' sums of the tile, added in warp order by warp 0.
+  __shared__ float sums_sh[kWarps][kNTiles * 4][32];
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sums_sh[warp][4 * j + e][lane] = acc[j][e];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += sums_sh[w][4 * j + e][lane];
+      acc[j][e] = sum;
+    }
+  store_tile<kNTiles>(p, acc, tile, g, t, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: the split-K plan, the workspace, the launch.
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct SplitK {
+  int64_t k_split;  // k per split, a multiple of kIterK
+  int splits;
+};
+
+// The choice explained at the top of this file. `wave` = resident blocks on the whole GPU.
+SplitK plan_split_k(int64_t n, int64_t k, int64_t wave) {
+  const int64_t tiles = ceil_div(n, kTileRows), iters = ceil_div(k, kIterK);
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(iters / kWarps, kMaxSplits));
+  int64_t splits = 1;
+  if (tiles <= wave) {  // one wave: at least half full, never a second
+    splits = std::min({cap, ceil_div(wave / 2, tiles), std::max<int64_t>(1, wave / tiles)});
+  } else if (tiles < 2 * wave) {  // a second wave: the S ≤ 4 whose last wave is fullest
+    double best_fill = 0;
+    for (int64_t s = 1; s <= std::min<int64_t>(cap, 4); ++s) {
+      const int64_t blocks = tiles * s;
+      const double fill = double(blocks) / double(ceil_div(blocks, wave) * wave);
+      if (fill > best_fill + 0.02) {  // more splits only for a clearly fuller last wave
+        best_fill = fill;
+        splits = s;
+      }
+    }
+  }
+  const int64_t per_split = ceil_div(iters, splits);
+  return {per_split * kIterK, int(ceil_div(iters, per_split))};
+}
+
+// The split-K workspace: partial sums and per-tile arrival counters, allocated on first need
+// and grown (never shrunk) for the process; the counters are zeroed once here and left at zero
+// by every launch.
+Status workspace(int64_t floats, int64_t tiles, float** partials, unsigned** arrivals) {
+  static std::mutex mutex;
+  static float* partials_gl = nullptr;
+  static unsigned* arrivals_gl = nullptr;
+  static int64_t have_floats = 0, have_tiles = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (floats > have_floats) {
+    cudaFree(partials_gl);
+    partials_gl = nullptr;
+    have_floats = 0;
+    const int64_t want = std::max<int64_t>(floats, 1 << 20);
+    if (cudaMalloc(&partials_gl, want * sizeof(float)) != cudaSuccess)
+      return error(Code::kCudaError,
+                   std::string("split-K workspace: ") + cudaGetErrorString(cudaGetLastError()));
+    have_floats = want;
+  }
+  if (tiles > have_tiles) {
+    cudaFree(arrivals_gl);
+    arrivals_gl = nullptr;
+    have_tiles = 0;
+    const int64_t want = std::max<int64_t>(tiles, 1 << 14);
+    if (cudaMalloc(&arrivals_gl, want * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(arrivals_gl, 0, want * sizeof(unsigned)) != cudaSuccess)
+      return error(Code::kCudaError,
+                   std::string("split-K counters: ") + cudaGetErrorString(cudaGetLastError()));
+    have_tiles = want;
+  }
+  *partials = partials_gl;
+  *arrivals = arrivals_gl;
+  return {};
+}
+
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, count = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
+    return count > 0 ? count : 1;
+  }();
+  return sms;
+}
+
+template <int kNTiles, bool kScaleInA, bool kZp>
+Status launch_v3(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+  auto* kernel = gemv_v3_kernel<kNTiles, kScaleInA, kZp>;
+  static const int blocks_per_sm = [kernel] {
+    int blocks = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, 0);
+    return blocks > 0 ? blocks : 1;
+  }();
+  const SplitK plan = plan_split_k(a.n, a.k, int64_t(sm_count()) * blocks_per_sm);
+  const int64_t tiles = ceil_div(a.n, kTileRows);
+  Params p{a.x,      a.w,  a.scales,           a.zeros,     a.y,
+           nullptr,  nullptr, int(a.m),        int(a.k),    int(plan.k_split),
+           plan.splits, log2_of(a.group), a.n};
+  if (plan.splits > 1) {
+    Status s = workspace(tiles * plan.splits * a.m * kTileRows, tiles, &p.partials, &p.arrivals);
+    if (!s.ok()) return s;
+  }
+  kernel<<<dim3(unsigned(tiles), unsigned(plan.splits)), kWarps * 32, 0, stream>>>(p);
+  return last_launch_status(op.name);
+}
+
+template <const GemvOp& kOp>
+Status gemv_v3(const GemvArgs& a, cudaStream_t stream) {
+  Status s = validate_gemv(kOp, a, 16);
+  if (!s.ok()) return s;
+  constexpr bool kZp = kOp.zero_points;
+  const bool two_tiles = a.m > 8;
+  if constexpr (kZp) {
+    return two_tiles ? launch_v3<2, true, true>(kOp, a, stream)
+                     : launch_v3<1, true, true>(kOp, a, stream);
+  } else {
+    if (a.group == 128)  // one group per mma step: scale the FP32 sums
+      return two_tiles ? launch_v3<2, false, false>(kOp, a, stream)
+                       : launch_v3<1, false, false>(kOp, a, stream);
+    return two_tiles ? launch_v3<2, true, false>(kOp, a, stream)
+                     : launch_v3<1, true, false>(kOp, a, stream);
+  }
+}
+
+std::vector<SassFact> facts() {
+  return {{"gemv_v3_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDG.E.128", "HMMA", "LOP3"},
+           {"I2F", "I2FP"}, true,
+           "16-byte async weight copies (LDGSTS), 16-byte x loads, mma.sync (HMMA), LOP3 unpack, "
+           "no integer→float convert"}};
+}
+
+constexpr const char* kSummary = "tensor cores (mma m16n8k16, weights as A), cp.async ring, split-K";
+const Register kRegistered{
+    gemv_version(kInt4iGemv, "v3_mma_split_k", kSummary, gemv_v3<kInt4iGemv>, facts())};
+const Register kRegisteredZp{
+    gemv_version(kInt4iZpGemv, "v3_mma_split_k", kSummary, gemv_v3<kInt4iZpGemv>, facts())};
+
+}  // namespace
+}  // namespace lkw::gemv

@@ -1,0 +1,152 @@
+// Chapter 06 checks that need no GPU: the refusals the generic Validation suite does not reach
+// (M past 16, a group size that is none, zero points without whole words, the 16-byte alignment
+// of the vectorized versions, an output overlapping an input, shapes that disagree) and the
+// byte model, which the bench divides by.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "int4_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+// Fake device addresses, far apart and 256-byte aligned: every call below must be refused before
+// the launcher looks at the device, so nothing ever touches them.
+struct Fake {
+  uintptr_t x = 0x1000000, w = 0x10000000, scales = 0x20000000, zeros = 0x30000000,
+            y = 0x40000000;
+};
+
+Args fake_args(const GemvOp& op, int64_t m, int64_t n, int64_t k, int64_t g, Fake at = {}) {
+  Args a;
+  a.inputs.push_back({reinterpret_cast<void*>(at.x), DType::kBF16, {m, k}});
+  a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {n, k / 8}});
+  a.inputs.push_back({reinterpret_cast<void*>(at.scales), DType::kBF16, {n, k / g}});
+  if (op.zero_points)
+    a.inputs.push_back({reinterpret_cast<void*>(at.zeros), DType::kU32, {n, k / g / 8}});
+  a.outputs.push_back({reinterpret_cast<void*>(at.y), DType::kBF16, {m, n}});
+  return a;
+}
+
+std::vector<const Version*> versions_of(const GemvOp& op) {
+  std::vector<const Version*> out;
+  for (const Version* v : Registry::get().chapter(LKW_CHAPTER))
+    if (v->op == op.name) out.push_back(v);
+  return out;
+}
+
+const std::vector<const GemvOp*> kOps = {&kInt4Gemv, &kInt4iGemv, &kInt4iZpGemv};
+
+void expect_refused(const Version& v, const Args& a, const std::string& words) {
+  const Status s = v.launch(a, nullptr);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << v.name() << ": " << s.str();
+  EXPECT_NE(s.message.find(words), std::string::npos)
+      << v.name() << ": message \"" << s.message << "\" lacks \"" << words << "\"";
+}
+
+TEST(HostValidation, EveryOpHasVersions) {
+  for (const GemvOp* op : kOps) EXPECT_FALSE(versions_of(*op).empty()) << op->name;
+}
+
+TEST(HostValidation, MAbove16IsRefused) {
+  for (const GemvOp* op : kOps)
+    for (const Version* v : versions_of(*op))
+      expect_refused(*v, fake_args(*op, 17, 64, 1024, 128), "M must be in 1..16");
+}
+
+TEST(HostValidation, GroupSizesOtherThan32To128AreRefused) {
+  for (const GemvOp* op : kOps) {
+    for (const Version* v : versions_of(*op)) {
+      expect_refused(*v, fake_args(*op, 1, 64, 2048, 256), "group size must be 32, 64 or 128");
+      expect_refused(*v, fake_args(*op, 1, 64, 2000, 125), "group size must be 32, 64 or 128");
+    }
+  }
+}
+
+TEST(HostValidation, ZeroPointsNeedWholeWords) {
+  for (const Version* v : versions_of(kInt4iZpGemv)) {
+    Args a = fake_args(kInt4iZpGemv, 1, 64, 512, 128);  // K/G = 4 zero points: half a word
+    a.inputs[3].shape = {64, 1};
+    expect_refused(*v, a, "zero points must be [N, K/G/8]");
+  }
+}
+
+TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
+  for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
+    for (const Version* v : versions_of(*op)) {
+      if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k") continue;
+      Fake at;
+      at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
+      expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "w must be 16-byte aligned");
+    }
+  }
+}
+
+TEST(HostValidation, ActivationsMustBe16ByteAligned) {
+  for (const GemvOp* op : kOps) {
+    for (const Version* v : versions_of(*op)) {
+      Fake at;
+      at.x += 4;
+      expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "x must be 16-byte aligned");
+    }
+  }
+}
+
+TEST(HostValidation, OutputMustNotOverlapAnInput) {
+  for (const GemvOp* op : kOps) {
+    for (const Version* v : versions_of(*op)) {
+      Fake at;
+      at.y = at.x + 256;  // inside x
+      expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "y and x must not overlap");
+      at = Fake{};
+      at.y = at.w + 1024;  // inside w
+      expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "y and w must not overlap");
+    }
+  }
+}
+
+TEST(HostValidation, ShapesMustAgree) {
+  for (const GemvOp* op : kOps) {
+    for (const Version* v : versions_of(*op)) {
+      Args a = fake_args(*op, 2, 64, 1024, 128);
+      a.outputs[0].shape = {2, 65};
+      expect_refused(*v, a, "y must be [M, N]");
+      a = fake_args(*op, 2, 64, 1024, 128);
+      a.inputs[1].shape = {64, 127};
+      expect_refused(*v, a, "w must be [N, K/8] words");
+      a = fake_args(*op, 2, 64, 1024, 128);
+      a.inputs[2].shape = {63, 8};
+      expect_refused(*v, a, "scales must be [N, K/G]");
+    }
+  }
+}
+
+TEST(HostValidation, TheCublasPeerRefusesMismatchedK) {
+  const Version* v = Registry::get().find(std::string(LKW_CHAPTER) + "/bf16_gemv/cublas");
+  ASSERT_NE(v, nullptr);
+  Args a;
+  a.inputs.push_back({reinterpret_cast<void*>(0x1000000), DType::kBF16, {2, 1024}});
+  a.inputs.push_back({reinterpret_cast<void*>(0x10000000), DType::kBF16, {64, 1000}});
+  a.outputs.push_back({reinterpret_cast<void*>(0x40000000), DType::kBF16, {2, 64}});
+  const Status s = v->launch(a, nullptr);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.str();
+}
+
+// Bytes = N·K/2 + scales + zero points + M·K·2 + M·N·2: each tensor once, the roofline minimum.
+TEST(HostModel, BytesCountEveryTensorOnce) {
+  const int64_t m = 4, n = 4096, k = 8192, g = 128;
+  for (const GemvOp* op : kOps) {
+    for (const Version* v : versions_of(*op)) {
+      if (v->kind == Kind::kMutant) continue;
+      const double want = n * k / 2.0 + n * (k / g) * 2.0 +
+                          (op->zero_points ? n * k / g / 2.0 : 0) + m * k * 2.0 + m * n * 2.0;
+      EXPECT_DOUBLE_EQ(v->bytes(fake_args(*op, m, n, k, g)), want) << v->name();
+      EXPECT_DOUBLE_EQ(v->flops(fake_args(*op, m, n, k, g)), 2.0 * m * n * k) << v->name();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lkw::gemv
