@@ -4,6 +4,7 @@
 //   gemm_bf16/cublas  cuBLAS BF16 GEMM with FP32 accumulation: the matrix-unit ceiling.
 #include <cublas_v2.h>
 
+#include "cublas_gemm.h"
 #include "roofline.cuh"
 
 namespace lkw::roofline {
@@ -26,8 +27,11 @@ cublasHandle_t cublas_handle() {
   return handle;
 }
 
+}  // namespace
+
 // Row-major C[M,N] = A[M,K] · B[N,K]^T is column-major C^T = B · A^T: cuBLAS sees
-// op(B) = transposed (K×N stored, ld K) and A^T (K×M stored, ld K).
+// op(B) = transposed (K×N stored, ld K) and A^T (K×M stored, ld K); at M = 1 it picks its GEMV
+// kernels.
 Status gemm_bf16_cublas(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* c,
                         int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   Status s = Check()
@@ -35,6 +39,8 @@ Status gemm_bf16_cublas(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfl
                  .aligned(a, 2, "A").aligned(b, 2, "B").aligned(c, 2, "C")
                  .positive(m, "M").positive(n, "N").positive(k, "K")
                  .that(m < (1ll << 31) && n < (1ll << 31) && k < (1ll << 31), "dims must fit int32")
+                 .disjoint(c, 2 * m * n, a, 2 * m * k, "C and A")
+                 .disjoint(c, 2 * m * n, b, 2 * n * k, "C and B")
                  .arch_at_least(80)
                  .status();
   if (!s.ok()) return s;
@@ -50,27 +56,27 @@ Status gemm_bf16_cublas(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfl
   return {};
 }
 
-Version gemm_peer() {
-  Version v = version_of(kChapter, "gemm_bf16", "cublas",
-                         "cuBLAS BF16 GEMM, FP32 accumulation: the matrix-unit ceiling", Kind::kPeer,
-                         {});
+Version gemm_bf16_peer(const char* chapter, const char* op, const char* summary,
+                       const char* a_name, const char* b_name, const char* c_name) {
+  Version v = version_of(chapter, op, "cublas", summary, Kind::kPeer, {});
   v.kernels_per_launch = 0;  // a library call: not mapped in the ncu pass
-  v.launch = [](const Args& a, cudaStream_t stream) -> Status {
+  const std::string names = std::string(a_name) + ", " + b_name + " and " + c_name;
+  v.launch = [op = std::string(op), names](const Args& a, cudaStream_t stream) -> Status {
     Status s = Check()
-                   .that(a.inputs.size() == 2 && a.outputs.size() == 1, "gemm takes A, B and C")
+                   .that(a.inputs.size() == 2 && a.outputs.size() == 1, op + " takes " + names)
                    .status();
     if (!s.ok()) return s;
     const TensorRef &A = a.inputs[0], &B = a.inputs[1], &C = a.outputs[0];
     s = Check()
             .that(A.dtype == DType::kBF16 && B.dtype == DType::kBF16 && C.dtype == DType::kBF16,
-                  "gemm_bf16 takes bfloat16 A, B, C")
+                  op + " takes bfloat16 " + names)
             .that(A.shape.size() == 2 && B.shape.size() == 2 && C.shape.size() == 2,
-                  "A, B and C are matrices")
+                  names + " are matrices")
             .status();
     if (!s.ok()) return s;
     s = Check()
-            .that(A.dim(1) == B.dim(1), "A is [M,K] and B is [N,K]: K differs")
-            .that(C.dim(0) == A.dim(0) && C.dim(1) == B.dim(0), "C must be [M,N]")
+            .that(A.dim(1) == B.dim(1), "[M,K] · [N,K]^T: K differs")
+            .that(C.dim(0) == A.dim(0) && C.dim(1) == B.dim(0), "the output must be [M,N]")
             .status();
     if (!s.ok()) return s;
     return gemm_bf16_cublas(static_cast<const __nv_bfloat16*>(A.data),
@@ -87,6 +93,8 @@ Version gemm_peer() {
   return v;
 }
 
+namespace {
+
 Version memcpy_peer() {
   Version v = copy_version("cuda_memcpy", "cudaMemcpyAsync device-to-device", copy_cuda_memcpy, {},
                            Kind::kPeer);
@@ -95,7 +103,9 @@ Version memcpy_peer() {
 }
 
 const Register kMemcpy{memcpy_peer()};
-const Register kGemm{gemm_peer()};
+const Register kGemm{gemm_bf16_peer(
+    kChapter, "gemm_bf16", "cuBLAS BF16 GEMM, FP32 accumulation: the matrix-unit ceiling", "A", "B",
+    "C")};
 
 }  // namespace
 }  // namespace lkw::roofline
