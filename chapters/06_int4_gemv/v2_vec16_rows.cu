@@ -13,8 +13,7 @@
 // iteration; rows past N are clamped to row N − 1 for the loads and never written.
 // Expect: the memory side right (whole lines, loads in flight), the CUDA cores the limit: about
 // 4 instructions per weight at M = 1 (unpack, two bit moves, FMA, and x's share), and 1 FMA per
-// weight per row of x on top — measured on an H200 at 28672 × 8192: 68 µs at M = 1 (42% of the
-// copy ceiling), 317 µs at M = 8, where v3's tensor cores take 62; SASS: LDG.E.128, no I2F.
+// weight per row of x on top, so the time grows with M; SASS: LDG.E.128, no I2F.
 #include "02_int4_dequant/dequant.cuh"
 #include "int4_gemv.cuh"
 

@@ -58,16 +58,10 @@
 //
 // Expect: the unpack is the only per-weight cost, ~2.4 instructions per weight (SASS count: 313
 // per warp iteration of 4096 weights) at every M ≤ 8 — a third of v2's — and the speed nearly
-// flat in M. Measured on an H200 (copy ceiling 4.2 TB/s, cuBLAS BF16 ~117 µs at these shapes):
-// M = 1: 46 µs at 28672 × 8192 and 44 µs at 8192 × 28672, 61-65% of the ceiling, 2.6× cuBLAS;
-// M = 8: 62 µs at 28672 × 8192 (2.0×); M = 16: 108 µs at 8192 × 28672; torch's tinygemm
-// (torch._weight_int4pack_mm) 75, 162 and 285 µs there.
-// Not yet the bound: Nsight Compute shows 54% DRAM throughput and 0.5 issued instructions per
-// cycle and scheduler with 4.6 resident warps, each stalled ~9 cycles between instructions,
-// a third of that on L1/L2 loads (x and scales), the rest on the HMMA chains and the unpack.
-// Occupancy (20 warps per SM) is capped by registers (~96) and the ring; more warps, or fewer
-// instructions per weight (the HSUB2 of the bias can move into one per-group correction), are the
-// next steps. DRAM bytes within a few % of the model (the partial sums add 8·S·M/K of it).
+// flat in M; not yet the bandwidth bound (results/h200/06_int4_gemv.json and chapter 06 of the
+// book say how far, and why: occupancy capped by registers and the ring, and the HMMA chains and
+// the unpack between the loads). DRAM bytes within a few % of the model (the partial sums add
+// 8·S·M/K of it).
 // SASS: the weights as 16-byte async copies with the 256-byte L2 fetch
 // (LDGSTS.E.BYPASS.LTC256B.128), x as LDG.E.128, HMMA, no I2F, no local memory.
 #include <algorithm>

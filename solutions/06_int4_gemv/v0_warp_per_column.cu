@@ -7,8 +7,7 @@
 // The 8 weights of a word share one group (8 | G), so the scale is applied once per word, to
 // the word's partial sum. At the end five shuffle steps add up the lanes' sums.
 // Expect: the right answer at every M, far from the bound: 4-byte loads, one word in flight per
-// lane, about 5 instructions per weight plus 2 per weight and row of x (measured on an H200 at
-// 28672 × 8192: 113 µs at M = 1, a quarter of the copy ceiling; 335 µs at M = 8); SASS: an
+// lane, about 5 instructions per weight plus 2 per weight and row of x; SASS: an
 // integer→float convert per weight (I2F on sm_80, I2FP on sm_89 and sm_90).
 #include "int4_gemv.cuh"
 
