@@ -57,10 +57,9 @@
 //
 // Expect: the unpack is the only per-weight cost, ~2.4 instructions per weight (SASS count: 313
 // per warp iteration of 4096 weights) at every M ≤ 8 — a third of v2's — and the speed nearly
-// flat in M; not yet the bandwidth bound (results/h200/06_int4_gemv.json and chapter 06 of the
-// book say how far, and why: occupancy capped by registers and the ring, and the HMMA chains and
-// the unpack between the loads). DRAM bytes within a few % of the model (the partial sums add
-// 8·S·M/K of it).
+// flat in M; not yet at the bandwidth bound: Nsight Compute shows occupancy capped by the
+// registers and the ring, and warps stalled on the HMMA chains and the unpack between their
+// loads. DRAM bytes within a few % of the model (the partial sums add 8·S·M/K of it).
 // SASS: the weights as 16-byte async copies with the 256-byte L2 fetch
 // (LDGSTS.E.BYPASS.LTC256B.128), x as LDG.E.128, HMMA, no I2F, no local memory.
 #include <algorithm>
