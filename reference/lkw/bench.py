@@ -721,14 +721,21 @@ def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, wa
     return cache[words]
 
 
+# Peers measured under an op of their own: the INT4 GEMVs are compared with cuBLAS on BF16
+# weights (op bf16_gemv), at the same shape string.
+PEER_OPS = {op: ("bf16_gemv",) for op in ("int4_gemv", "int4i_gemv", "int4i_zp_gemv")}
+
+
 def _peer_ratios(rows: list[dict]) -> None:
-    """Each version row gets, per peer of the same op and shape: peer time / version time."""
+    """Each version row gets, per peer of the same op (or of a PEER_OPS op) and shape: peer time /
+    version time."""
     for r in rows:
         r["peers"] = {}
         if r["kind"] != "version" or not r.get("time_us"):
             continue
+        ops = (r["op"], *PEER_OPS.get(r["op"], ()))
         for p in rows:
-            if p["kind"] == "peer" and p["op"] == r["op"] and p["shape"] == r["shape"] and p.get("time_us"):
+            if p["kind"] == "peer" and p["op"] in ops and p["shape"] == r["shape"] and p.get("time_us"):
                 r["peers"][p["version"]] = {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
 
 

@@ -550,6 +550,32 @@ def example(chapter: str) -> dict:
                 r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
                               for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
                               and p["shape"] == r["shape"]}
+    elif chapter == "06_int4_gemv":
+        rows, g = [], 128
+        for n_rows, k in [(28672, 8192), (4096, 4096)]:
+            for m in (1, 2, 4, 8, 16):
+                shape = f"m={m},n={n_rows},k={k},g={g}"
+                act = 2 * m * k + 2 * m * n_rows
+                int4 = n_rows * k // 2 + n_rows * (k // g) * 2 + act
+                bf16 = 2 * n_rows * k + act
+                # (op, version, kind, bytes, share of the ceiling)
+                for op, version, kind, model, share in [
+                    ("int4_gemv", "v0_warp_per_column", "version", int4, 0.25),
+                    ("int4i_gemv", "v1_lop3_magic", "version", int4, 0.27),
+                    ("int4i_gemv", "v2_vec16_rows", "version", int4, 0.42 / m ** 0.5),
+                    ("int4i_gemv", "v3_mma_split_k", "version", int4, 0.63 - 0.02 * m),
+                    ("int4i_gemv", "torch_int4pack_mm", "peer", int4, 0.35 / m ** 0.3),
+                    ("int4i_zp_gemv", "v3_mma_split_k", "version", int4 + n_rows * (k // g) // 2, 0.6),
+                    ("bf16_gemv", "cublas", "peer", bf16, 0.9),
+                ]:
+                    time_us = model / (share * ceiling * 1e3)
+                    rows.append(row(op, version, kind, "example row", shape, time_us, model,
+                                    flops=0, dram_ratio=None if kind == "peer" else 1.01))
+        for r in rows:
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
+                              for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]
+                              and p["op"] in (r["op"], "bf16_gemv")}
     else:
         raise KeyError(f"no example for chapter {chapter}")
     return {

@@ -45,6 +45,17 @@ def test_the_first_profiled_flush_alone_is_dropped_not_charged_to_a_version():
     assert bench.parse_ncu(csv_text, order, log=lambda *_: None) == {("a/copy/v1", "n=1"): 2007.0}
 
 
+def test_int4_gemv_rows_are_compared_with_the_cublas_peer_of_their_shape():
+    def row(op, version, kind, shape, time_us):
+        return {"op": op, "version": version, "kind": kind, "shape": shape, "time_us": time_us}
+
+    rows = [row("int4i_gemv", "v3", "version", "m=1", 40.0), row("bf16_gemv", "cublas", "peer", "m=1", 120.0),
+            row("bf16_gemv", "cublas", "peer", "m=8", 125.0), row("int4i_gemv", "torch_matmul", "peer", "m=1", 100.0)]
+    bench._peer_ratios(rows)
+    assert rows[0]["peers"] == {"cublas": {"time_us": 120.0, "ratio": 3.0},
+                                "torch_matmul": {"time_us": 100.0, "ratio": 2.5}}
+
+
 def test_per_output_tolerances_split_on_slashes():
     assert bench.tolerance_of("exact", 3) == "exact"
     assert [bench.tolerance_of("ulp:2/exact", i) for i in (0, 1)] == ["ulp:2", "exact"]

@@ -15,7 +15,9 @@ nbformat = pytest.importorskip("nbformat")
 NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-CHAPTERS = ["00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm"]
+CHAPTERS = [
+    "00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm", "06_int4_gemv"
+]
 # Figures a notebook draws without a measurement: chapter 02's instruction mix.
 STATIC_FIGURES = {"02_int4_dequant": 1, "03_dynamic_quant": 1}
 # Figures it draws on a recorded run: the static ones, then the measured ones.

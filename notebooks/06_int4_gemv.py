@@ -1,0 +1,113 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · INT4 GEMV: speed-up over cuBLAS BF16 against the batch size M
+#
+# The headline question of weight-only quantization at decode: how much faster is a GEMV on INT4
+# weights than cuBLAS on BF16 weights, for M = 1 … 16 tokens? The ideal answer is the ratio of the
+# bytes the two must read (both at the bandwidth bound); the measured answer is each version's.
+#
+# - **Replay** (the default without a GPU, or with `LKW_REPLAY=1`): it reads the recorded run
+#   `results/h200/06_int4_gemv.json` (the folder can be changed with `LKW_RESULTS_DIR`).
+# - **Live** (a GPU and the compiled extension `lkw._ext`): it runs
+#   `tools/bench.py --chapter 06_int4_gemv` and shows what it just measured.
+
+# %%
+import sys
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "reference" / "lkw").is_dir())
+sys.path.insert(0, str(ROOT / "reference"))
+
+import matplotlib.pyplot as plt  # noqa: E402
+from lkw import results  # noqa: E402
+
+CHAPTER = "06_int4_gemv"
+
+# %% [markdown]
+# ## The bound, before any measurement
+#
+# Bytes per GEMV: INT4 reads N·K/2 of weights plus a BF16 scale per 128 of them; BF16 reads N·K·2.
+# Both read x (M·K·2) and write y (M·N·2). The ideal speed-up is the ratio of the two.
+
+# %%
+def ideal_speedup(m, n, k, g=128):
+    act = 2 * m * k + 2 * m * n
+    return (2 * n * k + act) / (n * k / 2 + n * (k // g) * 2 + act)
+
+
+for n, k in [(28672, 8192), (4096, 4096)]:
+    cells = "  ".join(f"M={m}: {ideal_speedup(m, n, k):.2f}x" for m in (1, 2, 4, 8, 16))
+    print(f"N={n:>5}, K={k:>4}  {cells}")
+
+# %% [markdown]
+# ## The measured versions
+
+# %%
+data = results.notebook_results(CHAPTER)
+if data:
+    print()
+    print(results.text_table(data))
+
+
+# %%
+def parse(shape):
+    return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in shape.split(",")}
+
+
+def speedups(data, n, k):
+    """{name: [(M, cuBLAS time / its time)]} at one (N, K), for the versions and torch peers."""
+    cublas = {parse(r["shape"])["m"]: r["time_us"] for r in data["rows"]
+              if r["op"] == "bf16_gemv" and r.get("time_us") and parse(r["shape"])["n"] == n
+              and parse(r["shape"])["k"] == k}
+    out = {}
+    for r in data["rows"]:
+        s = parse(r["shape"])
+        if r["op"] == "bf16_gemv" or not r.get("time_us") or (s["n"], s["k"]) != (n, k):
+            continue
+        if s["m"] in cublas:
+            out.setdefault(f"{r['op']}/{r['version']}", []).append((s["m"], cublas[s["m"]] / r["time_us"]))
+    return out
+
+
+# %% [markdown]
+# One panel per weight shape: the speed-up over cuBLAS BF16 at each M, every version and peer, and
+# the bound's ideal curve (dashed). Where a version falls away from the dashed line, it stopped
+# being bound by bytes.
+
+# %%
+if data:
+    shapes = sorted({(parse(r["shape"])["n"], parse(r["shape"])["k"]) for r in data["rows"]})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
+    for ax, (n, k) in zip(axes[0], shapes):
+        ms = [1, 2, 4, 8, 16]
+        ax.plot(ms, [ideal_speedup(m, n, k) for m in ms], "k--", label="ideal (bytes)")
+        for name, pts in speedups(data, n, k).items():
+            pts.sort()
+            ax.plot([m for m, _ in pts], [s for _, s in pts], "o-", label=name)
+        ax.axhline(1, color="gray", lw=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("cuBLAS BF16 time / time")
+        ax.set_title(f"N={n}, K={k}")
+        ax.legend(fontsize=6)
+    plt.show()
+
+# %% [markdown]
+# ## Try
+#
+# - Predict from the ideal curve where the INT4 advantage would vanish if M kept growing, then
+#   compare with chapter 07's Tensor Core GEMM, which is built for that regime.
