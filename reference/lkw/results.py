@@ -566,6 +566,8 @@ def example(chapter: str) -> dict:
                     ("int4i_gemv", "v3_mma_split_k", "version", int4, 0.63 - 0.02 * m),
                     ("int4i_gemv", "torch_int4pack_mm", "peer", int4, 0.35 / m ** 0.3),
                     ("int4i_zp_gemv", "v3_mma_split_k", "version", int4 + n_rows * (k // g) // 2, 0.6),
+                    ("int4i_gemv", "v4_persistent_smem_x", "version", int4, 0.68 - 0.015 * m),
+                    ("int4i_zp_gemv", "v4_persistent_smem_x", "version", int4 + n_rows * (k // g) // 2, 0.62),
                     ("bf16_gemv", "cublas", "peer", bf16, 0.9),
                 ]:
                     time_us = model / (share * ceiling * 1e3)

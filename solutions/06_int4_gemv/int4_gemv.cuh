@@ -19,7 +19,9 @@
 // shift + I2F, FP32 FMA, warp-shuffle sum) → v1_lop3_magic (chapter 02's magic unpack, no I2F)
 // → v2_vec16_rows (16-byte weight loads, two rows per warp, loads in flight before use) →
 // v3_mma_split_k (the multiply-adds on the tensor cores, weights streamed with cp.async, split-K,
-// a wave-aware grid; also the zero-point op).
+// a wave-aware grid; also the zero-point op) → v4_persistent_smem_x (one block per SM, x staged
+// once in shared memory, the scales in the cp.async ring, the −8 folded into a per-group
+// correction). v3 and v4 share mma_gemv.cuh.
 //
 // The reference and its tolerance: reference/lkw/gemv.py.
 #pragma once

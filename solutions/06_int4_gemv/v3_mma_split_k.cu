@@ -63,57 +63,20 @@
 // SASS: the weights as 16-byte async copies with the 256-byte L2 fetch
 // (LDGSTS.E.BYPASS.LTC256B.128), x as LDG.E.128, HMMA, no I2F, no local memory.
 #include <algorithm>
-#include <mutex>
 
 #include "02_int4_dequant/dequant.cuh"
 #include "int4_gemv.cuh"
+#include "mma_gemv.cuh"
 
 namespace lkw::gemv {
 namespace {
 
+using namespace mma;  // cp_async_16, mma_bf16_16816, unpack_a, store_tile, workspace, ...
+
 constexpr int kWarps = 4;                         // warps per block: one row tile, K interleaved
-constexpr int kTileRows = 16;                     // rows of an mma A operand, and of a block
 constexpr int kIterK = 256;                       // k per iteration: 4 lanes × 2 chunks × 32
 constexpr int kStages = 4;                        // iterations of weights in the ring per warp
 constexpr int kMaxSplits = 64;
-
-// cp.async.cg.shared.global, 16 bytes: a global→shared copy that holds no register while it is
-// in flight and bypasses L1 (.cg: the weights are read once). With plain loads the next
-// iterations' weights would sit in registers, and ptxas, to shorten their lives, sinks such
-// prefetches to the end of the loop body, where they no longer overlap anything. .L2::256B lets
-// L2 fetch the whole 256-byte pair of lines from DRAM at once: the block reads both anyway.
-// `valid` false copies 0 bytes and zero-fills the 16 (the K tail), reading nothing.
-__device__ __forceinline__ void cp_async_16(void* dst_sh, const void* src_gl, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_gl),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-// Closes the group of copies issued since the last commit; wait<n> returns once at most n groups
-// are still in flight (the lane's own copies: each lane reads back only what it copied itself).
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// mma.sync m16n8k16, BF16 × BF16 + FP32: c += A·B. Fragments (g = lane / 4, t = lane % 4):
-// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
-// b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1].
-// Written as PTX because CUDA C++ exposes it only through the WMMA API, whose fragment layout
-// is opaque — and this kernel picks which weights sit in which k-slot.
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "mma.sync.m16n8k16 with BF16 needs sm_80 or newer"
-#endif
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 struct Params {
   const __nv_bfloat16* x;       // [M, K]
@@ -211,28 +174,6 @@ __device__ __forceinline__ void load_weights(Loads<kNTiles>& l, const uint4 (&sl
     for (int r = 0; r < 2; ++r) l.w[r][u] = slot_sh[2 * r + u][lane];
 }
 
-// A's four pairs from one word of one row: exact q − 8 (scale applied later, on the sums), or
-// BF16(s·(q − 8)), or with zero points BF16(q·s − zs).
-template <bool kScaleInA, bool kZp>
-__device__ __forceinline__ void unpack_a(uint32_t word, __nv_bfloat162 s2, __nv_bfloat162 neg_zs2,
-                                         uint32_t (&a)[4]) {
-  __nv_bfloat162 q[4];
-  int4::u4_to_bf16_magic<!kZp>(word, q);
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    if constexpr (kZp) q[p] = __hfma2(q[p], s2, neg_zs2);
-    else if constexpr (kScaleInA) q[p] = __hmul2(q[p], s2);
-    a[p] = bits_of(q[p]);
-  }
-}
-
-// −BF16(z·s) for a zero point z (4 bits): z·s is exact in FP32 (4 × 8 significant bits), so one
-// rounding, as chapter 02's reference. z becomes a float through the FP32 magic 2^23 + z (no I2F).
-__device__ __forceinline__ __nv_bfloat162 neg_zero_times_scale(uint32_t z, __nv_bfloat16 s) {
-  const float zf = __uint_as_float(0x4b000000u | z) - 8388608.0f;
-  return __bfloat162bfloat162(__float2bfloat16_rn(-zf * bf16_to_f32(s)));
-}
-
 template <int kNTiles, bool kScaleInA, bool kZp>
 __device__ __forceinline__ void mma_iteration(const Loads<kNTiles>& l, float (&acc)[kNTiles][4]) {
 #pragma unroll
@@ -278,60 +219,6 @@ __device__ __forceinline__ void mma_iteration(const Loads<kNTiles>& l, float (&a
       // END SOLUTION
     }
   }
-}
-
-// The tile's result (called by warp 0 of the block): straight to y with one split; with S splits
-// through the workspace, the last of the tile's S blocks to arrive adding the S partials in
-// split order.
-template <int kNTiles>
-__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[kNTiles][4],
-                                           int64_t tile, int g, int t, int lane) {
-  if (p.splits == 1) {
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = 8 * j + 2 * t + (e & 1);
-        const int64_t row = tile * kTileRows + g + (e >= 2 ? 8 : 0);
-        if (m < p.m && row < p.n) p.y[m * p.n + row] = __float2bfloat16_rn(acc[j][e]);  // (M, N)
-      }
-    }
-    return;
-  }
-  // BEGIN SOLUTION: write the partials to p.partials[tile][blockIdx.y][m][16] (m < M); __threadfence, __syncwarp; lane 0 atomicAdd on p.arrivals[tile], shuffled to the warp; all but the last (S - 1 before it) return; __threadfence, sum the S partials in split order with __ldcg, write y (rows < N), lane 0 resets the counter.
-  const int64_t stride = int64_t(p.m) * kTileRows;
-  float* mine = p.partials + (tile * p.splits + blockIdx.y) * stride;  // (tiles, S, M, 16)
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * j + 2 * t + (e & 1);
-      if (m < p.m) mine[m * kTileRows + g + (e >= 2 ? 8 : 0)] = acc[j][e];
-    }
-  }
-  __threadfence();  // the partials are visible device-wide before the count says so
-  __syncwarp();
-  unsigned before = 0;
-  if (lane == 0) before = atomicAdd(p.arrivals + tile, 1u);
-  before = __shfl_sync(0xffffffffu, before, 0);
-  if (before != unsigned(p.splits - 1)) return;
-  __threadfence();
-  const float* all = p.partials + tile * p.splits * stride;
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * j + 2 * t + (e & 1);
-      const int r = g + (e >= 2 ? 8 : 0);
-      const int64_t row = tile * kTileRows + r;
-      if (m >= p.m || row >= p.n) continue;
-      float sum = 0.0f;
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(all + s * stride + m * kTileRows + r);
-      p.y[m * p.n + row] = __float2bfloat16_rn(sum);  // (M, N)
-    }
-  }
-  if (lane == 0) p.arrivals[tile] = 0;  // ready for the next launch
-  // END SOLUTION
 }
 
 // Register budgets: ≤ 102 per thread with one n-tile (5 blocks, 20 warps per SM), ≤ 170 with two
@@ -420,13 +307,11 @@ __global__ void __launch_bounds__(kWarps * 32, kNTiles == 1 ? 5 : 3)
       for (int w = 0; w < kWarps; ++w) sum += sums_sh[w][4 * j + e][lane];
       acc[j][e] = sum;
     }
-  store_tile<kNTiles>(p, acc, tile, g, t, lane);
+  store_tile<kNTiles>(p, acc, tile, int(blockIdx.y), g, t, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host side: the split-K plan, the workspace, the launch.
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct SplitK {
   int64_t k_split;  // k per split, a multiple of kIterK
@@ -453,51 +338,6 @@ SplitK plan_split_k(int64_t n, int64_t k, int64_t wave) {
   }
   const int64_t per_split = ceil_div(iters, splits);
   return {per_split * kIterK, int(ceil_div(iters, per_split))};
-}
-
-// The split-K workspace: partial sums and per-tile arrival counters, allocated on first need
-// and grown (never shrunk) for the process; the counters are zeroed once here and left at zero
-// by every launch.
-Status workspace(int64_t floats, int64_t tiles, float** partials, unsigned** arrivals) {
-  static std::mutex mutex;
-  static float* partials_gl = nullptr;
-  static unsigned* arrivals_gl = nullptr;
-  static int64_t have_floats = 0, have_tiles = 0;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (floats > have_floats) {
-    cudaFree(partials_gl);
-    partials_gl = nullptr;
-    have_floats = 0;
-    const int64_t want = std::max<int64_t>(floats, 1 << 20);
-    if (cudaMalloc(&partials_gl, want * sizeof(float)) != cudaSuccess)
-      return error(Code::kCudaError,
-                   std::string("split-K workspace: ") + cudaGetErrorString(cudaGetLastError()));
-    have_floats = want;
-  }
-  if (tiles > have_tiles) {
-    cudaFree(arrivals_gl);
-    arrivals_gl = nullptr;
-    have_tiles = 0;
-    const int64_t want = std::max<int64_t>(tiles, 1 << 14);
-    if (cudaMalloc(&arrivals_gl, want * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(arrivals_gl, 0, want * sizeof(unsigned)) != cudaSuccess)
-      return error(Code::kCudaError,
-                   std::string("split-K counters: ") + cudaGetErrorString(cudaGetLastError()));
-    have_tiles = want;
-  }
-  *partials = partials_gl;
-  *arrivals = arrivals_gl;
-  return {};
-}
-
-int sm_count() {
-  static const int sms = [] {
-    int dev = 0, count = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
-    return count > 0 ? count : 1;
-  }();
-  return sms;
 }
 
 template <int kNTiles, bool kScaleInA, bool kZp>

@@ -1,0 +1,509 @@
+// v4_persistent_smem_x — one block per SM, x staged once in shared memory, everything a step
+// reads prefetched through the ring, the −8 folded into a per-group correction.
+//
+// Since v3: Nsight Compute on v3 at M = 1, 28672 × 8192 finds the warps stalled most of the time
+// on the first mma of each iteration, waiting for the x fragments: v3 loads x (and the scales)
+// from global memory through L1 in the iteration that uses them, so every iteration waits for
+// an L2 round trip that nothing covers. Every lane loads x, although at M = 1 seven of the eight
+// B columns are thrown away, so L1 carries twice the weights' bytes in x. Three changes remove
+// what stands between the weights and the tensor cores:
+//
+// 1. x in shared memory, once. A block is 16 warps, one per SM (a persistent grid of #SM
+//    blocks). It copies its K slice of x (M rows) into shared memory before anything else and
+//    keeps it for all its tiles; a step reads its fragments from there (LDS, no L2 round trip).
+//    The rows are swizzled in 16-byte units so that the eight lanes of a 16-byte LDS phase (two
+//    rows g, four lanes t) hit eight different bank groups: chunk c of row r sits at
+//    (c & ~7) | ((c & 7) ^ (2·bit 3 of c) ^ (r & 1)). At M = 1 all rows are row 0: a broadcast.
+// 2. The scales (and zero points) ride in the ring with the weights: each stage holds a warp's
+//    weights (2 KB), the scales of its 16 rows for the step (4-byte cp.async of the aligned words
+//    around them) and the zero-point words. A step waits for its stage, and that is all it
+//    waits for.
+// 3. The bias folded out (G = 128, no zero points): A is 128 + q, the magic-number value before
+//    chapter 02's subtraction, so the unpack is one LOP3 (and a shift) per pair and nothing else.
+//    Σ x·(q − 8) = Σ x·(128 + q) − 136·Σ x, and Σ x over a group is the same for every row:
+//    the block computes it once per group and row of x (in FP32) when it stages x, and a step
+//    subtracts 136 times it from each group's FP32 sum before the scale. The products are exact
+//    (8 × 8 significant bits), the FP32 sums carry ~17× the magnitude of the unbiased ones, and
+//    their rounding stays orders of magnitude inside the tolerance (reference/lkw/gemv.py).
+//    With G < 128 or zero points the weights are scaled in A as in v3.
+//
+// Work: a warp owns whole tiles of 16 rows × its split's K and takes them in a fixed order
+// (tile b + B·(w + 16·n) for block b of B in its split, warp w); its ring streams across tile
+// boundaries, so a new tile starts with its weights already in flight. Split-K (the same
+// workspace and deterministic last-arriver sum as v3) for two reasons: the x slice must fit next
+// to the ring (M × K/S × 2 bytes), and few tiles must still give most warps work. The host takes
+// the smallest S that fits x, raised until tiles·S is at least 3/4 of the 16·#SM warps (each
+// split costs partial sums and per-tile work, so no more). M > 8 uses two n-tiles and scales in
+// A: the fold's second set of sums would not fit in 128 registers.
+//
+// Expect: no waits on global memory inside the loop (the stalls move to the unpack's ALU work
+// and the mma chain); at M ≥ 4 clearly faster than v3, whose x traffic grows with M; at M = 1
+// still short of the bound: a step is ~250 warp instructions for 4096 weights, and with 14–16
+// warps per SM the SMs cannot issue them fast enough for HBM's 4 TB/s. DRAM bytes within a few %
+// of the model (x is read once per block from L2).
+// SASS: the weights, x, scales and zero points as LDGSTS, HMMA, no I2F, no local memory; the
+// G = 128, M ≤ 8 kernel has no packed-BF16 arithmetic at all.
+#include <algorithm>
+
+#include "02_int4_dequant/dequant.cuh"
+#include "int4_gemv.cuh"
+#include "mma_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+using namespace mma;
+
+constexpr int kWarps = 16;  // per block; one block per SM
+constexpr int kIterK = 256;  // k per step: 4 lanes × 2 chunks × 32, as v3
+constexpr int kMaxSplits = 64;
+constexpr int kScaleWords = 6;  // per row and stage: up to 128/G + 1 = 5 words of scales, padded
+
+enum Mode : int { kFold = 0, kScaleInA = 1, kZeroPoints = 2 };
+
+template <int kNTiles>
+constexpr int stages_for() {
+  return kNTiles == 1 ? 4 : 3;  // two n-tiles: more registers, a smaller ring leaves room for x
+}
+
+// One stage of a warp's ring: the weights of one step, as v3 ([row r·2 + chunk u][lane]), the
+// scales of the step's groups for its 16 rows and the zero-point words.
+struct Stage {
+  uint4 w[4][32];
+  uint32_t scales[kTileRows][kScaleWords];
+  uint32_t zeros[kTileRows];
+};
+static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
+
+struct Params {
+  const __nv_bfloat16* x;       // [M, K]
+  const uint32_t* w;            // [N, K/8]
+  const __nv_bfloat16* scales;  // [N, K/G], 4-byte aligned
+  const uint32_t* zeros;        // [N, K/G/8] or null
+  __nv_bfloat16* y;             // [M, N]
+  float* partials;              // [tiles, S, M, 16] when S > 1
+  unsigned* arrivals;           // [tiles]
+  int m, k, k_split, splits, group_shift, tiles;
+  int64_t n;
+};
+
+// 4-byte cp.async through L1 (.ca: the only kind that takes 4 bytes), `bytes` of them read
+// (0, 2 or 4), the rest zero-filled.
+__device__ __forceinline__ void cp_async_4(void* dst_sh, const void* src_gl, int bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src_gl), "r"(bytes)
+               : "memory");
+}
+
+// Where 16-byte chunk c (elements 8c .. 8c + 7 of the slice) of row r of x lives, in chunks: rows
+// row_chunks + 1 apart, bit 1 of c flipped by its bit 3 (see compute_step for the banks).
+__device__ __forceinline__ int x_chunk(int r, int c, int row_chunks) {
+  return r * (row_chunks + 1) + (c ^ (((c >> 3) & 1) << 1));
+}
+
+// Eight INT4 of an interleaved word → four pairs of BF16 128 + q: chapter 02's magic number
+// without its subtraction (one LOP3 per pair, a shift between).
+__device__ __forceinline__ void u4_to_bf16_plus128(uint32_t q, uint32_t (&out)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i] = int4::lop3<int4::kAndOr>(q, 0x000f000fu, 0x43004300u);
+    q >>= 4;
+  }
+}
+
+// What a lane knows about its place, fixed for the whole kernel: the split, and which scale words
+// it copies (task j of pass `pass`: word task_j of row task_r, when task_on).
+struct Lane {
+  int lane, g, t;
+  int k_begin, k_len, iters;  // this block's split: k offset, length, steps per tile
+  int groups;                 // K / G
+  int go[2];                  // the group of chunk u within a step, counted from its first
+  int task_r[3], task_j[3];
+  bool task_on[3];
+};
+
+// What a lane needs to copy the steps of one tile, set once per tile: the start of its weight
+// chunks in rows g and g + 8; per scale task the word it copies at g0 = 0 and how many scales
+// of the tensor lie from there on (capped: only the end of the tensor needs it); its row's
+// zero-point words (lanes 0..15).
+struct CopyTile {
+  const uint4* w[2];
+  const uint32_t* scale_word[3];
+  int scales_left[3];
+  const uint32_t* zero_row;
+};
+
+__device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t n) { return row < n ? row : n - 1; }
+
+template <bool kZp>
+__device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln, int tile) {
+  CopyTile c;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // past N: row N − 1, never written
+    const int64_t row = clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n);
+    c.w[r] = reinterpret_cast<const uint4*>(p.w + row * (p.k / 8)) + (ln.k_begin + 32 * ln.t) / 32;
+  }
+  const int64_t total = p.n * ln.groups;  // scales in the tensor
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    // The step's scales of a row start at row·groups + g0 with g0 even: the aligned word
+    // (row·groups) / 2 + g0 / 2 holds the first (in its upper half when row·groups is odd).
+    const int64_t word =
+        clamp_row(int64_t(tile) * kTileRows + ln.task_r[pass], p.n) * ln.groups / 2 + ln.task_j[pass];
+    c.scale_word[pass] = reinterpret_cast<const uint32_t*>(p.scales) + word;
+    c.scales_left[pass] = int(std::min<int64_t>(total - 2 * word, 1 << 30));
+  }
+  c.zero_row = kZp ? p.zeros + clamp_row(int64_t(tile) * kTileRows + ln.lane % kTileRows, p.n) *
+                                   (ln.groups / 8)
+                   : nullptr;
+  return c;
+}
+
+// The copies of step `it` of a tile into a stage: each lane its four weight chunks (as v3), the
+// scale words of the 16 rows (128/G + 1 aligned 4-byte words per row around the step's 256/G
+// scales, shared out over the lanes), the zero-point word of each row (lanes 0..15).
+template <bool kZp>
+__device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
+                                          const CopyTile& c, int it) {
+  const int kk = it * kIterK;
+  // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while kk + 128u + 32t < k_len. Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const bool valid = kk + 128 * u + 32 * ln.t < ln.k_len;
+      cp_async_16(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? (kk + 128 * u) / 32 : 0), valid);
+    }
+  }
+  const int g0 = (ln.k_begin + kk) >> p.group_shift;
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    if (ln.task_on[pass]) {
+      const int left = c.scales_left[pass] - g0;  // scales from this word to the tensor's end
+      const int bytes = left >= 2 ? 4 : left == 1 ? 2 : 0;
+      cp_async_4(&st.scales[ln.task_r[pass]][ln.task_j[pass]],
+                 bytes ? c.scale_word[pass] + g0 / 2 : c.scale_word[pass] - ln.task_j[pass], bytes);
+    }
+  }
+  if constexpr (kZp) {
+    if (ln.lane < kTileRows) {
+      const bool valid = g0 < ln.groups;
+      cp_async_4(&st.zeros[ln.lane], c.zero_row + (valid ? g0 / 8 : 0), valid ? 4 : 0);
+    }
+  }
+  // END SOLUTION
+}
+
+// What a lane needs to compute the steps of one tile: where its rows' scales sit in a stage's
+// words (element (row·groups) & 1 holds g0's: g0 is even), and where its x fragments start.
+// Lane (g, t) reads chunk c = kk/8 + 16u + 4t + i of row 8j + g, at x_chunk: c ^ 2·(t ≥ 2)
+// = kk/8 + 16u + 4t + (i ^ 2·(t ≥ 2)), i.e. i + m or (i − m) with m = 2·(t ≥ 2) for i < 2 and
+// i ≥ 2: two base pointers per n-tile and the word as an immediate offset. The eight lanes of
+// one 16-byte LDS phase (g, g + 1 and t = 0..3) land on eight different 16-byte bank groups:
+// within a row t = 0..3 give i, i + 4, i ^ 2, (i ^ 2) + 4 (mod 8), and the next row is one
+// chunk further. At M = 1 every lane reads row 0: a broadcast.
+template <int kNTiles>
+struct ComputeLane {
+  int scale_at[2][2];     // [row r][chunk u]: the scale's BF16 index in a stage's scale words
+  const uint4* x[kNTiles][2];  // x fragments of word i < 2 at x[j][0] + i, of i ≥ 2 at x[j][1] + i
+};
+
+// One step of a tile: the lane's weights and the rows' scales from the stage, x from the slice,
+// the mma, and per group either the fold's correction and the scale or (scaled in A) nothing.
+template <int kNTiles, int kMode>
+__device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
+                                             const float* xsum_sh, const Params& p,
+                                             const Lane& ln, const ComputeLane<kNTiles>& cl,
+                                             int it, float (&acc)[kNTiles][4]) {
+  const int kk = it * kIterK;
+  const int g0 = (ln.k_begin + kk) >> p.group_shift;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    __nv_bfloat16 s[2];
+    __nv_bfloat162 s2[2], neg_zs2[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s[r] = reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
+      s2[r] = __bfloat162bfloat162(s[r]);
+      if constexpr (kMode == kZeroPoints) {
+        const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 % 8) + ln.go[u]))) & 0xfu;
+        neg_zs2[r] = neg_zero_times_scale(z, s[r]);
+      }
+    }
+    float sums[kNTiles][4] = {};
+    float(&c)[kNTiles][4] = kMode == kFold ? sums : acc;
+    const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // BEGIN SOLUTION: unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3.
+      const uint32_t word_lo = i == 0 ? w_lo.x : i == 1 ? w_lo.y : i == 2 ? w_lo.z : w_lo.w;
+      const uint32_t word_hi = i == 0 ? w_hi.x : i == 1 ? w_hi.y : i == 2 ? w_hi.z : w_hi.w;
+      uint32_t a_lo[4], a_hi[4];
+      if constexpr (kMode == kFold) {
+        u4_to_bf16_plus128(word_lo, a_lo);
+        u4_to_bf16_plus128(word_hi, a_hi);
+      } else {
+        unpack_a<true, kMode == kZeroPoints>(word_lo, s2[0], neg_zs2[0], a_lo);
+        unpack_a<true, kMode == kZeroPoints>(word_hi, s2[1], neg_zs2[1], a_hi);
+      }
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const uint4 xv = cl.x[j][i / 2][kk / 8 + 16 * u + i];
+        const uint32_t a0[4] = {a_lo[0], a_hi[0], a_lo[1], a_hi[1]};
+        const uint32_t a1[4] = {a_lo[2], a_hi[2], a_lo[3], a_hi[3]};
+        mma_bf16_16816(c[j], a0, xv.x, xv.y);
+        mma_bf16_16816(c[j], a1, xv.z, xv.w);
+      }
+      // END SOLUTION
+    }
+    if constexpr (kMode == kFold) {
+      // BEGIN SOLUTION: group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]).
+      const float s_lo = bf16_to_f32(s[0]), s_hi = bf16_to_f32(s[1]);
+      const int group = kk / 128 + u;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const float2 xs =
+            *reinterpret_cast<const float2*>(xsum_sh + group * 8 * kNTiles + 8 * j + 2 * ln.t);
+        acc[j][0] = fmaf(s_lo, fmaf(-136.0f, xs.x, sums[j][0]), acc[j][0]);
+        acc[j][1] = fmaf(s_lo, fmaf(-136.0f, xs.y, sums[j][1]), acc[j][1]);
+        acc[j][2] = fmaf(s_hi, fmaf(-136.0f, xs.x, sums[j][2]), acc[j][2]);
+        acc[j][3] = fmaf(s_hi, fmaf(-136.0f, xs.y, sums[j][3]), acc[j][3]);
+      }
+      // END SOLUTION
+    }
+  }
+}
+
+template <int kNTiles, int kMode>
+__global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p) {
+  constexpr int kStages = stages_for<kNTiles>();
+  extern __shared__ uint4 smem[];
+  Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
+  uint4* x_sh = smem + kWarps * kStages * sizeof(Stage) / 16;  // [M][k_split / 8] swizzled
+  const int row_chunks = p.k_split / 8;
+  float* xsum_sh = reinterpret_cast<float*>(x_sh + p.m * (row_chunks + 1));  // [k_split/128][8·kNTiles]
+
+  const int warp = threadIdx.x / 32;
+  Lane ln;
+  ln.lane = threadIdx.x % 32;
+  ln.g = ln.lane / 4;
+  ln.t = ln.lane % 4;
+  const int split = blockIdx.x % p.splits;
+  const int block = blockIdx.x / p.splits;                           // within the split
+  const int blocks = (gridDim.x - split + p.splits - 1) / p.splits;  // of the split
+  ln.k_begin = split * p.k_split;
+  ln.k_len = min(p.k - ln.k_begin, p.k_split);
+  ln.iters = (ln.k_len + kIterK - 1) / kIterK;
+  ln.groups = p.k >> p.group_shift;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) ln.go[u] = (128 * u + 32 * ln.t) >> p.group_shift;
+  const int words = (128 >> p.group_shift) + 1;  // scale words per row and step
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    const int task = ln.lane + 32 * pass;
+    ln.task_on[pass] = task < kTileRows * words;
+    ln.task_r[pass] = ln.task_on[pass] ? task / words : 0;
+    ln.task_j[pass] = task % words;
+  }
+
+  // The x slice: 16-byte async copies, zero past the end of K (the tail's weights are zero-filled
+  // too, and zero x makes the tail add nothing whatever its scale).
+  for (int c = threadIdx.x; c < p.m * row_chunks; c += blockDim.x) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    const bool valid = 8 * cc < ln.k_len;
+    cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
+                p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
+  }
+  cp_async_commit();
+
+  // This warp's tiles: block + blocks·(warp + kWarps·n), n = 0, 1, ...; its steps run through
+  // them tile by tile, the copies kStages − 1 steps ahead of the compute.
+  Stage* my_ring = ring + warp * kStages;
+  const int first = block + blocks * warp, stride = blocks * kWarps;
+  const int my_tiles = first < p.tiles ? (p.tiles - first + stride - 1) / stride : 0;
+  const int steps = my_tiles * ln.iters;
+  constexpr bool kZp = kMode == kZeroPoints;
+  int copy_tile = first, copy_it = 0;  // the next step to copy
+  CopyTile ct = copy_tile_of<kZp>(p, ln, first);
+  auto copy_next = [&](int s) {
+    if (s < steps) {
+      copy_step<kZp>(my_ring[s % kStages], p, ln, ct, copy_it);
+      if (++copy_it == ln.iters) {
+        copy_it = 0;
+        copy_tile += stride;
+        ct = copy_tile_of<kZp>(p, ln, copy_tile);
+      }
+    }
+    cp_async_commit();  // always, so that the group count stays in step
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) copy_next(s);
+
+  // x has landed (its group is older than the ring's); then Σx per group and row for the fold.
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  if constexpr (kMode == kFold) {
+    const int groups_l = p.k_split / 128;
+    for (int idx = threadIdx.x; idx < groups_l * 8 * kNTiles; idx += blockDim.x) {
+      const int gl = idx / (8 * kNTiles), m = idx % (8 * kNTiles);
+      float sum = 0.0f;
+      if (m < p.m) {
+        for (int cc = 16 * gl; cc < 16 * gl + 16; ++cc) {
+          const uint4 v = x_sh[x_chunk(m, cc, row_chunks)];
+          sum += bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
+                 bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
+                 bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
+        }
+      }
+      xsum_sh[idx] = sum;
+    }
+    __syncthreads();
+  }
+
+  // The lane's x fragments: row 8j + g (row 0 past M), chunk 4t + i of a step (compute_step).
+  ComputeLane<kNTiles> cl;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    const int row = 8 * j + ln.g < p.m ? 8 * j + ln.g : 0;
+    const int m2 = ln.t >= 2 ? 2 : 0;
+    cl.x[j][0] = x_sh + row * (row_chunks + 1) + 4 * ln.t + m2;
+    cl.x[j][1] = x_sh + row * (row_chunks + 1) + 4 * ln.t - m2;
+  }
+  auto start_tile = [&](int tile) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int first =
+          int((clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n) * ln.groups) & 1);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) cl.scale_at[r][u] = (ln.g + 8 * r) * kScaleWords * 2 + first + ln.go[u];
+    }
+  };
+  float acc[kNTiles][4] = {};
+  int tile = first, it = 0;
+  start_tile(tile);
+  // BEGIN SOLUTION: for s in 0 .. steps − 1: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store_tile(p, acc, tile, split, ...), zero acc, next tile (start_tile), it = 0.
+  for (int s = 0; s < steps; ++s) {
+    __syncwarp();
+    copy_next(s + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, it, acc);
+    if (++it == ln.iters) {
+      store_tile<kNTiles>(p, acc, tile, split, ln.g, ln.t, ln.lane);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+      it = 0;
+      tile += stride;
+      start_tile(tile);
+    }
+  }
+  // END SOLUTION
+  cp_async_wait<0>();  // nothing left in flight when the block exits
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: the plan (S and the slice), the launch.
+
+struct Plan {
+  int64_t k_split;  // a multiple of kIterK
+  int splits;
+  size_t smem;
+};
+
+template <int kNTiles>
+size_t smem_bytes(int64_t m, int64_t k_split) {
+  return size_t(kWarps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 +
+         size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
+}
+
+// The smallest S whose x slice fits beside the ring, raised until there are tiles·S ≥ 3/4 of
+// the warps: each split costs its partial sums and a tile's fixed work (the store, the next
+// tile's first copies), so S stays as small as keeps most warps streaming.
+template <int kNTiles>
+Plan plan_v4(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
+  const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
+  auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
+  int64_t s = 1;
+  while (s < iters && smem_bytes<kNTiles>(m, per_split(s)) > smem_limit) ++s;
+  const int64_t cap = std::min<int64_t>({iters, kMaxSplits, sms});
+  while (s < cap && 4 * tiles * s < 3 * int64_t(sms / s) * s * kWarps) ++s;
+  const int64_t k_split = per_split(s);
+  return {k_split, int(ceil_div(iters, k_split / kIterK)), smem_bytes<kNTiles>(m, k_split)};
+}
+
+size_t smem_optin() {
+  static const size_t bytes = [] {
+    int dev = 0, b = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return size_t(b);
+  }();
+  return bytes;
+}
+
+template <int kNTiles, int kMode>
+Status launch_v4(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+  auto* kernel = gemv_v4_kernel<kNTiles, kMode>;
+  const size_t limit = smem_optin();
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+  if (attr != cudaSuccess)
+    return error(Code::kCudaError, std::string(op.name) + " v4: " + cudaGetErrorString(attr));
+  const Plan plan = plan_v4<kNTiles>(a.m, a.n, a.k, sm_count(), limit);
+  if (plan.smem > limit)
+    return error(Code::kInvalidArgument,
+                 std::string(op.name) + " v4: M × 256 of x does not fit in shared memory");
+  const int64_t tiles = ceil_div(a.n, kTileRows);
+  Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
+           int(plan.k_split), plan.splits, log2_of(a.group), int(tiles), a.n};
+  if (plan.splits > 1) {
+    Status s = workspace(tiles * plan.splits * a.m * kTileRows, tiles, &p.partials, &p.arrivals);
+    if (!s.ok()) return s;
+  }
+  // One block per SM, rounded down to whole splits' worth only when S does not divide #SM: a
+  // split with fewer blocks would set the pace.
+  const int sms = sm_count();
+  const int blocks = std::max(plan.splits, sms / plan.splits * plan.splits);
+  kernel<<<blocks, kWarps * 32, plan.smem, stream>>>(p);
+  return last_launch_status(op.name);
+}
+
+template <const GemvOp& kOp>
+Status gemv_v4(const GemvArgs& a, cudaStream_t stream) {
+  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
+  if (s.ok()) s = validate_gemv(kOp, a, 16);
+  if (!s.ok()) return s;
+  const bool two_tiles = a.m > 8;
+  if constexpr (kOp.zero_points) {
+    return two_tiles ? launch_v4<2, kZeroPoints>(kOp, a, stream)
+                     : launch_v4<1, kZeroPoints>(kOp, a, stream);
+  } else {
+    // The fold keeps a second set of sums per n-tile: with two n-tiles that no longer fits in
+    // the 128 registers a thread of a 512-thread block may have (ptxas spills), so M > 8 scales
+    // in A.
+    if (two_tiles) return launch_v4<2, kScaleInA>(kOp, a, stream);
+    return a.group == 128 ? launch_v4<1, kFold>(kOp, a, stream)
+                          : launch_v4<1, kScaleInA>(kOp, a, stream);
+  }
+}
+
+std::vector<SassFact> facts() {
+  return {{"gemv_v4_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
+           {"I2F", "I2FP", "LDG.E.128"}, true,
+           "weights, x, scales and zero points all through cp.async (LDGSTS; no 16-byte LDG), "
+           "mma.sync (HMMA), LOP3 unpack, no integer→float convert"},
+          {"gemv_v4_kernelILi1ELi0E", {}, {"HMMA"}, {"HADD2", "HFMA2", "HMUL2"}, true,
+           "G = 128: the bias folded into the per-group correction, no packed-BF16 arithmetic"}};
+}
+
+constexpr const char* kSummary =
+    "one block per SM, x staged in shared memory, scales in the cp.async ring, bias folded out";
+const Register kRegistered{
+    gemv_version(kInt4iGemv, "v4_persistent_smem_x", kSummary, gemv_v4<kInt4iGemv>, facts())};
+const Register kRegisteredZp{
+    gemv_version(kInt4iZpGemv, "v4_persistent_smem_x", kSummary, gemv_v4<kInt4iZpGemv>, facts())};
+
+}  // namespace
+}  // namespace lkw::gemv

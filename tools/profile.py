@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Launch chosen versions at one bench shape, for a profiler to look at.
+
+The bench times and checks; this only launches, so that Nsight Compute or Nsight Systems sees the
+kernels you ask for and nothing else. Each launch comes after an L2 flush (as in the bench), and
+is checked against the reference once, first. For example, every section of Nsight Compute on the
+third launch of one version:
+
+    PYTHONPATH=reference ncu --clock-control none --set full -k regex:gemv_v3 -s 2 -c 1 \\
+        python3 tools/profile.py --chapter 06_int4_gemv --op int4i_gemv \\
+        --shape m=1,n=28672,k=8192,g=128 --version v3_mma_split_k --launches 3
+
+--list-shapes prints the shapes the bench has for an op.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reference"))
+
+from lkw import bench  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chapter", required=True)
+    ap.add_argument("--op", required=True)
+    ap.add_argument("--shape", help="a bench shape string of the op, e.g. m=1,n=28672,k=8192,g=128")
+    ap.add_argument("--version", action="append", default=[], help="version id (repeatable; default: all)")
+    ap.add_argument("--launches", type=int, default=3, help="launches of each version")
+    ap.add_argument("--list-shapes", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.chapter not in bench.CHAPTERS:
+        ap.error(f"no bench cases for chapter {args.chapter}")
+    cases = [c for c in bench.CHAPTERS[args.chapter]() if c.op == args.op]
+    if not cases:
+        ap.error(f"chapter {args.chapter} has no bench cases for op {args.op}")
+    if args.list_shapes or not args.shape:
+        print("\n".join(c.shape for c in cases))
+        return 0
+    case = next((c for c in cases if c.shape == args.shape), None)
+    if case is None:
+        ap.error(f"no shape {args.shape} for {args.op} (--list-shapes prints them)")
+    versions = bench.versions_of(args.chapter, args.op)
+    if args.version:
+        versions = [v for v in versions if v["id"] in args.version]
+        missing = set(args.version) - {v["id"] for v in versions}
+        if missing:
+            ap.error(f"no version {', '.join(sorted(missing))} of {args.op}")
+
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(case.seed)
+    typed_inputs, typed_outputs = case.make(torch, gen)
+    inputs, outputs = bench._raw(typed_inputs), bench._raw(typed_outputs)
+    expected = bench._reference(case, [bench._host_bits(t) for t in inputs])
+    ext = bench.ext()
+    status = 0
+    for v in versions:
+        for i in range(args.launches):
+            ext.flush_l2()
+            ext.launch(v["name"], inputs, outputs, params=case.params, dtypes=case.dtypes)
+            if i == 0:
+                torch.cuda.synchronize()
+                check = bench._verify(case, inputs, outputs, expected)
+                print(f"{v['name']} {case.shape}: {'ok' if check['pass'] else 'WRONG ' + check['text'][:200]}")
+                status |= not check["pass"]
+        torch.cuda.synchronize()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
