@@ -288,9 +288,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   ln.lane = threadIdx.x % 32;
   ln.g = ln.lane / 4;
   ln.t = ln.lane % 4;
-  const int split = blockIdx.x % p.splits;
-  const int block = blockIdx.x / p.splits;                           // within the split
-  const int blocks = (gridDim.x - split + p.splits - 1) / p.splits;  // of the split
+  // Grid (blocks per split, S). No run-time division anywhere in the kernel: the SASS check
+  // holds it to no I2F, which is what an integer division compiles to.
+  const int split = blockIdx.y, block = blockIdx.x, blocks = gridDim.x;
   ln.k_begin = split * p.k_split;
   ln.k_len = min(p.k - ln.k_begin, p.k_split);
   ln.iters = (ln.k_len + kIterK - 1) / kIterK;
@@ -300,19 +300,24 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   const int words = (128 >> p.group_shift) + 1;  // scale words per row and step
 #pragma unroll
   for (int pass = 0; pass < 3; ++pass) {
-    const int task = ln.lane + 32 * pass;
+    int task = ln.lane + 32 * pass, r = 0;
     ln.task_on[pass] = task < kTileRows * words;
-    ln.task_r[pass] = ln.task_on[pass] ? task / words : 0;
-    ln.task_j[pass] = task % words;
+    while (task >= words && r < kTileRows - 1) {  // task / words and task % words, once
+      task -= words;
+      ++r;
+    }
+    ln.task_r[pass] = r;
+    ln.task_j[pass] = task;
   }
 
   // The x slice: 16-byte async copies, zero past the end of K (the tail's weights are zero-filled
   // too, and zero x makes the tail add nothing whatever its scale).
-  for (int c = threadIdx.x; c < p.m * row_chunks; c += blockDim.x) {
-    const int r = c / row_chunks, cc = c % row_chunks;
-    const bool valid = 8 * cc < ln.k_len;
-    cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
-                p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
+  for (int r = 0; r < p.m; ++r) {
+    for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
+      const bool valid = 8 * cc < ln.k_len;
+      cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
+                  p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
+    }
   }
   cp_async_commit();
 
@@ -320,13 +325,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   // them tile by tile, the copies kStages − 1 steps ahead of the compute.
   Stage* my_ring = ring + warp * kStages;
   const int first = block + blocks * warp, stride = blocks * kWarps;
-  const int my_tiles = first < p.tiles ? (p.tiles - first + stride - 1) / stride : 0;
-  const int steps = my_tiles * ln.iters;
   constexpr bool kZp = kMode == kZeroPoints;
   int copy_tile = first, copy_it = 0;  // the next step to copy
   CopyTile ct = copy_tile_of<kZp>(p, ln, first);
   auto copy_next = [&](int s) {
-    if (s < steps) {
+    if (copy_tile < p.tiles) {
       copy_step<kZp>(my_ring[s % kStages], p, ln, ct, copy_it);
       if (++copy_it == ln.iters) {
         copy_it = 0;
@@ -381,8 +384,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   float acc[kNTiles][4] = {};
   int tile = first, it = 0;
   start_tile(tile);
-  // BEGIN SOLUTION: for s in 0 .. steps − 1: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store_tile(p, acc, tile, split, ...), zero acc, next tile (start_tile), it = 0.
-  for (int s = 0; s < steps; ++s) {
+  // BEGIN SOLUTION: for s = 0, 1, ... while tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store_tile(p, acc, tile, split, ...), zero acc, next tile (start_tile), it = 0.
+  for (int s = 0; tile < p.tiles; ++s) {
     __syncwarp();
     copy_next(s + kStages - 1);
     cp_async_wait<kStages - 1>();
@@ -462,11 +465,11 @@ Status launch_v4(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
     Status s = workspace(tiles * plan.splits * a.m * kTileRows, tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
   }
-  // One block per SM, rounded down to whole splits' worth only when S does not divide #SM: a
-  // split with fewer blocks would set the pace.
+  // One block per SM, the same number for every split (rounded down when S does not divide
+  // #SM: a split with fewer blocks would set the pace).
   const int sms = sm_count();
-  const int blocks = std::max(plan.splits, sms / plan.splits * plan.splits);
-  kernel<<<blocks, kWarps * 32, plan.smem, stream>>>(p);
+  const unsigned per_split = unsigned(std::max(1, sms / plan.splits));
+  kernel<<<dim3(per_split, unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
   return last_launch_status(op.name);
 }
 
