@@ -167,7 +167,7 @@ template <bool kZp>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
-  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while kk + 128u + 32t < k_len. Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 24 lines)
+  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while kk + 128u + 32t < k_len. Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 26 lines)
 }
 
 // What a lane needs to compute the steps of one tile: where its rows' scales sit in a stage's
@@ -202,19 +202,20 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
       s[r] = reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
       s2[r] = __bfloat162bfloat162(s[r]);
       if constexpr (kMode == kZeroPoints) {
-        const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 % 8) + ln.go[u]))) & 0xfu;
+        const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 & 7) + ln.go[u]))) & 0xfu;
         neg_zs2[r] = neg_zero_times_scale(z, s[r]);
       }
     }
-    float sums[kNTiles][4] = {};
-    float(&c)[kNTiles][4] = kMode == kFold ? sums : acc;
+    // With the fold, two sets of sums (words 0, 2 and 1, 3): two mma chains of four instead of
+    // one of eight, so that one word's mma does not wait for the previous word's.
+    float sums[2][kNTiles][4] = {};
     const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // TODO(exercise): unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3. (about 18 lines)
+      // TODO(exercise): unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3, into sums[i % 2][j] (the fold) or acc[j]. (about 19 lines)
     }
     if constexpr (kMode == kFold) {
-      // TODO(exercise): group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]). (about 11 lines)
+      // TODO(exercise): group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums[0] + sums[1] − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]). (about 14 lines)
     }
   }
 }
@@ -291,19 +292,23 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   cp_async_wait<kStages - 1>();
   __syncthreads();
   if constexpr (kMode == kFold) {
-    const int groups_l = p.k_split / 128;
-    for (int idx = threadIdx.x; idx < groups_l * 8 * kNTiles; idx += blockDim.x) {
+    // Half a warp per (group, row of x): each lane adds one 16-byte chunk of the group's 128
+    // elements, then four shuffles add the 16 lanes. Rows past M get 0 (their columns are never
+    // stored). blockDim is a multiple of 32, so every half warp is whole in every round.
+    const int pairs = (p.k_split / 128) * 8 * kNTiles;
+    const int half = threadIdx.x % 16;
+    for (int idx = threadIdx.x / 16; idx < pairs; idx += blockDim.x / 16) {
       const int gl = idx / (8 * kNTiles), m = idx % (8 * kNTiles);
       float sum = 0.0f;
       if (m < p.m) {
-        for (int cc = 16 * gl; cc < 16 * gl + 16; ++cc) {
-          const uint4 v = x_sh[x_chunk(m, cc, row_chunks)];
-          sum += bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
-                 bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
-                 bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
-        }
+        const uint4 v = x_sh[x_chunk(m, 16 * gl + half, row_chunks)];
+        sum = bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
+              bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
+              bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
       }
-      xsum_sh[idx] = sum;
+#pragma unroll
+      for (int offset = 8; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (half == 0) xsum_sh[idx] = sum;
     }
     __syncthreads();
   }

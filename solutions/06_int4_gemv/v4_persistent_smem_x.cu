@@ -172,7 +172,9 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const bool valid = kk + 128 * u + 32 * ln.t < ln.k_len;
-      cp_async_16(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? (kk + 128 * u) / 32 : 0), valid);
+      // (kk + 128u) / 32 as it·8 + 4u: kk is never negative, but a signed division by 32 would
+      // still round toward zero in two extra instructions.
+      cp_async_16(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * 8 + 4 * u : 0), valid);
     }
   }
   const int g0 = (ln.k_begin + kk) >> p.group_shift;
@@ -182,13 +184,13 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
       const int left = c.scales_left[pass] - g0;  // scales from this word to the tensor's end
       const int bytes = left >= 2 ? 4 : left == 1 ? 2 : 0;
       cp_async_4(&st.scales[ln.task_r[pass]][ln.task_j[pass]],
-                 bytes ? c.scale_word[pass] + g0 / 2 : c.scale_word[pass] - ln.task_j[pass], bytes);
+                 bytes ? c.scale_word[pass] + (g0 >> 1) : c.scale_word[pass] - ln.task_j[pass], bytes);
     }
   }
   if constexpr (kZp) {
     if (ln.lane < kTileRows) {
       const bool valid = g0 < ln.groups;
-      cp_async_4(&st.zeros[ln.lane], c.zero_row + (valid ? g0 / 8 : 0), valid ? 4 : 0);
+      cp_async_4(&st.zeros[ln.lane], c.zero_row + (valid ? g0 >> 3 : 0), valid ? 4 : 0);
     }
   }
   // END SOLUTION
@@ -226,16 +228,17 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
       s[r] = reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
       s2[r] = __bfloat162bfloat162(s[r]);
       if constexpr (kMode == kZeroPoints) {
-        const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 % 8) + ln.go[u]))) & 0xfu;
+        const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 & 7) + ln.go[u]))) & 0xfu;
         neg_zs2[r] = neg_zero_times_scale(z, s[r]);
       }
     }
-    float sums[kNTiles][4] = {};
-    float(&c)[kNTiles][4] = kMode == kFold ? sums : acc;
+    // With the fold, two sets of sums (words 0, 2 and 1, 3): two mma chains of four instead of
+    // one of eight, so that one word's mma does not wait for the previous word's.
+    float sums[2][kNTiles][4] = {};
     const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // BEGIN SOLUTION: unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3.
+      // BEGIN SOLUTION: unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3, into sums[i % 2][j] (the fold) or acc[j].
       const uint32_t word_lo = i == 0 ? w_lo.x : i == 1 ? w_lo.y : i == 2 ? w_lo.z : w_lo.w;
       const uint32_t word_hi = i == 0 ? w_hi.x : i == 1 ? w_hi.y : i == 2 ? w_hi.z : w_hi.w;
       uint32_t a_lo[4], a_hi[4];
@@ -248,26 +251,30 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
       }
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
-        const uint4 xv = cl.x[j][i / 2][kk / 8 + 16 * u + i];
+        const uint4 xv = cl.x[j][i / 2][it * 32 + 16 * u + i];  // chunk kk/8 + 16u + i
         const uint32_t a0[4] = {a_lo[0], a_hi[0], a_lo[1], a_hi[1]};
         const uint32_t a1[4] = {a_lo[2], a_hi[2], a_lo[3], a_hi[3]};
-        mma_bf16_16816(c[j], a0, xv.x, xv.y);
-        mma_bf16_16816(c[j], a1, xv.z, xv.w);
+        float(&c)[4] = kMode == kFold ? sums[i % 2][j] : acc[j];
+        mma_bf16_16816(c, a0, xv.x, xv.y);
+        mma_bf16_16816(c, a1, xv.z, xv.w);
       }
       // END SOLUTION
     }
     if constexpr (kMode == kFold) {
-      // BEGIN SOLUTION: group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]).
+      // BEGIN SOLUTION: group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums[0] + sums[1] − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]).
       const float s_lo = bf16_to_f32(s[0]), s_hi = bf16_to_f32(s[1]);
-      const int group = kk / 128 + u;
+      const int group = 2 * it + u;  // kk/128 + u
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         const float2 xs =
             *reinterpret_cast<const float2*>(xsum_sh + group * 8 * kNTiles + 8 * j + 2 * ln.t);
-        acc[j][0] = fmaf(s_lo, fmaf(-136.0f, xs.x, sums[j][0]), acc[j][0]);
-        acc[j][1] = fmaf(s_lo, fmaf(-136.0f, xs.y, sums[j][1]), acc[j][1]);
-        acc[j][2] = fmaf(s_hi, fmaf(-136.0f, xs.x, sums[j][2]), acc[j][2]);
-        acc[j][3] = fmaf(s_hi, fmaf(-136.0f, xs.y, sums[j][3]), acc[j][3]);
+        float sum[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[e] = sums[0][j][e] + sums[1][j][e];
+        acc[j][0] = fmaf(s_lo, fmaf(-136.0f, xs.x, sum[0]), acc[j][0]);
+        acc[j][1] = fmaf(s_lo, fmaf(-136.0f, xs.y, sum[1]), acc[j][1]);
+        acc[j][2] = fmaf(s_hi, fmaf(-136.0f, xs.x, sum[2]), acc[j][2]);
+        acc[j][3] = fmaf(s_hi, fmaf(-136.0f, xs.y, sum[3]), acc[j][3]);
       }
       // END SOLUTION
     }
@@ -346,19 +353,23 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   cp_async_wait<kStages - 1>();
   __syncthreads();
   if constexpr (kMode == kFold) {
-    const int groups_l = p.k_split / 128;
-    for (int idx = threadIdx.x; idx < groups_l * 8 * kNTiles; idx += blockDim.x) {
+    // Half a warp per (group, row of x): each lane adds one 16-byte chunk of the group's 128
+    // elements, then four shuffles add the 16 lanes. Rows past M get 0 (their columns are never
+    // stored). blockDim is a multiple of 32, so every half warp is whole in every round.
+    const int pairs = (p.k_split / 128) * 8 * kNTiles;
+    const int half = threadIdx.x % 16;
+    for (int idx = threadIdx.x / 16; idx < pairs; idx += blockDim.x / 16) {
       const int gl = idx / (8 * kNTiles), m = idx % (8 * kNTiles);
       float sum = 0.0f;
       if (m < p.m) {
-        for (int cc = 16 * gl; cc < 16 * gl + 16; ++cc) {
-          const uint4 v = x_sh[x_chunk(m, cc, row_chunks)];
-          sum += bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
-                 bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
-                 bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
-        }
+        const uint4 v = x_sh[x_chunk(m, 16 * gl + half, row_chunks)];
+        sum = bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
+              bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
+              bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
       }
-      xsum_sh[idx] = sum;
+#pragma unroll
+      for (int offset = 8; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (half == 0) xsum_sh[idx] = sum;
     }
     __syncthreads();
   }
