@@ -107,6 +107,19 @@ if data:
     plt.show()
 
 # %% [markdown]
+# ## Reading the panels
+#
+# - `v0` … `v2` do their multiply-adds on the CUDA cores: one FMA per weight and row of x, so
+#   their curves fall as M grows.
+# - `v3` and `v4` hand the multiply-adds to the tensor cores: their time is nearly flat in M, so
+#   their speed-up follows the dashed line's shape, below it by a factor that is the same at every
+#   M up to 8. That factor is the unpack: the SM still moves every nibble into a BF16 mantissa
+#   itself, and at M = 1 that instruction stream, not HBM, sets the pace (the book's chapter 06
+#   has the profile).
+# - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
+#   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
+
+# %% [markdown]
 # ## Try
 #
 # - Predict from the ideal curve where the INT4 advantage would vanish if M kept growing, then

@@ -36,11 +36,14 @@
 // split costs partial sums and per-tile work, so no more). M > 8 uses two n-tiles and scales in
 // A: the fold's second set of sums would not fit in 128 registers.
 //
-// Expect: no waits on global memory inside the loop (the stalls move to the unpack's ALU work
-// and the mma chain); at M ≥ 4 clearly faster than v3, whose x traffic grows with M; at M = 1
-// still short of the bound: a step is ~250 warp instructions for 4096 weights, and with 14–16
-// warps per SM the SMs cannot issue them fast enough for HBM's 4 TB/s. DRAM bytes within a few %
-// of the model (x is read once per block from L2).
+// Expect: no waits on global memory inside the loop (the stalls move to the unpack's ALU work,
+// the mma chains and plain issue); faster than v3 from M = 2 up at the large shapes and far
+// faster at M = 16, whose x traffic v3 pays per tile; at M = 1 still short of the bound, because
+// a step's unpack (7 ALU instructions per word of 8 weights) and bookkeeping for 4096 weights,
+// with one tile per warp and 14–16 warps per SM, cannot be issued as fast as HBM delivers them;
+// slower than v3 at the small shapes, where staging x is a visible part of a few microseconds.
+// DRAM bytes within a few % of the model at M ≤ 8 (x is read once per block, from L2); at M = 16
+// the split-K partial sums add to it.
 // SASS: the weights, x, scales and zero points as LDGSTS, HMMA, no I2F, no local memory; the
 // G = 128, M ≤ 8 kernel has no packed-BF16 arithmetic at all.
 #include <algorithm>
