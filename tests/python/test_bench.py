@@ -108,3 +108,15 @@ def test_replay_prints_the_recorded_h200_tables():
         if (REPO / "results" / "h200" / f"{chapter}.json").exists():
             assert "NVIDIA H200" in out and "copy ceiling" in out
     assert "v1_vec16" in out
+
+
+def test_profile_lists_an_ops_bench_shapes_and_refuses_unknown_ones():
+    run = lambda *a: subprocess.run([sys.executable, str(REPO / "tools" / "profile.py"), *a],
+                                    capture_output=True, text=True, cwd=REPO)
+    listed = run("--chapter", "06_int4_gemv", "--op", "int4i_gemv", "--list-shapes")
+    assert listed.returncode == 0, listed.stderr
+    assert "m=1,n=28672,k=8192,g=128" in listed.stdout.split()
+    bad_op = run("--chapter", "06_int4_gemv", "--op", "no_such_op", "--list-shapes")
+    assert bad_op.returncode == 2 and "no bench cases for op no_such_op" in bad_op.stderr
+    bad_shape = run("--chapter", "06_int4_gemv", "--op", "int4i_gemv", "--shape", "m=3,n=1,k=1,g=1")
+    assert bad_shape.returncode == 2 and "no shape m=3,n=1,k=1,g=1" in bad_shape.stderr
