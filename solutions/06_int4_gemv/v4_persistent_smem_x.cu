@@ -506,21 +506,23 @@ Status gemv_v4(const GemvArgs& a, cudaStream_t stream) {
   }
 }
 
-std::vector<SassFact> facts() {
-  return {{"gemv_v4_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
+std::vector<SassFact> facts(bool zero_points) {
+  std::vector<SassFact> f = {{"gemv_v4_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
            "weights, x, scales and zero points all through cp.async (LDGSTS; no 16-byte LDG), "
-           "mma.sync (HMMA), LOP3 unpack, no integer→float convert"},
-          {"gemv_v4_kernelILi1ELi0E", {}, {"HMMA"}, {"HADD2", "HFMA2", "HMUL2"}, true,
-           "G = 128: the bias folded into the per-group correction, no packed-BF16 arithmetic"}};
+           "mma.sync (HMMA), LOP3 unpack, no integer→float convert"}};
+  if (!zero_points)  // the kernel the op without zero points runs at G = 128, M ≤ 8
+    f.push_back({"gemv_v4_kernelILi1ELi0E", {}, {"HMMA"}, {"HADD2", "HFMA2", "HMUL2"}, true,
+                 "G = 128: the bias folded into the per-group correction, no packed-BF16 arithmetic"});
+  return f;
 }
 
 constexpr const char* kSummary =
     "one block per SM, x staged in shared memory, scales in the cp.async ring, bias folded out";
 const Register kRegistered{
-    gemv_version(kInt4iGemv, "v4_persistent_smem_x", kSummary, gemv_v4<kInt4iGemv>, facts())};
+    gemv_version(kInt4iGemv, "v4_persistent_smem_x", kSummary, gemv_v4<kInt4iGemv>, facts(false))};
 const Register kRegisteredZp{
-    gemv_version(kInt4iZpGemv, "v4_persistent_smem_x", kSummary, gemv_v4<kInt4iZpGemv>, facts())};
+    gemv_version(kInt4iZpGemv, "v4_persistent_smem_x", kSummary, gemv_v4<kInt4iZpGemv>, facts(true))};
 
 }  // namespace
 }  // namespace lkw::gemv
