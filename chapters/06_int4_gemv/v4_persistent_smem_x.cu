@@ -58,7 +58,7 @@ namespace {
 
 using namespace mma;
 
-constexpr int kWarps = 16;  // per block; one block per SM
+constexpr int kWarps = 16;  // at most, per block; one block per SM (the host may launch fewer)
 constexpr int kIterK = 256;  // k per step: 4 lanes × 2 chunks × 32, as v3
 constexpr int kMaxSplits = 64;
 constexpr int kScaleWords = 6;  // per row and stage: up to 128/G + 1 = 5 words of scales, padded
@@ -122,9 +122,17 @@ struct Lane {
   int k_begin, k_len, iters;  // this block's split: k offset, length, steps per tile
   int groups;                 // K / G
   int go[2];                  // the group of chunk u within a step, counted from its first
+  int valid_steps[2];         // the steps of a tile in which chunk u of the lane lies inside K
   int task_r[3], task_j[3];
   bool task_on[3];
 };
+
+// Scale tasks per lane: 16 rows × (128/G + 1) words over 32 lanes; the fold runs at G = 128 only,
+// where one task per lane covers them all.
+template <int kMode>
+constexpr int passes_for() {
+  return kMode == 0 ? 1 : 3;
+}
 
 // What a lane needs to copy the steps of one tile, set once per tile: the start of its weight
 // chunks in rows g and g + 8; per scale task the word it copies at g0 = 0 and how many scales
@@ -139,7 +147,7 @@ struct CopyTile {
 
 __device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t n) { return row < n ? row : n - 1; }
 
-template <bool kZp>
+template <bool kZp, int kPasses>
 __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln, int tile) {
   CopyTile c;
 #pragma unroll
@@ -149,7 +157,7 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
   }
   const int64_t total = p.n * ln.groups;  // scales in the tensor
 #pragma unroll
-  for (int pass = 0; pass < 3; ++pass) {
+  for (int pass = 0; pass < kPasses; ++pass) {
     // The step's scales of a row start at row·groups + g0 with g0 even: the aligned word
     // (row·groups) / 2 + g0 / 2 holds the first (in its upper half when row·groups is odd).
     const int64_t word =
@@ -166,11 +174,11 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
 // The copies of step `it` of a tile into a stage: each lane its four weight chunks (as v3), the
 // scale words of the 16 rows (128/G + 1 aligned 4-byte words per row around the step's 256/G
 // scales, shared out over the lanes), the zero-point word of each row (lanes 0..15).
-template <bool kZp>
+template <bool kZp, int kPasses>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
-  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while kk + 128u + 32t < k_len. Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 26 lines)
+  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 26 lines)
 }
 
 // What a lane needs to compute the steps of one tile: where its rows' scales sit in a stage's
@@ -228,7 +236,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   constexpr int kStages = stages_for<kNTiles>();
   extern __shared__ uint4 smem[];
   Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
-  uint4* x_sh = smem + kWarps * kStages * sizeof(Stage) / 16;  // [M][k_split / 8] swizzled
+  const int warps = blockDim.x / 32;
+  uint4* x_sh = smem + warps * kStages * sizeof(Stage) / 16;  // [M][k_split / 8] swizzled
   const int row_chunks = p.k_split / 8;
   float* xsum_sh = reinterpret_cast<float*>(x_sh + p.m * (row_chunks + 1));  // [k_split/128][8·kNTiles]
 
@@ -245,7 +254,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   ln.iters = (ln.k_len + kIterK - 1) / kIterK;
   ln.groups = p.k >> p.group_shift;
 #pragma unroll
-  for (int u = 0; u < 2; ++u) ln.go[u] = (128 * u + 32 * ln.t) >> p.group_shift;
+  for (int u = 0; u < 2; ++u) {
+    ln.go[u] = (128 * u + 32 * ln.t) >> p.group_shift;
+    ln.valid_steps[u] = max(0, ln.k_len - 128 * u - 32 * ln.t + kIterK - 1) >> 8;  // / kIterK
+  }
   const int words = (128 >> p.group_shift) + 1;  // scale words per row and step
 #pragma unroll
   for (int pass = 0; pass < 3; ++pass) {
@@ -270,20 +282,21 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
   }
   cp_async_commit();
 
-  // This warp's tiles: block + blocks·(warp + kWarps·n), n = 0, 1, ...; its steps run through
+  // This warp's tiles: block + blocks·(warp + warps·n), n = 0, 1, ...; its steps run through
   // them tile by tile, the copies kStages − 1 steps ahead of the compute.
   Stage* my_ring = ring + warp * kStages;
-  const int first = block + blocks * warp, stride = blocks * kWarps;
+  const int first = block + blocks * warp, stride = blocks * warps;
   constexpr bool kZp = kMode == kZeroPoints;
+  constexpr int kPasses = passes_for<kMode>();
   int copy_tile = first, copy_it = 0;  // the next step to copy
-  CopyTile ct = copy_tile_of<kZp>(p, ln, first);
+  CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, first);
   auto copy_next = [&](int s) {
     if (copy_tile < p.tiles) {
-      copy_step<kZp>(my_ring[s % kStages], p, ln, ct, copy_it);
+      copy_step<kZp, kPasses>(my_ring[s % kStages], p, ln, ct, copy_it);
       if (++copy_it == ln.iters) {
         copy_it = 0;
         copy_tile += stride;
-        ct = copy_tile_of<kZp>(p, ln, copy_tile);
+        ct = copy_tile_of<kZp, kPasses>(p, ln, copy_tile);
       }
     }
     cp_async_commit();  // always, so that the group count stays in step
@@ -347,12 +360,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
 struct Plan {
   int64_t k_split;  // a multiple of kIterK
   int splits;
+  int warps;  // per block
   size_t smem;
 };
 
 template <int kNTiles>
-size_t smem_bytes(int64_t m, int64_t k_split) {
-  return size_t(kWarps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 +
+size_t smem_bytes(int64_t m, int64_t k_split, int warps = kWarps) {
+  return size_t(warps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 +
          size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
 }
 
@@ -368,7 +382,12 @@ Plan plan_v4(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
   const int64_t cap = std::min<int64_t>({iters, kMaxSplits, sms});
   while (s < cap && 4 * tiles * s < 3 * int64_t(sms / s) * s * kWarps) ++s;
   const int64_t k_split = per_split(s);
-  return {k_split, int(ceil_div(iters, k_split / kIterK)), smem_bytes<kNTiles>(m, k_split)};
+  const int splits = int(ceil_div(iters, k_split / kIterK));
+  // Always 16 warps. (Measured: launching 14 so that 1792 tiles of M = 8 in two splits go in two
+  // whole rounds instead of a whole one and a 70% one made it slower: the SMs need the warps more
+  // than the last round needs to be full.)
+  const int warps = kWarps;
+  return {k_split, splits, warps, smem_bytes<kNTiles>(m, k_split, warps)};
 }
 
 size_t smem_optin() {
@@ -404,7 +423,7 @@ Status launch_v4(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   // #SM: a split with fewer blocks would set the pace).
   const int sms = sm_count();
   const unsigned per_split = unsigned(std::max(1, sms / plan.splits));
-  kernel<<<dim3(per_split, unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
+  kernel<<<dim3(per_split, unsigned(plan.splits)), unsigned(plan.warps) * 32, plan.smem, stream>>>(p);
   return last_launch_status(op.name);
 }
 
