@@ -360,13 +360,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) gemv_v4_kernel(const Params p)
 struct Plan {
   int64_t k_split;  // a multiple of kIterK
   int splits;
-  int warps;  // per block
   size_t smem;
 };
 
 template <int kNTiles>
-size_t smem_bytes(int64_t m, int64_t k_split, int warps = kWarps) {
-  return size_t(warps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 +
+size_t smem_bytes(int64_t m, int64_t k_split) {
+  return size_t(kWarps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 +
          size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
 }
 
@@ -383,11 +382,7 @@ Plan plan_v4(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
   while (s < cap && 4 * tiles * s < 3 * int64_t(sms / s) * s * kWarps) ++s;
   const int64_t k_split = per_split(s);
   const int splits = int(ceil_div(iters, k_split / kIterK));
-  // Always 16 warps. (Measured: launching 14 so that 1792 tiles of M = 8 in two splits go in two
-  // whole rounds instead of a whole one and a 70% one made it slower: the SMs need the warps more
-  // than the last round needs to be full.)
-  const int warps = kWarps;
-  return {k_split, splits, warps, smem_bytes<kNTiles>(m, k_split, warps)};
+  return {k_split, splits, smem_bytes<kNTiles>(m, k_split)};
 }
 
 size_t smem_optin() {
@@ -423,7 +418,10 @@ Status launch_v4(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   // #SM: a split with fewer blocks would set the pace).
   const int sms = sm_count();
   const unsigned per_split = unsigned(std::max(1, sms / plan.splits));
-  kernel<<<dim3(per_split, unsigned(plan.splits)), unsigned(plan.warps) * 32, plan.smem, stream>>>(p);
+  // Always 16 warps. (Measured: launching 14, so that 1792 tiles of M = 8 in two splits go out
+  // in two whole rounds instead of a whole one and a 70% one, was slower: the SMs need the warps
+  // more than the last round needs to be full.)
+  kernel<<<dim3(per_split, unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
   return last_launch_status(op.name);
 }
 
