@@ -1,13 +1,14 @@
 // Chapter 06 checks that need no GPU: the refusals the generic Validation suite does not reach
 // (M past 16, a group size that is none, zero points without whole words, the 16-byte alignment
-// of the vectorized versions, an output overlapping an input, shapes that disagree) and the
-// byte model, which the bench divides by.
+// of the vectorized versions, an output overlapping an input, shapes that disagree), the byte
+// model, which the bench divides by, and the persistent versions' choice of split.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "int4_gemv.cuh"
+#include "mma_gemv.cuh"
 
 namespace lkw::gemv {
 namespace {
@@ -158,6 +159,27 @@ TEST(HostModel, BytesCountEveryTensorOnce) {
       EXPECT_DOUBLE_EQ(v->flops(fake_args(*op, m, n, k, g)), 2.0 * m * n * k) << v->name();
     }
   }
+}
+
+// plan_splits(tiles, iters, sms, warps, s_min, s_max) on the H200's 132 SMs, 16 warps a block.
+TEST(HostPlan, SplitsOnlyWhereTheTilesLeaveWarpsIdle) {
+  // 28672 × 8192: 1792 tiles already give every block 14 tiles: no split.
+  EXPECT_EQ(mma::plan_splits(1792, 32, 132, 16, 1, 32), 1);
+  // 8192 × 28672: 512 tiles leave most warps idle: split until each block has about 16.
+  const int64_t s = mma::plan_splits(512, 112, 132, 16, 1, 64);
+  EXPECT_GE(s, 3);
+  EXPECT_LE(s, 5);
+  // A handful of tiles: split far, but never past the steps there are.
+  EXPECT_GT(mma::plan_splits(3, 16, 132, 16, 1, 16), 8);
+  EXPECT_LE(mma::plan_splits(3, 16, 132, 16, 1, 16), 16);
+}
+
+TEST(HostPlan, PrefersSplitsThatFillTheBlocksEvenly) {
+  // 512 tiles and a slice that fits only from S = 7: 7 splits give 18 blocks each, 29 tiles on the
+  // busiest (16 steps); 8 give 16 blocks of exactly 32 tiles (14 steps), less time on the busiest.
+  EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 7, 64), 8);
+  // s_min is a floor, whatever the model says.
+  EXPECT_GE(mma::plan_splits(1792, 32, 132, 16, 4, 32), 4);
 }
 
 }  // namespace
