@@ -140,6 +140,29 @@ inline Status workspace(int64_t floats, int64_t tiles, float** partials, unsigne
   return {};
 }
 
+// How far a persistent kernel splits K: one block of `warps` warps per SM, the blocks divided
+// evenly among S splits (B = ⌊sms / S⌋ each), a warp taking whole tiles of its split in turn. Of
+// the S from `s_min` (the smallest whose footprint fits) up to `s_max`, the one that minimizes a
+// model of the busiest block's time: it holds T = ⌈tiles / B⌉ tiles of ⌈iters / S⌉ steps, plus one
+// step's worth per tile for its store and partial sums. With enough of its warps busy the block
+// streams, and its time is its steps, T·(steps + 1); with too few, each warp's chain of
+// ⌈T / warps⌉ tiles is the time, a warp alone taking about kWarpsToStream times as long per step
+// as a streaming SM (the model's one assumption: about that many warps keep an SM streaming).
+// Ties go to the smaller S: fewer partial sums.
+inline int64_t plan_splits(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min,
+                           int64_t s_max) {
+  constexpr int64_t kWarpsToStream = 12;
+  int64_t best = s_min, best_time = -1;
+  for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
+    const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
+    const int64_t steps = ceil_div(iters, s) + 1;
+    const int64_t time =
+        std::max(per_block * steps, ceil_div(per_block, warps) * steps * kWarpsToStream);
+    if (best_time < 0 || time < best_time) best = s, best_time = time;
+  }
+  return best;
+}
+
 inline int sm_count() {
   static const int sms = [] {
     int dev = 0, count = 0;

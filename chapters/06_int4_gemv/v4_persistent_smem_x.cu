@@ -32,10 +32,11 @@
 // (tile b + B·(w + 16·n) for block b of B in its split, warp w); its ring streams across tile
 // boundaries, so a new tile starts with its weights already in flight. Split-K (the same
 // workspace and deterministic last-arriver sum as v3) for two reasons: the x slice must fit next
-// to the ring (M × K/S × 2 bytes), and few tiles must still give most warps work. The host takes
-// the smallest S that fits x, raised until tiles·S is at least 3/4 of the 16·#SM warps (each
-// split costs partial sums and per-tile work, so no more). M > 8 uses two n-tiles and scales in
-// A: the fold's second set of sums would not fit in 128 registers.
+// to the ring (M × K/S × 2 bytes), and few tiles must still give most warps work. From the
+// smallest S that fits x the host takes the S that minimizes a model of the busiest block's time
+// (mma::plan_splits: its tiles' steps, or its warps' chains when too few are busy), which also
+// weighs how evenly the tiles fall on the blocks. M > 8 uses two n-tiles and scales in A: the
+// fold's second set of sums would not fit in 128 registers.
 //
 // Expect: no waits on global memory inside the loop (the stalls move to the unpack's ALU work,
 // the mma chains and plain issue); faster than v3 from M = 2 up at the large shapes and far
@@ -369,17 +370,14 @@ size_t smem_bytes(int64_t m, int64_t k_split) {
          size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
 }
 
-// The smallest S whose x slice fits beside the ring, raised until there are tiles·S ≥ 3/4 of
-// the warps: each split costs its partial sums and a tile's fixed work (the store, the next
-// tile's first copies), so S stays as small as keeps most warps streaming.
+// The smallest S whose x slice fits beside the ring, then plan_splits' choice from there.
 template <int kNTiles>
 Plan plan_v4(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
   const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
   auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
   int64_t s = 1;
   while (s < iters && smem_bytes<kNTiles>(m, per_split(s)) > smem_limit) ++s;
-  const int64_t cap = std::min<int64_t>({iters, kMaxSplits, sms});
-  while (s < cap && 4 * tiles * s < 3 * int64_t(sms / s) * s * kWarps) ++s;
+  s = plan_splits(tiles, iters, sms, kWarps, s, std::min<int64_t>({iters, kMaxSplits, sms}));
   const int64_t k_split = per_split(s);
   const int splits = int(ceil_div(iters, k_split / kIterK));
   return {k_split, splits, smem_bytes<kNTiles>(m, k_split)};
