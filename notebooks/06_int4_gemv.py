@@ -111,11 +111,12 @@ if data:
 #
 # - `v0` … `v2` do their multiply-adds on the CUDA cores: one FMA per weight and row of x, so
 #   their curves fall as M grows.
-# - `v3` and `v4` hand the multiply-adds to the tensor cores: their time is nearly flat in M, so
-#   their speed-up follows the dashed line's shape, below it by a factor that is the same at every
-#   M up to 8. That factor is the unpack: the SM still moves every nibble into a BF16 mantissa
-#   itself, and at M = 1 that instruction stream, not HBM, sets the pace (the book's chapter 06
-#   has the profile).
+# - `v3`, `v4` and `v5` hand the multiply-adds to the tensor cores: their time is nearly flat in
+#   M, so their speed-up follows the dashed line's shape, below it by a factor that is the same at
+#   every M up to 8. That factor is the work around the mma: the SM still moves every nibble into
+#   a mantissa itself, and at M = 1 that instruction stream, not HBM, sets the pace (the book's
+#   chapter 06 has the profile and the probe that takes it apart). `v5` unpacks into FP16, two
+#   nibbles per half word, and gains at M ≤ 2; from M = 4 it runs `v4`'s kernel.
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 

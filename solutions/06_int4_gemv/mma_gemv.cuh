@@ -1,4 +1,4 @@
-// The tensor-core GEMV's building blocks, shared by v3_mma_split_k and v4_persistent_smem_x:
+// The tensor-core GEMV's building blocks, shared by v3_mma_split_k, v4 and v5 (persistent_gemv.cuh):
 // async copies, the mma, the A-operand unpack, a tile's store with split-K, and the host's
 // split-K workspace.
 #pragma once
@@ -50,6 +50,15 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
 #error "mma.sync.m16n8k16 with BF16 needs sm_80 or newer"
 #endif
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same with FP16 A and B (v5's fold: x converted to FP16, the weights 1024 + q or 1024 + 16q).
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

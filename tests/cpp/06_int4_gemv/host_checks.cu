@@ -77,7 +77,8 @@ TEST(HostValidation, ZeroPointsNeedWholeWords) {
 TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
   for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
     for (const Version* v : versions_of(*op)) {
-      if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k" && v->id != "v4_persistent_smem_x")
+      if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k" && v->id != "v4_persistent_smem_x" &&
+          v->id != "v5_f16_activations")
         continue;
       Fake at;
       at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
@@ -89,7 +90,7 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
 TEST(HostValidation, V4NeedsScalesInWholeWords) {
   for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
     for (const Version* v : versions_of(*op)) {
-      if (v->id != "v4_persistent_smem_x") continue;
+      if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations") continue;
       Fake at;
       at.scales += 2;  // aligned for BF16, not for the 4-byte copies of v4
       expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "scales must be 4-byte aligned");

@@ -1,0 +1,583 @@
+// The persistent tensor-core GEMV of v4_persistent_smem_x and v5_f16_activations: one block of
+// 16 warps per SM, x staged in shared memory, a cp.async ring per warp with the weights, scales
+// and zero points of each step, split-K by a model of the busiest block (mma::plan_splits). The
+// versions' files say what each changes and why; this header holds the kernel they share, by mode:
+//   kFold, kScaleInA, kZeroPoints   v4 (and v5 away from G = 128, M ≤ 8)
+//   kFoldF16                        v5 at G = 128, M ≤ 8: x in FP16, the FP16 magic unpack
+#pragma once
+#include <algorithm>
+#include <string>
+
+#include "02_int4_dequant/dequant.cuh"
+#include "int4_gemv.cuh"
+#include "mma_gemv.cuh"
+
+namespace lkw::gemv::persistent {
+
+using namespace mma;
+
+constexpr int kWarps = 16;  // at most, per block; one block per SM (the host may launch fewer)
+constexpr int kIterK = 256;  // k per step: 4 lanes × 2 chunks × 32, as v3
+constexpr int kMaxSplits = 64;
+constexpr int kScaleWords = 6;  // per row and stage: up to 128/G + 1 = 5 words of scales, padded
+
+// kFold: G = 128, M ≤ 8, the −8 folded into a per-group correction (v4); kScaleInA: the scale
+// (and with kZeroPoints the zero point) applied to the weights in A (v3); kFoldF16: the fold with
+// x in FP16, two pairs of nibbles per word out of one shift (v5).
+enum Mode : int { kFold = 0, kScaleInA = 1, kZeroPoints = 2, kFoldF16 = 3 };
+template <int kMode>
+constexpr bool is_f16() {
+  return kMode == kFoldF16;
+}
+template <int kMode>
+constexpr bool folds() {
+  return kMode == kFold || is_f16<kMode>();
+}
+
+template <int kNTiles>
+constexpr int stages_for() {
+  return kNTiles == 1 ? 4 : 3;  // two n-tiles: more registers, a smaller ring leaves room for x
+}
+
+// One stage of a warp's ring: the weights of one step, as v3 ([row r·2 + chunk u][lane]), the
+// scales of the step's groups for its 16 rows and the zero-point words.
+struct Stage {
+  uint4 w[4][32];
+  uint32_t scales[kTileRows][kScaleWords];
+  uint32_t zeros[kTileRows];
+};
+static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
+
+struct Params {
+  const __nv_bfloat16* x;       // [M, K]
+  const uint32_t* w;            // [N, K/8]
+  const __nv_bfloat16* scales;  // [N, K/G], 4-byte aligned
+  const uint32_t* zeros;        // [N, K/G/8] or null
+  __nv_bfloat16* y;             // [M, N]
+  float* partials;              // [tiles, S, M, 16] when S > 1
+  unsigned* arrivals;           // [tiles]
+  int m, k, k_split, splits, group_shift, tiles;
+  int64_t n;
+};
+
+// 4-byte cp.async through L1 (.ca: the only kind that takes 4 bytes), `bytes` of them read
+// (0, 2 or 4), the rest zero-filled.
+__device__ __forceinline__ void cp_async_4(void* dst_sh, const void* src_gl, int bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src_gl), "r"(bytes)
+               : "memory");
+}
+
+// Where 16-byte chunk c (elements 8c .. 8c + 7 of the slice) of row r of x lives, in chunks: rows
+// row_chunks + 1 apart, bit 1 of c flipped by its bit 3 (see compute_step for the banks).
+__device__ __forceinline__ int x_chunk(int r, int c, int row_chunks) {
+  return r * (row_chunks + 1) + (c ^ (((c >> 3) & 1) << 1));
+}
+
+// Eight INT4 of an interleaved word → four pairs of BF16 128 + q: chapter 02's magic number
+// without its subtraction (one LOP3 per pair, a shift between).
+__device__ __forceinline__ void u4_to_bf16_plus128(uint32_t q, uint32_t (&out)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i] = int4::lop3<int4::kAndOr>(q, 0x000f000fu, 0x43004300u);
+    q >>= 4;
+  }
+}
+
+// Eight INT4 of an interleaved word → four pairs of FP16 for the v5 fold, with the magic 1024
+// (0x6400: FP16's ulp is 1 from 1024 to 2048). FP16's 10-bit mantissa holds a nibble in bits
+// 0..3 and another in bits 4..7, so one mask takes pair 0 (nibbles 0, 4: 1024 + q), another
+// pair 1 (nibbles 1, 5: 1024 + 16q, exact), and one shift by 8 brings pairs 2 and 3: four LOP3
+// and one SHF per word, where BF16's 7-bit mantissa needs three shifts. out = {pair 0, pair 2}
+// (1024 + q) and {pair 1, pair 3} (1024 + 16q).
+__device__ __forceinline__ void u4_to_f16_magic_pairs(uint32_t q, uint32_t (&ones)[2],
+                                                      uint32_t (&sixteens)[2]) {
+  ones[0] = int4::lop3<int4::kAndOr>(q, 0x000f000fu, 0x64006400u);
+  sixteens[0] = int4::lop3<int4::kAndOr>(q, 0x00f000f0u, 0x64006400u);
+  q >>= 8;
+  ones[1] = int4::lop3<int4::kAndOr>(q, 0x000f000fu, 0x64006400u);
+  sixteens[1] = int4::lop3<int4::kAndOr>(q, 0x00f000f0u, 0x64006400u);
+}
+
+// What a lane knows about its place, fixed for the whole kernel: the split, and which scale words
+// it copies (task j of pass `pass`: word task_j of row task_r, when task_on).
+struct Lane {
+  int lane, g, t;
+  int k_begin, k_len, iters;  // this block's split: k offset, length, steps per tile
+  int groups;                 // K / G
+  int go[2];                  // the group of chunk u within a step, counted from its first
+  int valid_steps[2];         // the steps of a tile in which chunk u of the lane lies inside K
+  int task_r[3], task_j[3];
+  bool task_on[3];
+};
+
+// Scale tasks per lane: 16 rows × (128/G + 1) words over 32 lanes; the fold runs at G = 128 only,
+// where one task per lane covers them all.
+template <int kMode>
+constexpr int passes_for() {
+  return folds<kMode>() ? 1 : 3;
+}
+
+// What a lane needs to copy the steps of one tile, set once per tile: the start of its weight
+// chunks in rows g and g + 8; per scale task the word it copies at g0 = 0 and how many scales
+// of the tensor lie from there on (capped: only the end of the tensor needs it); its row's
+// zero-point words (lanes 0..15).
+struct CopyTile {
+  const uint4* w[2];
+  const uint32_t* scale_word[3];
+  int scales_left[3];
+  const uint32_t* zero_row;
+};
+
+__device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t n) { return row < n ? row : n - 1; }
+
+template <bool kZp, int kPasses>
+__device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln, int tile) {
+  CopyTile c;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // past N: row N − 1, never written
+    const int64_t row = clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n);
+    c.w[r] = reinterpret_cast<const uint4*>(p.w + row * (p.k / 8)) + (ln.k_begin + 32 * ln.t) / 32;
+  }
+  const int64_t total = p.n * ln.groups;  // scales in the tensor
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    // The step's scales of a row start at row·groups + g0 with g0 even: the aligned word
+    // (row·groups) / 2 + g0 / 2 holds the first (in its upper half when row·groups is odd).
+    const int64_t word =
+        clamp_row(int64_t(tile) * kTileRows + ln.task_r[pass], p.n) * ln.groups / 2 + ln.task_j[pass];
+    c.scale_word[pass] = reinterpret_cast<const uint32_t*>(p.scales) + word;
+    c.scales_left[pass] = int(std::min<int64_t>(total - 2 * word, 1 << 30));
+  }
+  c.zero_row = kZp ? p.zeros + clamp_row(int64_t(tile) * kTileRows + ln.lane % kTileRows, p.n) *
+                                   (ln.groups / 8)
+                   : nullptr;
+  return c;
+}
+
+// The copies of step `it` of a tile into a stage: each lane its four weight chunks (as v3), the
+// scale words of the 16 rows (128/G + 1 aligned 4-byte words per row around the step's 256/G
+// scales, shared out over the lanes), the zero-point word of each row (lanes 0..15).
+template <bool kZp, int kPasses>
+__device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
+                                          const CopyTile& c, int it) {
+  const int kk = it * kIterK;
+  // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const bool valid = it < ln.valid_steps[u];  // kk + 128u + 32t < k_len
+      // (kk + 128u) / 32 as it·8 + 4u: kk is never negative, but a signed division by 32 would
+      // still round toward zero in two extra instructions.
+      cp_async_16(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * 8 + 4 * u : 0), valid);
+    }
+  }
+  const int g0 = (ln.k_begin + kk) >> p.group_shift;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    if (kPasses == 1 || ln.task_on[pass]) {
+      const int left = c.scales_left[pass] - g0;  // scales from this word to the tensor's end
+      const int bytes = left >= 2 ? 4 : left == 1 ? 2 : 0;
+      cp_async_4(&st.scales[ln.task_r[pass]][ln.task_j[pass]],
+                 bytes ? c.scale_word[pass] + (g0 >> 1) : c.scale_word[pass] - ln.task_j[pass], bytes);
+    }
+  }
+  if constexpr (kZp) {
+    if (ln.lane < kTileRows) {
+      const bool valid = g0 < ln.groups;
+      cp_async_4(&st.zeros[ln.lane], c.zero_row + (valid ? g0 >> 3 : 0), valid ? 4 : 0);
+    }
+  }
+  // END SOLUTION
+}
+
+// What a lane needs to compute the steps of one tile: where its rows' scales sit in a stage's
+// words (element (row·groups) & 1 holds g0's: g0 is even), and where its x fragments start.
+// Lane (g, t) reads chunk c = kk/8 + 16u + 4t + i of row 8j + g, at x_chunk: c ^ 2·(t ≥ 2)
+// = kk/8 + 16u + 4t + (i ^ 2·(t ≥ 2)), i.e. i + m or (i − m) with m = 2·(t ≥ 2) for i < 2 and
+// i ≥ 2: two base pointers per n-tile and the word as an immediate offset. The eight lanes of
+// one 16-byte LDS phase (g, g + 1 and t = 0..3) land on eight different 16-byte bank groups:
+// within a row t = 0..3 give i, i + 4, i ^ 2, (i ^ 2) + 4 (mod 8), and the next row is one
+// chunk further. At M = 1 every lane reads row 0: a broadcast.
+template <int kNTiles>
+struct ComputeLane {
+  int scale_at[2][2];     // [row r][chunk u]: the scale's BF16 index in a stage's scale words
+  const uint4* x[kNTiles][2];  // x fragments of word i < 2 at x[j][0] + i, of i ≥ 2 at x[j][1] + i
+};
+
+// One step of a tile: the lane's weights and the rows' scales from the stage, x from the slice,
+// the mma, and per group either the fold's correction and the scale or (scaled in A) nothing.
+template <int kNTiles, int kMode>
+__device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
+                                             const float* xsum_sh, const Params& p,
+                                             const Lane& ln, const ComputeLane<kNTiles>& cl,
+                                             int it, float (&acc)[kNTiles][4]) {
+  const int kk = it * kIterK;
+  const int g0 = (ln.k_begin + kk) >> p.group_shift;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    __nv_bfloat16 s[2];
+    __nv_bfloat162 s2[2], neg_zs2[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s[r] = reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
+      s2[r] = __bfloat162bfloat162(s[r]);
+      if constexpr (kMode == kZeroPoints) {
+        const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 & 7) + ln.go[u]))) & 0xfu;
+        neg_zs2[r] = neg_zero_times_scale(z, s[r]);
+      }
+    }
+    // With the fold, two sets of sums (words 0, 2 and 1, 3): two mma chains of four instead of
+    // one of eight, so that one word's mma does not wait for the previous word's. With the FP16
+    // fold, the chains are pairs 0, 2 (1024 + q) and pairs 1, 3 (1024 + 16q) of every word, and
+    // the first starts from the group's correction (xsum_sh as float4 C fragments, see the kernel).
+    float sums[2][kNTiles][4] = {};
+    if constexpr (kMode == kFoldF16) {
+      const float4 c = reinterpret_cast<const float4*>(xsum_sh)[(2 * it + u) * 4 + ln.t];
+      sums[0][0][0] = c.x;
+      sums[0][0][1] = c.y;
+      sums[0][0][2] = c.z;
+      sums[0][0][3] = c.w;
+    }
+    const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // BEGIN SOLUTION: unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3, into sums[i % 2][j] (the fold) or acc[j]. kFoldF16 (one n-tile): u4_to_f16_magic_pairs of both rows, then mma_f16_16816 of the ones {lo[0], hi[0], lo[1], hi[1]} with x pairs 0 and 2 (the kernel stores them as words 0, 1 of the chunk: xv.x, xv.y) into sums[0], of the sixteens with xv.z, xv.w into sums[1].
+      const uint32_t word_lo = i == 0 ? w_lo.x : i == 1 ? w_lo.y : i == 2 ? w_lo.z : w_lo.w;
+      const uint32_t word_hi = i == 0 ? w_hi.x : i == 1 ? w_hi.y : i == 2 ? w_hi.z : w_hi.w;
+      if constexpr (is_f16<kMode>()) {
+        uint32_t ones_lo[2], ones_hi[2], sixteens_lo[2], sixteens_hi[2];
+        u4_to_f16_magic_pairs(word_lo, ones_lo, sixteens_lo);
+        u4_to_f16_magic_pairs(word_hi, ones_hi, sixteens_hi);
+        const uint4 xv = cl.x[0][i / 2][it * 32 + 16 * u + i];
+        const uint32_t a_ones[4] = {ones_lo[0], ones_hi[0], ones_lo[1], ones_hi[1]};
+        const uint32_t a_sixteens[4] = {sixteens_lo[0], sixteens_hi[0], sixteens_lo[1], sixteens_hi[1]};
+        mma_f16_16816(sums[0][0], a_ones, xv.x, xv.y);  // x's pairs 0, 2 (stored first)
+        mma_f16_16816(sums[1][0], a_sixteens, xv.z, xv.w);
+        continue;
+      }
+      uint32_t a_lo[4], a_hi[4];
+      if constexpr (kMode == kFold) {
+        u4_to_bf16_plus128(word_lo, a_lo);
+        u4_to_bf16_plus128(word_hi, a_hi);
+      } else {
+        unpack_a<true, kMode == kZeroPoints>(word_lo, s2[0], neg_zs2[0], a_lo);
+        unpack_a<true, kMode == kZeroPoints>(word_hi, s2[1], neg_zs2[1], a_hi);
+      }
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const uint4 xv = cl.x[j][i / 2][it * 32 + 16 * u + i];  // chunk kk/8 + 16u + i
+        const uint32_t a0[4] = {a_lo[0], a_hi[0], a_lo[1], a_hi[1]};
+        const uint32_t a1[4] = {a_lo[2], a_hi[2], a_lo[3], a_hi[3]};
+        float(&c)[4] = folds<kMode>() ? sums[i % 2][j] : acc[j];
+        mma_bf16_16816(c, a0, xv.x, xv.y);
+        mma_bf16_16816(c, a1, xv.z, xv.w);
+      }
+      // END SOLUTION
+    }
+    if constexpr (kMode == kFoldF16) {
+      // BEGIN SOLUTION: acc += s_row · (sums[0] + sums[1] / 16) (the correction is already in sums[0]).
+      const float s_lo = bf16_to_f32(s[0]), s_hi = bf16_to_f32(s[1]);
+      acc[0][0] = fmaf(s_lo, fmaf(sums[1][0][0], 0.0625f, sums[0][0][0]), acc[0][0]);
+      acc[0][1] = fmaf(s_lo, fmaf(sums[1][0][1], 0.0625f, sums[0][0][1]), acc[0][1]);
+      acc[0][2] = fmaf(s_hi, fmaf(sums[1][0][2], 0.0625f, sums[0][0][2]), acc[0][2]);
+      acc[0][3] = fmaf(s_hi, fmaf(sums[1][0][3], 0.0625f, sums[0][0][3]), acc[0][3]);
+      // END SOLUTION
+    }
+    if constexpr (kMode == kFold) {
+      // BEGIN SOLUTION: group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums[0] + sums[1] − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]).
+      const float s_lo = bf16_to_f32(s[0]), s_hi = bf16_to_f32(s[1]);
+      const int group = 2 * it + u;  // kk/128 + u
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const float2 xs =
+            *reinterpret_cast<const float2*>(xsum_sh + group * 8 * kNTiles + 8 * j + 2 * ln.t);
+        float sum[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[e] = sums[0][j][e] + sums[1][j][e];
+        acc[j][0] = fmaf(s_lo, fmaf(-136.0f, xs.x, sum[0]), acc[j][0]);
+        acc[j][1] = fmaf(s_lo, fmaf(-136.0f, xs.y, sum[1]), acc[j][1]);
+        acc[j][2] = fmaf(s_hi, fmaf(-136.0f, xs.x, sum[2]), acc[j][2]);
+        acc[j][3] = fmaf(s_hi, fmaf(-136.0f, xs.y, sum[3]), acc[j][3]);
+      }
+      // END SOLUTION
+    }
+  }
+}
+
+template <int kNTiles, int kMode>
+__global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
+  constexpr int kStages = stages_for<kNTiles>();
+  extern __shared__ uint4 smem[];
+  Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
+  const int warps = blockDim.x / 32;
+  uint4* x_sh = smem + warps * kStages * sizeof(Stage) / 16;  // [M][k_split / 8] swizzled
+  const int row_chunks = p.k_split / 8;
+  float* xsum_sh = reinterpret_cast<float*>(x_sh + p.m * (row_chunks + 1));  // [k_split/128][8·kNTiles]
+  // kFoldF16: xsum_sh holds float4 C fragments [k_split/128][4], then 2^s, 2^−s and the largest
+  // |x| (BF16 bits) per row of x.
+  float* x_pow = xsum_sh + (p.k_split / 128) * 16;
+  float* x_inv = x_pow + 8;
+
+  const int warp = threadIdx.x / 32;
+  Lane ln;
+  ln.lane = threadIdx.x % 32;
+  ln.g = ln.lane / 4;
+  ln.t = ln.lane % 4;
+  // Grid (blocks per split, S). No run-time division anywhere in the kernel: the SASS check
+  // holds it to no I2F, which is what an integer division compiles to.
+  const int split = blockIdx.y, block = blockIdx.x, blocks = gridDim.x;
+  ln.k_begin = split * p.k_split;
+  ln.k_len = min(p.k - ln.k_begin, p.k_split);
+  ln.iters = (ln.k_len + kIterK - 1) / kIterK;
+  ln.groups = p.k >> p.group_shift;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    ln.go[u] = (128 * u + 32 * ln.t) >> p.group_shift;
+    ln.valid_steps[u] = max(0, ln.k_len - 128 * u - 32 * ln.t + kIterK - 1) >> 8;  // / kIterK
+  }
+  const int words = (128 >> p.group_shift) + 1;  // scale words per row and step
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    int task = ln.lane + 32 * pass, r = 0;
+    ln.task_on[pass] = task < kTileRows * words;
+    while (task >= words && r < kTileRows - 1) {  // task / words and task % words, once
+      task -= words;
+      ++r;
+    }
+    ln.task_r[pass] = r;
+    ln.task_j[pass] = task;
+  }
+
+  // The x slice: 16-byte async copies, zero past the end of K (the tail's weights are zero-filled
+  // too, and zero x makes the tail add nothing whatever its scale).
+  for (int r = 0; r < p.m; ++r) {
+    for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
+      const bool valid = 8 * cc < ln.k_len;
+      cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
+                  p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
+    }
+  }
+  cp_async_commit();
+
+  // This warp's tiles: block + blocks·(warp + warps·n), n = 0, 1, ...; its steps run through
+  // them tile by tile, the copies kStages − 1 steps ahead of the compute.
+  Stage* my_ring = ring + warp * kStages;
+  const int first = block + blocks * warp, stride = blocks * warps;
+  constexpr bool kZp = kMode == kZeroPoints;
+  constexpr int kPasses = passes_for<kMode>();
+  int copy_tile = first, copy_it = 0;  // the next step to copy
+  CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, first);
+  auto copy_next = [&](int s) {
+    if (copy_tile < p.tiles) {
+      copy_step<kZp, kPasses>(my_ring[s % kStages], p, ln, ct, copy_it);
+      if (++copy_it == ln.iters) {
+        copy_it = 0;
+        copy_tile += stride;
+        ct = copy_tile_of<kZp, kPasses>(p, ln, copy_tile);
+      }
+    }
+    cp_async_commit();  // always, so that the group count stays in step
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) copy_next(s);
+
+  // x has landed (its group is older than the ring's); then Σx per group and row for the fold.
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  if constexpr (is_f16<kMode>()) {
+    // BEGIN SOLUTION: the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then half a warp per (row m < M, group): convert its 16-byte chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 16 lanes; lane 0 writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0.
+    uint32_t* x_top = reinterpret_cast<uint32_t*>(x_inv + 8);
+    if (threadIdx.x < 8) x_top[threadIdx.x] = 0;
+    __syncthreads();
+    for (int m = 0; m < p.m; ++m) {
+      uint32_t top = 0;  // NaN and Inf included: their bits are the largest
+      for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
+        const uint4 v = x_sh[x_chunk(m, cc, row_chunks)];
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) top = max(top, max(words[q] & 0x7fffu, (words[q] >> 16) & 0x7fffu));
+      }
+      top = __reduce_max_sync(0xffffffffu, top);
+      if (ln.lane == 0 && top != 0) atomicMax(x_top + m, top);
+    }
+    __syncthreads();
+    if (threadIdx.x < 8) {  // 2^s with |x|·2^s < 2^16, inside FP16's range; 2^−s for the output
+      const int e = max(int(x_top[threadIdx.x] >> 7), 1);
+      const int shift = min(max(142 - e, -113), 126);
+      x_pow[threadIdx.x] = __uint_as_float(uint32_t(127 + shift) << 23);
+      x_inv[threadIdx.x] = __uint_as_float(uint32_t(127 - shift) << 23);
+    }
+    const int groups = p.k_split / 128, half = threadIdx.x % 16;
+    for (int idx = threadIdx.x; idx < groups * 16; idx += blockDim.x)  // columns past M: 0
+      if (2 * ((idx % 16) / 4) + (idx & 1) >= p.m) xsum_sh[idx] = 0.0f;  // [group][t][e]: 2t + (e & 1)
+    __syncthreads();
+    for (int m = 0; m < p.m; ++m) {
+      const float pw = x_pow[m];
+      for (int gl = threadIdx.x / 16; gl < groups; gl += blockDim.x / 16) {
+        uint4& chunk = x_sh[x_chunk(m, 16 * gl + half, row_chunks)];
+        const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+        uint32_t out[4];
+        float ones = 0.0f, sixteens = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // exact: 8 significant bits, inside FP16's exponents
+          const __half2 h = __floats2half2_rn(bf16_lo_to_f32(in[q]) * pw, bf16_hi_to_f32(in[q]) * pw);
+          out[q] = *reinterpret_cast<const uint32_t*>(&h);
+          const float2 f = __half22float2(h);
+          (q % 2 == 0 ? ones : sixteens) += f.x + f.y;  // pairs 0, 2 and 1, 3
+        }
+        chunk = make_uint4(out[0], out[2], out[1], out[3]);  // pairs 0, 2 then 1, 3: compute_step
+#pragma unroll
+        for (int offset = 8; offset > 0; offset >>= 1) {
+          ones += __shfl_xor_sync(0xffffffffu, ones, offset);
+          sixteens += __shfl_xor_sync(0xffffffffu, sixteens, offset);
+        }
+        if (half == 0) {
+          float* c = xsum_sh + (gl * 4 + m / 2) * 4;
+          c[m & 1] = c[2 + (m & 1)] = -1032.0f * ones - 72.0f * sixteens;
+        }
+      }
+    }
+    // END SOLUTION
+    __syncthreads();
+  }
+  if constexpr (kMode == kFold) {
+    // Half a warp per (group, row of x): each lane adds one 16-byte chunk of the group's 128
+    // elements, then four shuffles add the 16 lanes. Rows past M get 0 (their columns are never
+    // stored). blockDim is a multiple of 32, so every half warp is whole in every round.
+    const int pairs = (p.k_split / 128) * 8 * kNTiles;
+    const int half = threadIdx.x % 16;
+    for (int idx = threadIdx.x / 16; idx < pairs; idx += blockDim.x / 16) {
+      const int gl = idx / (8 * kNTiles), m = idx % (8 * kNTiles);
+      float sum = 0.0f;
+      if (m < p.m) {
+        const uint4 v = x_sh[x_chunk(m, 16 * gl + half, row_chunks)];
+        sum = bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
+              bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
+              bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
+      }
+#pragma unroll
+      for (int offset = 8; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (half == 0) xsum_sh[idx] = sum;
+    }
+    __syncthreads();
+  }
+
+  // The lane's x fragments: row 8j + g (row 0 past M), chunk 4t + i of a step (compute_step).
+  ComputeLane<kNTiles> cl;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    const int row = 8 * j + ln.g < p.m ? 8 * j + ln.g : 0;
+    const int m2 = ln.t >= 2 ? 2 : 0;
+    cl.x[j][0] = x_sh + row * (row_chunks + 1) + 4 * ln.t + m2;
+    cl.x[j][1] = x_sh + row * (row_chunks + 1) + 4 * ln.t - m2;
+  }
+  auto start_tile = [&](int tile) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int first =
+          int((clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n) * ln.groups) & 1);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) cl.scale_at[r][u] = (ln.g + 8 * r) * kScaleWords * 2 + first + ln.go[u];
+    }
+  };
+  float acc[kNTiles][4] = {};
+  int tile = first, it = 0;
+  start_tile(tile);
+  // BEGIN SOLUTION: for s = 0, 1, ... while tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store_tile(p, acc, tile, split, ...), zero acc, next tile (start_tile), it = 0.
+  for (int s = 0; tile < p.tiles; ++s) {
+    __syncwarp();
+    copy_next(s + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, it, acc);
+    if (++it == ln.iters) {
+      if constexpr (is_f16<kMode>()) {  // back from x·2^s: column 2t + (e & 1)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][e] *= x_inv[min(2 * ln.t + (e & 1), p.m - 1)];
+      }
+      store_tile<kNTiles>(p, acc, tile, split, ln.g, ln.t, ln.lane);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+      it = 0;
+      tile += stride;
+      start_tile(tile);
+    }
+  }
+  // END SOLUTION
+  cp_async_wait<0>();  // nothing left in flight when the block exits
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: the plan (S and the slice), the launch.
+
+struct Plan {
+  int64_t k_split;  // a multiple of kIterK
+  int splits;
+  size_t smem;
+};
+
+template <int kNTiles, int kMode>
+size_t smem_bytes(int64_t m, int64_t k_split) {
+  const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float) + 96
+                                        : size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
+  return size_t(kWarps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
+}
+
+// The smallest S whose x slice fits beside the ring, then plan_splits' choice from there.
+template <int kNTiles, int kMode>
+Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
+  const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
+  auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
+  int64_t s = 1;
+  while (s < iters && smem_bytes<kNTiles, kMode>(m, per_split(s)) > smem_limit) ++s;
+  s = plan_splits(tiles, iters, sms, kWarps, s, std::min<int64_t>({iters, kMaxSplits, sms}));
+  const int64_t k_split = per_split(s);
+  const int splits = int(ceil_div(iters, k_split / kIterK));
+  return {k_split, splits, smem_bytes<kNTiles, kMode>(m, k_split)};
+}
+
+inline size_t smem_optin() {
+  static const size_t bytes = [] {
+    int dev = 0, b = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return size_t(b);
+  }();
+  return bytes;
+}
+
+template <int kNTiles, int kMode>
+Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+  auto* kernel = persistent_kernel<kNTiles, kMode>;
+  const size_t limit = smem_optin();
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+  if (attr != cudaSuccess)
+    return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
+  const Plan plan = plan_for<kNTiles, kMode>(a.m, a.n, a.k, sm_count(), limit);
+  if (plan.smem > limit)
+    return error(Code::kInvalidArgument,
+                 std::string(op.name) + ": M × 256 of x does not fit in shared memory");
+  const int64_t tiles = ceil_div(a.n, kTileRows);
+  Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
+           int(plan.k_split), plan.splits, log2_of(a.group), int(tiles), a.n};
+  if (plan.splits > 1) {
+    Status s = workspace(tiles * plan.splits * a.m * kTileRows, tiles, &p.partials, &p.arrivals);
+    if (!s.ok()) return s;
+  }
+  // One block per SM, the same number for every split (rounded down when S does not divide
+  // #SM: a split with fewer blocks would set the pace).
+  const int sms = sm_count();
+  const unsigned per_split = unsigned(std::max(1, sms / plan.splits));
+  // Always 16 warps. (Measured: launching 14, so that 1792 tiles of M = 8 in two splits go out
+  // in two whole rounds instead of a whole one and a 70% one, was slower: the SMs need the warps
+  // more than the last round needs to be full.)
+  kernel<<<dim3(per_split, unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
+  return last_launch_status(op.name);
+}
+
+}  // namespace lkw::gemv::persistent
