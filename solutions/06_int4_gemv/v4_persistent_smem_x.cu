@@ -73,6 +73,8 @@ Status gemv_v4(const GemvArgs& a, cudaStream_t stream) {
   }
 }
 
+// "persistent_kernel" names every instantiation of the kernel v4 and v5 share (so the instruction
+// mix the SASS check records for either is that of all of them).
 std::vector<SassFact> facts(bool zero_points) {
   std::vector<SassFact> f = {{"persistent_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,

@@ -61,7 +61,8 @@ Status gemv_v5(const GemvArgs& a, cudaStream_t stream) {
 }
 
 // The first fact names every kernel of the version (the bench matches it against the profiled
-// kernel's name); the second the FP16 fold's.
+// kernel's name; with v4's kernel shared, it names v4's instantiations too, and the instruction
+// mix the SASS check records is that of all of them); the second the FP16 fold's.
 std::vector<SassFact> facts() {
   return {{"persistent_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
