@@ -22,7 +22,9 @@
 // v3_mma_split_k (the multiply-adds on the tensor cores, weights streamed with cp.async, split-K,
 // a wave-aware grid; also the zero-point op) → v4_persistent_smem_x (one block per SM, x staged
 // once in shared memory, the scales in the cp.async ring, the −8 folded into a per-group
-// correction). v3 and v4 share mma_gemv.cuh.
+// correction) → v5_f16_activations (x scaled by 2^s and converted to FP16, the fold's unpack in
+// four LOP3 and one shift per word, at M ≤ 2). v3, v4 and v5 share mma_gemv.cuh; v4 and v5 share
+// their kernel, persistent_gemv.cuh.
 //
 // The reference and its tolerance: reference/lkw/gemv.py.
 #pragma once
