@@ -20,7 +20,7 @@
 // and converts it once in shared memory; the output is multiplied by 2^−s, also exact. What FP16
 // cannot hold exactly are values below 2^−17 after scaling, i.e. smaller than 2^−32 of the row's
 // largest: rounded to FP16's subnormal grid, an error below 2^−40 of the largest |x| per element,
-// far under the FP32 sum's own rounding. Infinities and NaN stay what they are.
+// far under the FP32 sum's own rounding.
 //
 // The fold becomes two chains per group: pairs 0 and 2 of every word (1024 + q, with x pairs 0
 // and 2) and pairs 1 and 3 (1024 + 16q, with x pairs 1 and 3): the k order within the mma is
