@@ -2,8 +2,8 @@
 // 16 warps per SM, x staged in shared memory, a cp.async ring per warp with the weights, scales
 // and zero points of each step, split-K by a model of the busiest block (mma::plan_splits). The
 // versions' files say what each changes and why; this header holds the kernel they share, by mode:
-//   kFold, kScaleInA, kZeroPoints   v4 (and v5 away from G = 128, M ≤ 8)
-//   kFoldF16                        v5 at G = 128, M ≤ 8: x in FP16, the FP16 magic unpack
+//   kFold, kScaleInA, kZeroPoints   v4 (and v5 away from G = 128, M ≤ 2)
+//   kFoldF16                        v5 at G = 128, M ≤ 2: x in FP16, the FP16 magic unpack
 #pragma once
 #include <algorithm>
 #include <string>
