@@ -9,9 +9,13 @@
 //   in   <id> <index> <dtype> <file>         dtype as numpy/ml_dtypes names it; narrow floats
 //   out  <id> <index> <dtype> <file>         are stored as their raw bits (uint8/uint16)
 #pragma once
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,6 +38,29 @@ struct HostTensor {
     return n;
   }
 };
+
+// A host tensor holding the bytes of v: for checks that build their cases in C++.
+template <class T>
+HostTensor host_tensor(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
+  HostTensor h;
+  h.dtype = dtype;
+  h.shape = std::move(shape);
+  h.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(h.bytes.data(), v.data(), h.bytes.size());
+  return h;
+}
+
+// The seed of such checks' random inputs: LKW_SEED when set, else a fresh one; printed (with
+// `what`, the first caller's name for them) once per process.
+inline uint32_t random_seed(const char* what) {
+  static const uint32_t s = [what] {
+    const char* env = std::getenv("LKW_SEED");
+    const uint32_t value = env ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+    std::printf("LKW: %s, seed %u (set LKW_SEED to repeat)\n", what, value);
+    return value;
+  }();
+  return s;
+}
 
 struct Case {
   std::string id, op;

@@ -25,17 +25,6 @@
 namespace lkw::quant {
 namespace {
 
-// Fresh inputs each run; LKW_SEED repeats a run.
-uint32_t seed() {
-  static const uint32_t s = [] {
-    const char* env = std::getenv("LKW_SEED");
-    const uint32_t value = env ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("LKW: chapter 03 GPU checks, seed %u (set LKW_SEED to repeat)\n", value);
-    return value;
-  }();
-  return s;
-}
-
 const QuantOp& op_named(const std::string& name) {
   for (const QuantOp* op : {&kPerTokenFp8, &kPerTokenInt8, &kPerTensorFp8, &kPerGroupFp8})
     if (name == op->name) return *op;
@@ -52,16 +41,6 @@ std::vector<int64_t> scales_shape(const QuantOp& op, int64_t t, int64_t d) {
       return {d / kGroup, t};
   }
   return {};
-}
-
-template <class T>
-test::HostTensor host_tensor(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
-  test::HostTensor h;
-  h.dtype = dtype;
-  h.shape = std::move(shape);
-  h.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(h.bytes.data(), v.data(), h.bytes.size());
-  return h;
 }
 
 struct Shape {
@@ -88,7 +67,7 @@ TEST_P(BigShapesGolden, MatchesCppReference) {
   const QuantOp& op = op_named(v.op);
   std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
   if (op.granularity == Granularity::kTensor) shapes.push_back(kLargeTensor);
-  std::mt19937 rng(seed());
+  std::mt19937 rng(test::random_seed("chapter 03 GPU checks"));
   for (const Shape& s : shapes) {
     if (op.granularity == Granularity::kGroup && s.d % kGroup != 0) continue;
     for (const float scale_ub : {0.0f, 1.0f}) {
@@ -103,9 +82,9 @@ TEST_P(BigShapesGolden, MatchesCppReference) {
       c.tols = {Tolerance::exact()};
       if (scale_ub > 0.0f) c.params["scale_ub"] = scale_ub;
       test::CaseData data;
-      data.inputs.push_back(host_tensor(DType::kBF16, {s.t, s.d}, x));
-      data.expected.push_back(host_tensor(op.code, {s.t, s.d}, ref.q));
-      data.expected.push_back(host_tensor(DType::kF32, scales_shape(op, s.t, s.d), ref.scales));
+      data.inputs.push_back(test::host_tensor(DType::kBF16, {s.t, s.d}, x));
+      data.expected.push_back(test::host_tensor(op.code, {s.t, s.d}, ref.q));
+      data.expected.push_back(test::host_tensor(DType::kF32, scales_shape(op, s.t, s.d), ref.scales));
       const test::RunResult r = test::run_on_gpu(v, c, data, 0xFF);
       EXPECT_TRUE(r.pass()) << v.name() << " on " << c.id << ": " << r.str();
     }
@@ -172,7 +151,7 @@ Error fp8_error(const QuantOp& op, const std::vector<uint16_t>& x, int64_t t, in
 // (tests/python/test_quant_reference.py measures the same on the reference).
 TEST(OutliersGolden, PerTokenBeatsPerTensor) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  std::mt19937 rng(seed() + 1);
+  std::mt19937 rng(test::random_seed("chapter 03 GPU checks") + 1);
   const int64_t t = 64, d = 4096;
   std::vector<uint16_t> x = host::activations(rng, t, d);
   std::uniform_int_distribution<int64_t> anywhere(0, t * d - 1);

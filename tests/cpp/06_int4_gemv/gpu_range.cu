@@ -23,16 +23,6 @@
 namespace lkw::gemv {
 namespace {
 
-uint32_t seed() {
-  static const uint32_t s = [] {
-    const char* env = std::getenv("LKW_SEED");
-    const uint32_t value = env ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("LKW: chapter 06 range checks, seed %u (set LKW_SEED to repeat)\n", value);
-    return value;
-  }();
-  return s;
-}
-
 uint16_t bf16_of(double v) {  // round to nearest even, through FP32
   float f = float(v);
   uint32_t b;
@@ -40,16 +30,6 @@ uint16_t bf16_of(double v) {  // round to nearest even, through FP32
   if ((b & 0x7f800000u) == 0x7f800000u) return uint16_t(b >> 16);
   b += 0x7fffu + ((b >> 16) & 1u);
   return uint16_t(b >> 16);
-}
-
-template <class T>
-test::HostTensor host_tensor(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
-  test::HostTensor h;
-  h.dtype = dtype;
-  h.shape = std::move(shape);
-  h.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(h.bytes.data(), v.data(), h.bytes.size());
-  return h;
 }
 
 enum class Rows { kHuge, kTiny, kWide };
@@ -79,7 +59,7 @@ TEST_P(ActivationRangeGolden, MatchesFloat64Reference) {
   const int arch = device_arch();
   if (arch < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   if (arch < v.min_arch) GTEST_SKIP() << "device is sm_" << arch << ", version needs sm_" << v.min_arch;
-  std::mt19937 rng(seed());
+  std::mt19937 rng(test::random_seed("chapter 06 range checks"));
   const int64_t n = 80, k = 4096, g = 128;
   for (const Rows rows : {Rows::kHuge, Rows::kTiny, Rows::kWide}) {
     for (const int64_t m : {1, 2}) {
@@ -119,10 +99,10 @@ TEST_P(ActivationRangeGolden, MatchesFloat64Reference) {
       c.op = v.op;
       c.tols = {Tolerance::close(1.6e-2, atol)};
       test::CaseData d;
-      d.inputs.push_back(host_tensor(DType::kBF16, {m, k}, x));
-      d.inputs.push_back(host_tensor(DType::kU32, {n, k / 8}, words));
-      d.inputs.push_back(host_tensor(DType::kBF16, {n, k / g}, scales));
-      d.expected.push_back(host_tensor(DType::kBF16, {m, n}, y));
+      d.inputs.push_back(test::host_tensor(DType::kBF16, {m, k}, x));
+      d.inputs.push_back(test::host_tensor(DType::kU32, {n, k / 8}, words));
+      d.inputs.push_back(test::host_tensor(DType::kBF16, {n, k / g}, scales));
+      d.expected.push_back(test::host_tensor(DType::kBF16, {m, n}, y));
       const test::RunResult r = test::run_on_gpu(v, c, d, 0xFF);
       EXPECT_TRUE(r.pass()) << v.name() << " on " << c.id << ": " << r.str();
     }
