@@ -313,23 +313,31 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     __syncthreads();
   }
   if constexpr (kMode == kFold) {
-    // Half a warp per (group, row of x): each lane adds one 16-byte chunk of the group's 128
-    // elements, then four shuffles add the 16 lanes. Rows past M get 0 (their columns are never
-    // stored). blockDim is a multiple of 32, so every half warp is whole in every round.
+    // Four lanes per (group, row of x): each lane adds four 16-byte chunks of the group's 128
+    // elements (four independent loads, two partial sums), two shuffles add the four lanes. The
+    // pass stands between x landing and the first step, with the weights' ring stalled once its
+    // first stages are in, so its latency is what counts: half a warp per pair with one chunk
+    // per lane is a load and four dependent shuffles per pair, eight rounds of them at M = 8,
+    // and it was measured about a microsecond slower (the book's results section). Rows past M
+    // get 0 (their columns are never stored). The pairs (a multiple of 8) and blockDim / 4 (a
+    // multiple of 8) keep every warp's 32 lanes in the loop together, as the shuffles need.
     const int pairs = (p.k_split / 128) * 8 * kNTiles;
-    const int half = threadIdx.x % 16;
-    for (int idx = threadIdx.x / 16; idx < pairs; idx += blockDim.x / 16) {
+    const int quarter = threadIdx.x % 4;
+    for (int idx = threadIdx.x / 4; idx < pairs; idx += blockDim.x / 4) {
       const int gl = idx / (8 * kNTiles), m = idx % (8 * kNTiles);
-      float sum = 0.0f;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
       if (m < p.m) {
-        const uint4 v = x_sh[x_chunk(m, 16 * gl + half, row_chunks)];
-        sum = bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x) + bf16_lo_to_f32(v.y) +
-              bf16_hi_to_f32(v.y) + bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z) +
-              bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w);
-      }
 #pragma unroll
-      for (int offset = 8; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (half == 0) xsum_sh[idx] = sum;
+        for (int c = 0; c < 4; ++c) {
+          const uint4 v = x_sh[x_chunk(m, 16 * gl + 4 * c + quarter, row_chunks)];
+          sum_lo += (bf16_lo_to_f32(v.x) + bf16_hi_to_f32(v.x)) + (bf16_lo_to_f32(v.y) + bf16_hi_to_f32(v.y));
+          sum_hi += (bf16_lo_to_f32(v.z) + bf16_hi_to_f32(v.z)) + (bf16_lo_to_f32(v.w) + bf16_hi_to_f32(v.w));
+        }
+      }
+      float sum = sum_lo + sum_hi;
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (quarter == 0) xsum_sh[idx] = sum;
     }
     __syncthreads();
   }
