@@ -12,9 +12,28 @@
 #include "int4_gemv.cuh"
 #include "mma_gemv.cuh"
 
+// Timeline marks: tools/gemv_timeline.cu defines LKW_GEMV_MARK before including this header to
+// record when each warp passes these points of the kernel; otherwise they compile to nothing.
+#ifndef LKW_GEMV_MARK
+#define LKW_GEMV_MARK(point) \
+  do {                       \
+  } while (0)
+#endif
+
 namespace lkw::gemv::persistent {
 
 using namespace mma;
+
+enum Mark : int {
+  kMarkEntry,          // the warp starts
+  kMarkXIssued,        // its copies of x are issued
+  kMarkRingIssued,     // and its ring's first stages
+  kMarkXLanded,        // x is in shared memory (after the block's barrier)
+  kMarkPrologueDone,   // Σx or the FP16 conversion done: the steps can start
+  kMarkFirstStage,     // its first stage has landed
+  kMarkLoopEnd,        // its last tile is stored
+  kMarks
+};
 
 constexpr int kWarps = 16;  // at most, per block; one block per SM (the host may launch fewer)
 constexpr int kIterK = 256;  // k per step: 4 lanes × 2 chunks × 32, as v3
@@ -309,6 +328,7 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 template <int kNTiles, int kMode>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   constexpr int kStages = stages_for<kNTiles>();
+  LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
   Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
   const int warps = blockDim.x / 32;
@@ -360,6 +380,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     }
   }
   cp_async_commit();
+  LKW_GEMV_MARK(kMarkXIssued);
 
   // This warp's tiles: block + blocks·(warp + warps·n), n = 0, 1, ...; its steps run through
   // them tile by tile, the copies kStages − 1 steps ahead of the compute.
@@ -382,10 +403,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) copy_next(s);
+  LKW_GEMV_MARK(kMarkRingIssued);
 
   // x has landed (its group is older than the ring's); then Σx per group and row for the fold.
   cp_async_wait<kStages - 1>();
   __syncthreads();
+  LKW_GEMV_MARK(kMarkXLanded);
   if constexpr (is_f16<kMode>()) {
     // BEGIN SOLUTION: the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then half a warp per (row m < M, group): convert its 16-byte chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 16 lanes; lane 0 writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0.
     uint32_t* x_top = reinterpret_cast<uint32_t*>(x_inv + 8);
@@ -490,6 +513,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       for (int u = 0; u < 2; ++u) cl.scale_at[r][u] = (ln.g + 8 * r) * kScaleWords * 2 + first + ln.go[u];
     }
   };
+  LKW_GEMV_MARK(kMarkPrologueDone);
   float acc[kNTiles][4] = {};
   int tile = first, it = 0;
   start_tile(tile);
@@ -499,6 +523,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     copy_next(s + kStages - 1);
     cp_async_wait<kStages - 1>();
     __syncwarp();
+    if (s == 0) LKW_GEMV_MARK(kMarkFirstStage);
     compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, it, acc);
     if (++it == ln.iters) {
       if constexpr (is_f16<kMode>()) {  // back from x·2^s: column 2t + (e & 1)
@@ -516,6 +541,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     }
   }
   // END SOLUTION
+  LKW_GEMV_MARK(kMarkLoopEnd);
   cp_async_wait<0>();  // nothing left in flight when the block exits
 }
 

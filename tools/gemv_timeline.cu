@@ -1,0 +1,254 @@
+// gemv_timeline — where chapter 06's persistent kernel spends its microseconds, warp by warp.
+//
+// The bench gives one number per launch; Nsight Compute gives averages over it. This tool builds
+// the kernel of v4/v5 (solutions/06_int4_gemv/persistent_gemv.cuh) with its timeline marks
+// switched on: lane 0 of every warp writes %globaltimer when it passes each mark (entry, x issued,
+// ring issued, x landed, prologue done, first stage landed, loop end). It runs v5's choice of mode
+// for each shape and M, timed as the bench times it (the L2 flushed by a read of twice its size
+// before each launch, CUDA events around the launch, the median of 25), then one more launch with
+// the marks recorded, and prints for each mark the spread over the warps (from the first warp's
+// entry), and the mean loop end of the warps by scheduler (warp index mod 4) with their count.
+// Before timing it checks the output against a float64 reference on 256 rows (the chapter's
+// tolerance, reference/lkw/gemv.py). With the marks off (a null pointer) the kernel tests one
+// global pointer per mark and is otherwise v5's kernel.
+//
+//   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace lkw::gemv::timeline {
+__device__ unsigned long long* g_marks;  // [block][warp][kSlots] nanoseconds, or null
+constexpr int kSlots = 8, kMaxWarps = 16;
+__device__ __forceinline__ void mark(int point) {
+  unsigned long long* marks = g_marks;
+  if (marks != nullptr && threadIdx.x % 32 == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const size_t warp = (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kMaxWarps + threadIdx.x / 32;
+    marks[warp * kSlots + point] = t;
+  }
+}
+}  // namespace lkw::gemv::timeline
+
+#define LKW_GEMV_MARK(point) ::lkw::gemv::timeline::mark(point)
+#include "06_int4_gemv/persistent_gemv.cuh"
+
+namespace {
+
+using namespace lkw;
+using namespace lkw::gemv;
+namespace pk = lkw::gemv::persistent;
+static_assert(pk::kMarks <= timeline::kSlots, "one slot per mark");
+static_assert(pk::kWarps <= timeline::kMaxWarps, "one row per warp");
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "gemv_timeline: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+__global__ void flush_kernel(const uint4* buf, int64_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc ^= buf[i].x ^ buf[i].w;
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the reads
+}
+
+uint16_t bf16_of(double v) {  // round to nearest even, through FP32
+  float f = float(v);
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return uint16_t(b >> 16);
+}
+double bf16_value(uint16_t bits) {
+  const uint32_t b = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// v5_f16_activations' choice of kernel (v5_f16_activations.cu: the FP16 fold for G = 128 and
+// M ≤ 2, v4's fold up to M = 8, the weights scaled in A with two n-tiles above).
+const char* mode_name(int64_t m) { return m <= 2 ? "FP16 fold" : m <= 8 ? "BF16 fold" : "scale in A"; }
+Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m > 8) return pk::launch<2, pk::kScaleInA>(kInt4iGemv, a, stream);
+  if (a.m > 2) return pk::launch<1, pk::kFold>(kInt4iGemv, a, stream);
+  return pk::launch<1, pk::kFoldF16>(kInt4iGemv, a, stream);
+}
+
+void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
+  constexpr int64_t g = 128;
+  std::mt19937 rng(1234 + uint32_t(m * 7 + n + k));
+  // Each word repeats one random nibble, so the reference needs no interleave table.
+  std::vector<uint32_t> words(n * k / 8);
+  std::vector<uint8_t> q(words.size());
+  for (size_t i = 0; i < words.size(); ++i) {
+    q[i] = uint8_t(rng() % 16);
+    words[i] = 0x11111111u * q[i];
+  }
+  std::uniform_real_distribution<double> unit(-1, 1), log_scale(-8, -5);
+  std::vector<uint16_t> x(m * k), scales(n * k / g);
+  for (auto& v : x) v = bf16_of(unit(rng));
+  for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
+
+  // Two copies of the weights and scales, used in turn, besides the flush.
+  uint32_t* w_d[2];
+  __nv_bfloat16 *s_d[2], *x_d, *y_d;
+  for (int i = 0; i < 2; ++i) {
+    check(cudaMalloc(&w_d[i], words.size() * 4), "cudaMalloc w");
+    check(cudaMemcpy(w_d[i], words.data(), words.size() * 4, cudaMemcpyHostToDevice), "copy w");
+    check(cudaMalloc(&s_d[i], scales.size() * 2), "cudaMalloc scales");
+    check(cudaMemcpy(s_d[i], scales.data(), scales.size() * 2, cudaMemcpyHostToDevice), "copy scales");
+  }
+  check(cudaMalloc(&x_d, x.size() * 2), "cudaMalloc x");
+  check(cudaMemcpy(x_d, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "copy x");
+  check(cudaMalloc(&y_d, m * n * 2), "cudaMalloc y");
+  const int64_t flush_words = 2 * int64_t(prop.l2CacheSize) / 16;
+  uint4* flush;
+  unsigned* sink;
+  check(cudaMalloc(&flush, flush_words * 16), "cudaMalloc flush");
+  check(cudaMemset(flush, 1, flush_words * 16), "memset flush");
+  check(cudaMalloc(&sink, 4), "cudaMalloc sink");
+  const size_t slots = size_t(prop.multiProcessorCount) * timeline::kMaxWarps * timeline::kSlots;
+  unsigned long long* marks_d;
+  check(cudaMalloc(&marks_d, slots * 8), "cudaMalloc marks");
+  auto args = [&](int i) {
+    return GemvArgs{x_d, w_d[i % 2], s_d[i % 2], nullptr, y_d, m, n, k, int(g)};
+  };
+
+  // Verify first: 256 rows against float64, the chapter's tolerance.
+  check(cudaMemset(y_d, 0xff, m * n * 2), "poison y");
+  Status st = launch_v5(args(0), nullptr);
+  if (!st.ok()) {
+    std::fprintf(stderr, "gemv_timeline: launch failed: %s\n", st.str().c_str());
+    std::exit(1);
+  }
+  std::vector<uint16_t> y(m * n);
+  check(cudaMemcpy(y.data(), y_d, y.size() * 2, cudaMemcpyDeviceToHost), "copy y");
+  int64_t bad = 0, checked = 0;
+  for (int64_t i = 0; i < 256; ++i) {
+    const int64_t c = int64_t(rng() % uint64_t(n));
+    for (int64_t r = 0; r < m; ++r) {
+      double sum = 0, sq = 0, abs_sum = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = bf16_value(x[r * k + kk]) * bf16_value(scales[c * (k / g) + kk / g]) *
+                         (int(q[(c * k + kk) / 8]) - 8);
+        sum += p, sq += p * p, abs_sum += std::fabs(p);
+      }
+      const double atol = 14 * std::exp2(-9) * std::sqrt(sq) + 8 * std::sqrt(double(k)) * std::exp2(-24) * abs_sum;
+      const double got = bf16_value(y[r * n + c]);
+      if (!(std::fabs(got - sum) <= 1.6e-2 * std::fabs(sum) + atol)) ++bad;
+      ++checked;
+    }
+  }
+  if (bad) {
+    std::printf("M=%lld %lld x %lld: %lld of %lld checked outputs WRONG, nothing timed\n", (long long)m,
+                (long long)n, (long long)k, (long long)bad, (long long)checked);
+    std::exit(1);
+  }
+
+  // Time as the bench does.
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int i = 0; i < 28; ++i) {
+    flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+    check(cudaEventRecord(start), "record");
+    launch_v5(args(i), nullptr);
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "launch");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (i >= 3) times.push_back(1e3f * ms);
+  }
+  std::sort(times.begin(), times.end());
+
+  // One launch with the marks on.
+  check(cudaMemset(marks_d, 0, slots * 8), "memset marks");
+  check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
+  flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+  launch_v5(args(1), nullptr);
+  check(cudaDeviceSynchronize(), "marked launch");
+  unsigned long long* off = nullptr;
+  check(cudaMemcpyToSymbol(timeline::g_marks, &off, sizeof(off)), "marks off");
+  std::vector<unsigned long long> h(slots);
+  check(cudaMemcpy(h.data(), marks_d, slots * 8, cudaMemcpyDeviceToHost), "copy marks");
+
+  const size_t warps = slots / timeline::kSlots;
+  auto at = [&](size_t w, int mk) { return h[w * timeline::kSlots + mk]; };
+  unsigned long long t0 = ~0ull;
+  for (size_t w = 0; w < warps; ++w)
+    if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
+  std::printf("\nM = %lld, N = %lld, K = %lld (v5: %s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
+              (long long)m, (long long)n, (long long)k, mode_name(m), times[times.size() / 2], times.size(),
+              times.front(), times.back());
+  std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
+  const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",
+                                   "first stage", "loop end"};
+  for (int mk = 0; mk < pk::kMarks; ++mk) {
+    std::vector<double> v;
+    for (size_t w = 0; w < warps; ++w)
+      if (at(w, mk)) v.push_back((at(w, mk) - t0) * 1e-3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("  %-14s %5zu warps  min %6.2f  median %6.2f  p90 %6.2f  max %6.2f\n", names[mk], v.size(),
+                v.front(), v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+  }
+  // Warps with work (they reached their first stage), by scheduler: warp w issues from SMSP w % 4.
+  std::printf("  loop end of the warps with work, by scheduler (warp %% 4): ");
+  for (int sp = 0; sp < 4; ++sp) {
+    double sum = 0;
+    int count = 0;
+    for (size_t w = 0; w < warps; ++w)
+      if (int(w % timeline::kMaxWarps) % 4 == sp && at(w, pk::kMarkFirstStage) && at(w, pk::kMarkLoopEnd)) {
+        sum += (at(w, pk::kMarkLoopEnd) - t0) * 1e-3;
+        ++count;
+      }
+    if (count) std::printf(" %d: %.2f us (%d warps)", sp, sum / count, count);
+  }
+  std::printf("\n");
+  for (int i = 0; i < 2; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
+  cudaFree(x_d), cudaFree(y_d), cudaFree(flush), cudaFree(sink), cudaFree(marks_d);
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> shapes;  // M, N, K triples
+  for (int i = 1; i < argc; ++i) shapes.push_back(std::atoll(argv[i]));
+  if (shapes.empty()) shapes = {1, 28672, 8192, 8, 28672, 8192, 1, 8192, 28672, 8, 8192, 28672};
+  if (shapes.size() % 3 != 0) {
+    std::fprintf(stderr, "usage: lkw_gemv_timeline [M N K]...\n");
+    return 2;
+  }
+  for (size_t i = 0; i < shapes.size(); i += 3) {
+    const int64_t m = shapes[i], n = shapes[i + 1], k = shapes[i + 2];
+    if (m < 1 || m > kMaxM || n < 1 || k < 128 || k % 128 != 0) {
+      std::fprintf(stderr, "gemv_timeline: M in 1..16, N ≥ 1, K a multiple of 128 (G = 128)\n");
+      return 2;
+    }
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("gemv_timeline: no CUDA device, nothing measured\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel as v5 runs it, INT4 interleaved, G = 128\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  for (size_t i = 0; i < shapes.size(); i += 3) run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
+  return 0;
+}
