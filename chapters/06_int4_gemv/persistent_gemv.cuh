@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   __syncthreads();
   LKW_GEMV_MARK(kMarkXLanded);
   if constexpr (is_f16<kMode>()) {
-    // TODO(exercise): the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then half a warp per (row m < M, group): convert its 16-byte chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 16 lanes; lane 0 writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0. (about 51 lines)
+    // TODO(exercise): the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then four lanes per (row m < M, group), each over four of its 16-byte chunks (the groups rounded up to a multiple of 8, so that whole warps shuffle): convert each chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 4 lanes; the first lane writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0. (about 59 lines)
     __syncthreads();
   }
   if constexpr (kMode == kFold) {
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     // pass stands between x landing and the first step, with the weights' ring stalled once its
     // first stages are in, so its latency is what counts: half a warp per pair with one chunk
     // per lane is a load and four dependent shuffles per pair, eight rounds of them at M = 8,
-    // and it was measured about a microsecond slower (the book's results section). Rows past M
+    // and it was measured slower (the book's v4 section gives the runs). Rows past M
     // get 0 (their columns are never stored). The pairs (a multiple of 8) and blockDim / 4 (a
     // multiple of 8) keep every warp's 32 lanes in the loop together, as the shuffles need.
     const int pairs = (p.k_split / 128) * 8 * kNTiles;

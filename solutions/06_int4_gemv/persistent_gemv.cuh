@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   __syncthreads();
   LKW_GEMV_MARK(kMarkXLanded);
   if constexpr (is_f16<kMode>()) {
-    // BEGIN SOLUTION: the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then half a warp per (row m < M, group): convert its 16-byte chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 16 lanes; lane 0 writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0.
+    // BEGIN SOLUTION: the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then four lanes per (row m < M, group), each over four of its 16-byte chunks (the groups rounded up to a multiple of 8, so that whole warps shuffle): convert each chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 4 lanes; the first lane writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0.
     uint32_t* x_top = reinterpret_cast<uint32_t*>(x_inv + 8);
     if (threadIdx.x < 8) x_top[threadIdx.x] = 0;
     __syncthreads();
@@ -432,31 +432,39 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       x_pow[threadIdx.x] = __uint_as_float(uint32_t(127 + shift) << 23);
       x_inv[threadIdx.x] = __uint_as_float(uint32_t(127 - shift) << 23);
     }
-    const int groups = p.k_split / 128, half = threadIdx.x % 16;
+    const int groups = p.k_split / 128, quarter = threadIdx.x % 4;
     for (int idx = threadIdx.x; idx < groups * 16; idx += blockDim.x)  // columns past M: 0
       if (2 * ((idx % 16) / 4) + (idx & 1) >= p.m) xsum_sh[idx] = 0.0f;  // [group][t][e]: 2t + (e & 1)
     __syncthreads();
+    // Four lanes per group (as v4's Σx pass below), the groups rounded up to a multiple of 8 so
+    // that every warp's 32 lanes run the loop and its shuffles together.
+    const int groups_8 = (groups + 7) & ~7;
     for (int m = 0; m < p.m; ++m) {
       const float pw = x_pow[m];
-      for (int gl = threadIdx.x / 16; gl < groups; gl += blockDim.x / 16) {
-        uint4& chunk = x_sh[x_chunk(m, 16 * gl + half, row_chunks)];
-        const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-        uint32_t out[4];
+      for (int gl = threadIdx.x / 4; gl < groups_8; gl += blockDim.x / 4) {
         float ones = 0.0f, sixteens = 0.0f;
+        if (gl < groups) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {  // exact: 8 significant bits, inside FP16's exponents
-          const __half2 h = __floats2half2_rn(bf16_lo_to_f32(in[q]) * pw, bf16_hi_to_f32(in[q]) * pw);
-          out[q] = *reinterpret_cast<const uint32_t*>(&h);
-          const float2 f = __half22float2(h);
-          (q % 2 == 0 ? ones : sixteens) += f.x + f.y;  // pairs 0, 2 and 1, 3
+          for (int c = 0; c < 4; ++c) {
+            uint4& chunk = x_sh[x_chunk(m, 16 * gl + 4 * c + quarter, row_chunks)];
+            const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+            uint32_t out[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // exact: 8 significant bits, inside FP16's exponents
+              const __half2 h = __floats2half2_rn(bf16_lo_to_f32(in[q]) * pw, bf16_hi_to_f32(in[q]) * pw);
+              out[q] = *reinterpret_cast<const uint32_t*>(&h);
+              const float2 f = __half22float2(h);
+              (q % 2 == 0 ? ones : sixteens) += f.x + f.y;  // pairs 0, 2 and 1, 3
+            }
+            chunk = make_uint4(out[0], out[2], out[1], out[3]);  // pairs 0, 2 then 1, 3: compute_step
+          }
         }
-        chunk = make_uint4(out[0], out[2], out[1], out[3]);  // pairs 0, 2 then 1, 3: compute_step
 #pragma unroll
-        for (int offset = 8; offset > 0; offset >>= 1) {
+        for (int offset = 1; offset < 4; offset <<= 1) {
           ones += __shfl_xor_sync(0xffffffffu, ones, offset);
           sixteens += __shfl_xor_sync(0xffffffffu, sixteens, offset);
         }
-        if (half == 0) {
+        if (quarter == 0 && gl < groups) {
           float* c = xsum_sh + (gl * 4 + m / 2) * 4;
           c[m & 1] = c[2 + (m & 1)] = -1032.0f * ones - 72.0f * sixteens;
         }
@@ -471,7 +479,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     // pass stands between x landing and the first step, with the weights' ring stalled once its
     // first stages are in, so its latency is what counts: half a warp per pair with one chunk
     // per lane is a load and four dependent shuffles per pair, eight rounds of them at M = 8,
-    // and it was measured about a microsecond slower (the book's results section). Rows past M
+    // and it was measured slower (the book's v4 section gives the runs). Rows past M
     // get 0 (their columns are never stored). The pairs (a multiple of 8) and blockDim / 4 (a
     // multiple of 8) keep every warp's 32 lanes in the loop together, as the shuffles need.
     const int pairs = (p.k_split / 128) * 8 * kNTiles;
