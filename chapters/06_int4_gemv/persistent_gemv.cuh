@@ -129,7 +129,6 @@ struct Lane {
   int valid_steps[2];         // the steps of a tile in which chunk u of the lane lies inside K
   int task_r[3], task_j[3];
   bool task_on[3];
-  uint64_t weights_policy;    // L2 evict_first for the weights' copies (read once)
 };
 
 // Scale tasks per lane: 16 rows × (128/G + 1) words over 32 lanes; the fold runs at G = 128 only,
@@ -183,7 +182,7 @@ template <bool kZp, int kPasses>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
-  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16_policy (ln.weights_policy) into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 27 lines)
+  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 26 lines)
 }
 
 // What a lane needs to compute the steps of one tile: where its rows' scales sit in a stage's
@@ -275,7 +274,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   ln.k_len = min(p.k - ln.k_begin, p.k_split);
   ln.iters = (ln.k_len + kIterK - 1) / kIterK;
   ln.groups = p.k >> p.group_shift;
-  ln.weights_policy = l2_evict_first_policy();
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     ln.go[u] = (128 * u + 32 * ln.t) >> p.group_shift;

@@ -29,21 +29,6 @@ __device__ __forceinline__ void cp_async_16(void* dst_sh, const void* src_gl, bo
                "r"(valid ? 16 : 0)
                : "memory");
 }
-// The same copy with an L2 eviction policy (createpolicy): the persistent kernels copy the weights,
-// read exactly once, with evict_first, so that they leave L2 before what is read again (x by every
-// block, the split-K partial sums by the tile's last warp).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ void cp_async_16_policy(void* dst_sh, const void* src_gl, bool valid,
-                                                   uint64_t policy) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src_gl), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
-}
 // Closes the group of copies issued since the last commit; wait<n> returns once at most n groups
 // are still in flight (the lane's own copies: each lane reads back only what it copied itself).
 __device__ __forceinline__ void cp_async_commit() {
