@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -40,6 +39,8 @@ __device__ __forceinline__ void mark(int point) {
 
 #define LKW_GEMV_MARK(point) ::lkw::gemv::timeline::mark(point)
 #include "06_int4_gemv/persistent_gemv.cuh"
+#include "01_formats/formats_bits.cuh"
+#include "lkw/numeric.h"
 
 namespace {
 
@@ -63,19 +64,8 @@ __global__ void flush_kernel(const uint4* buf, int64_t n, unsigned* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the reads
 }
 
-uint16_t bf16_of(double v) {  // round to nearest even, through FP32
-  float f = float(v);
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return uint16_t(b >> 16);
-}
-double bf16_value(uint16_t bits) {
-  const uint32_t b = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
+uint16_t bf16_of(double v) { return formats::f32_to_bf16_bits(float(v)); }
+double bf16_value(uint16_t bits) { return bf16_bits_to_f32(bits); }
 
 // v5_f16_activations' choice of kernel (v5_f16_activations.cu: the FP16 fold for G = 128 and
 // M ≤ 2, v4's fold up to M = 8, the weights scaled in A with two n-tiles above).
