@@ -67,14 +67,14 @@ __global__ void flush_kernel(const uint4* buf, int64_t n, unsigned* sink) {
 uint16_t bf16_of(double v) { return formats::f32_to_bf16_bits(float(v)); }
 double bf16_value(uint16_t bits) { return bf16_bits_to_f32(bits); }
 
-// v5_f16_activations' choice of kernel (v5_f16_activations.cu: the FP16 fold for G = 128 and
-// M ≤ 2, v4's fold up to M = 8, the weights scaled in A with two n-tiles above).
-const char* mode_name(int64_t m) { return m <= 2 ? "FP16 fold" : m <= 8 ? "BF16 fold" : "scale in A"; }
-Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
-  if (a.m > 8) return pk::launch<2, pk::kScaleInA>(kInt4iGemv, a, stream);
-  if (a.m > 2) return pk::launch<1, pk::kFold>(kInt4iGemv, a, stream);
-  return pk::launch<1, pk::kFoldF16>(kInt4iGemv, a, stream);
+const char* path_name(int64_t m, int group) {
+  switch (pk::v5_path(m, group)) {
+    case pk::V5Path::kFoldF16: return "FP16 fold";
+    case pk::V5Path::kFold: return "BF16 fold";
+    default: return "scale in A";
+  }
 }
+Status launch_v5(const GemvArgs& a, cudaStream_t stream) { return pk::launch_v5_modes(kInt4iGemv, a, stream); }
 
 void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   constexpr int64_t g = 128;
@@ -181,7 +181,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   for (size_t w = 0; w < warps; ++w)
     if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
   std::printf("\nM = %lld, N = %lld, K = %lld (v5: %s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
-              (long long)m, (long long)n, (long long)k, mode_name(m), times[times.size() / 2], times.size(),
+              (long long)m, (long long)n, (long long)k, path_name(m, int(g)), times[times.size() / 2], times.size(),
               times.front(), times.back());
   std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
   const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",

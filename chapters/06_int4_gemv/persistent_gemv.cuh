@@ -461,4 +461,27 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   return last_launch_status(op.name);
 }
 
+// v5_f16_activations' choice of kernel (also what tools/gemv_timeline.cu runs). The FP16 fold up
+// to this M; past it v4's BF16 fold. Each block converts M rows of its slice of x before its first
+// step (a pass for the largest |x|, a pass to convert), time in which the weights' ring stands
+// still after its first stages; with M the conversion grows and the steps do not, and from M = 4
+// the measured time is no better than v4's (the book's results section).
+constexpr int64_t kF16MaxM = 2;
+
+enum class V5Path { kFoldF16, kFold, kScaleInA1, kScaleInA2 };
+inline V5Path v5_path(int64_t m, int group) {
+  if (m > 8) return V5Path::kScaleInA2;  // v4's paths
+  if (group != 128) return V5Path::kScaleInA1;
+  return m <= kF16MaxM ? V5Path::kFoldF16 : V5Path::kFold;
+}
+inline Status launch_v5_modes(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+  switch (v5_path(a.m, a.group)) {
+    case V5Path::kScaleInA2: return launch<2, kScaleInA>(op, a, stream);
+    case V5Path::kScaleInA1: return launch<1, kScaleInA>(op, a, stream);
+    case V5Path::kFoldF16: return launch<1, kFoldF16>(op, a, stream);
+    case V5Path::kFold: break;
+  }
+  return launch<1, kFold>(op, a, stream);
+}
+
 }  // namespace lkw::gemv::persistent

@@ -28,8 +28,9 @@
 // A = Σ₀₂ x(1024 + q), B = Σ₁₃ x(1024 + 16q), the group's Σ x(q − 8) = A + B/16 − 1032·Σ₀₂x − 72·Σ₁₃x:
 // the block computes the correction per group and row of x while it converts the slice and stores
 // it as the first chain's C fragment, so per group a lane adds B/16 and scales: two FMA per sum.
-// Only the G = 128 path for M ≤ 2 changes (kF16MaxM below: at larger M the conversion costs what
-// the unpack saves); everything else is v4's kernel, shared through persistent_gemv.cuh.
+// Only the G = 128 path for M ≤ 2 changes (kF16MaxM in persistent_gemv.cuh: at larger M the
+// conversion costs what the unpack saves); everything else is v4's kernel, shared through
+// persistent_gemv.cuh.
 //
 // Expect: at M ≤ 2 and G = 128 fewer ALU-pipe instructions per step (80 instead of 112 for the
 // unpack), the ALU pipe less busy and the time a few percent shorter than v4; the same DRAM bytes;
@@ -44,21 +45,13 @@ namespace {
 
 using namespace persistent;
 
-// The FP16 fold up to this M; past it v4's BF16 fold. Each block converts M rows of its slice of x
-// before its first step (a pass for the largest |x|, a pass to convert), time in which the
-// weights' ring stands still after its first stages; with M the conversion grows and the steps do
-// not, and from M = 4 the measured time is no better than v4's (the book's results section).
-constexpr int64_t kF16MaxM = 2;
-
 template <const GemvOp& kOp>
 Status gemv_v5(const GemvArgs& a, cudaStream_t stream) {
   static_assert(!kOp.zero_points, "v5 changes only the fold, which runs without zero points");
   Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
   if (s.ok()) s = validate_gemv(kOp, a, 16);
   if (!s.ok()) return s;
-  if (a.m > 8) return launch<2, kScaleInA>(kOp, a, stream);  // v4's paths
-  if (a.group != 128) return launch<1, kScaleInA>(kOp, a, stream);
-  return a.m <= kF16MaxM ? launch<1, kFoldF16>(kOp, a, stream) : launch<1, kFold>(kOp, a, stream);
+  return launch_v5_modes(kOp, a, stream);  // the FP16 fold at G = 128, M ≤ kF16MaxM; else v4's
 }
 
 // The first fact names every kernel of the version (the bench matches it against the profiled
