@@ -74,7 +74,7 @@ const char* path_name(int64_t m, int group) {
     default: return "scale in A";
   }
 }
-Status launch_v5(const GemvArgs& a, cudaStream_t stream) { return pk::launch_v5_modes(kInt4iGemv, a, stream); }
+Status launch_v5(const GemvArgs& a, cudaStream_t stream) { return pk::launch_v5_modes<kInt4iGemv>(a, stream); }
 
 void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   constexpr int64_t g = 128;

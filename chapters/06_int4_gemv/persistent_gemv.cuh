@@ -474,14 +474,16 @@ inline V5Path v5_path(int64_t m, int group) {
   if (group != 128) return V5Path::kScaleInA1;
   return m <= kF16MaxM ? V5Path::kFoldF16 : V5Path::kFold;
 }
-inline Status launch_v5_modes(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+// A template, so that only the files that call it instantiate the FP16 fold's kernel (v4's does not).
+template <const GemvOp& kOp>
+Status launch_v5_modes(const GemvArgs& a, cudaStream_t stream) {
   switch (v5_path(a.m, a.group)) {
-    case V5Path::kScaleInA2: return launch<2, kScaleInA>(op, a, stream);
-    case V5Path::kScaleInA1: return launch<1, kScaleInA>(op, a, stream);
-    case V5Path::kFoldF16: return launch<1, kFoldF16>(op, a, stream);
+    case V5Path::kScaleInA2: return launch<2, kScaleInA>(kOp, a, stream);
+    case V5Path::kScaleInA1: return launch<1, kScaleInA>(kOp, a, stream);
+    case V5Path::kFoldF16: return launch<1, kFoldF16>(kOp, a, stream);
     case V5Path::kFold: break;
   }
-  return launch<1, kFold>(op, a, stream);
+  return launch<1, kFold>(kOp, a, stream);
 }
 
 }  // namespace lkw::gemv::persistent

@@ -50,7 +50,7 @@ Status gemv_v5(const GemvArgs& a, cudaStream_t stream) {
   Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
   if (s.ok()) s = validate_gemv(kOp, a, 16);
   if (!s.ok()) return s;
-  return launch_v5_modes(kOp, a, stream);  // the FP16 fold at G = 128, M ≤ kF16MaxM; else v4's
+  return launch_v5_modes<kOp>(a, stream);  // the FP16 fold at G = 128, M ≤ kF16MaxM; else v4's
 }
 
 // The first fact names every kernel of the version (the bench matches it against the profiled
