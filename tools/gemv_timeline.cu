@@ -13,6 +13,7 @@
 // global pointer per mark and is otherwise v5's kernel.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
+//   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,7 +75,22 @@ const char* path_name(int64_t m, int group) {
     default: return "scale in A";
   }
 }
-Status launch_v5(const GemvArgs& a, cudaStream_t stream) { return pk::launch_v5_modes<kInt4iGemv>(a, stream); }
+// v5's kernel, or v6's (the same modes, the block's steps shared out evenly over its warps).
+bool g_balanced = false;
+Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
+  return g_balanced ? pk::launch_v5_modes<kInt4iGemv, true>(a, stream) : pk::launch_v5_modes<kInt4iGemv>(a, stream);
+}
+
+template <bool kBalanced>
+int splits_of(int64_t m, int64_t n, int64_t k, int sms) {
+  const size_t limit = pk::smem_optin();
+  switch (pk::v5_path(m, 128)) {
+    case pk::V5Path::kFoldF16: return pk::plan_for<1, pk::kFoldF16, kBalanced>(m, n, k, sms, limit).splits;
+    case pk::V5Path::kFold: return pk::plan_for<1, pk::kFold, kBalanced>(m, n, k, sms, limit).splits;
+    case pk::V5Path::kScaleInA1: return pk::plan_for<1, pk::kScaleInA, kBalanced>(m, n, k, sms, limit).splits;
+    default: return pk::plan_for<2, pk::kScaleInA, kBalanced>(m, n, k, sms, limit).splits;
+  }
+}
 
 void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   constexpr int64_t g = 128;
@@ -180,12 +196,15 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   unsigned long long t0 = ~0ull;
   for (size_t w = 0; w < warps; ++w)
     if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
-  std::printf("\nM = %lld, N = %lld, K = %lld (v5: %s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
-              (long long)m, (long long)n, (long long)k, path_name(m, int(g)), times[times.size() / 2], times.size(),
+  const int splits = g_balanced ? splits_of<true>(m, n, k, prop.multiProcessorCount)
+                                : splits_of<false>(m, n, k, prop.multiProcessorCount);
+  std::printf("\nM = %lld, N = %lld, K = %lld (%s: %s, S = %d): %.2f us median of %zu launches (%.2f .. %.2f)\n",
+              (long long)m, (long long)n, (long long)k, g_balanced ? "v6" : "v5", path_name(m, int(g)), splits,
+              times[times.size() / 2], times.size(),
               times.front(), times.back());
   std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
   const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",
-                                   "first stage", "loop end"};
+                                   "first stage", "loop end", "done"};
   for (int mk = 0; mk < pk::kMarks; ++mk) {
     std::vector<double> v;
     for (size_t w = 0; w < warps; ++w)
@@ -208,6 +227,21 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     if (count) std::printf(" %d: %.2f us (%d warps)", sp, sum / count, count);
   }
   std::printf("\n");
+  // Within a block: the spread of its warps' loop ends (last − first), over the blocks.
+  std::vector<double> spread;
+  for (size_t b = 0; b < warps / timeline::kMaxWarps; ++b) {
+    double lo = 1e30, hi = -1;
+    for (int w = 0; w < timeline::kMaxWarps; ++w) {
+      const auto t = at(b * timeline::kMaxWarps + w, pk::kMarkLoopEnd);
+      if (t) lo = std::min(lo, (t - t0) * 1e-3), hi = std::max(hi, (t - t0) * 1e-3);
+    }
+    if (hi >= 0) spread.push_back(hi - lo);
+  }
+  if (!spread.empty()) {
+    std::sort(spread.begin(), spread.end());
+    std::printf("  loop end, last − first warp of a block: median %.2f  p90 %.2f  max %.2f us (%zu blocks)\n",
+                spread[spread.size() / 2], spread[spread.size() * 9 / 10], spread.back(), spread.size());
+  }
   for (int i = 0; i < 2; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
   cudaFree(x_d), cudaFree(y_d), cudaFree(flush), cudaFree(sink), cudaFree(marks_d);
   cudaEventDestroy(start), cudaEventDestroy(stop);
@@ -237,8 +271,18 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel as v5 runs it, INT4 interleaved, G = 128\n",
+  if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
+    pk::g_force_splits = std::atoi(splits);
+    std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
+  }
+
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel as v5 and v6 run it, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  for (size_t i = 0; i < shapes.size(); i += 3) run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
+  for (size_t i = 0; i < shapes.size(); i += 3) {
+    for (const bool balanced : {false, true}) {
+      g_balanced = balanced;
+      run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
+    }
+  }
   return 0;
 }

@@ -295,7 +295,7 @@ Status launch_v3(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
            nullptr,  nullptr, int(a.m),        int(a.k),    int(plan.k_split),
            plan.splits, log2_of(a.group), a.n};
   if (plan.splits > 1) {
-    Status s = workspace(tiles * plan.splits * a.m * kTileRows, tiles, &p.partials, &p.arrivals);
+    Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
   }
   kernel<<<dim3(unsigned(tiles), unsigned(plan.splits)), kWarps * 32, 0, stream>>>(p);

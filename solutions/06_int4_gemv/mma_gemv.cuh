@@ -17,6 +17,12 @@ namespace lkw::gemv::mma {
 
 constexpr int kTileRows = 16;  // rows of an mma A operand: the rows a warp's tile holds
 
+// A tile's split-K partial sums in the workspace: S·M·16 floats, rounded up to whole 128-byte
+// lines so that store_tile can drop them from L2 once summed (a line never holds two tiles').
+__host__ __device__ __forceinline__ int64_t tile_partials(int splits, int m) {
+  return (int64_t(splits) * m * kTileRows + 31) / 32 * 32;
+}
+
 // cp.async.cg.shared.global, 16 bytes: a global→shared copy that holds no register while it is
 // in flight and bypasses L1 (.cg: the weights are read once). With plain loads the next
 // iterations' weights would sit in registers, and ptxas, to shorten their lives, sinks such
@@ -86,10 +92,74 @@ __device__ __forceinline__ __nv_bfloat162 neg_zero_times_scale(uint32_t z, __nv_
   return __bfloat162bfloat162(__float2bfloat16_rn(-zf * bf16_to_f32(s)));
 }
 
-// A tile's result, by the one warp that holds it (acc as the mma C fragments of n-tiles j:
-// columns m = 8j + 2t + (e & 1), rows g + 8·(e ≥ 2)): straight to y with one split; with S splits
-// through the workspace, the last of the tile's S warps to arrive adding the S partials in split
-// order. P has y, partials, arrivals, m, n, splits (the kernel's parameters).
+// Split-K through the workspace, in two parts that a kernel may call apart (v6 writes a tile's
+// partials when the tile ends and counts it later, with one __threadfence for several tiles):
+// write_partials puts this split's sums of the tile in the workspace, plain stores; arrive_and_sum,
+// once a __threadfence has made them visible device-wide, counts the tile's arrival, and the last
+// of its S warps to arrive adds the S partials in split order and stores y (sum_partials). The partials are dead
+// once summed, but L2 holds them as dirty lines and would write them back to DRAM when it evicts
+// them, for nothing: `discard.global.L2` drops the tile's lines without a write-back (the next
+// launch writes before it reads). acc as the mma C fragments of n-tiles j: columns
+// m = 8j + 2t + (e & 1), rows g + 8·(e ≥ 2). P has y, partials, arrivals, m, n, splits (the
+// kernel's parameters).
+template <int kNTiles, class P>
+__device__ __forceinline__ void write_partials(const P& p, const float (&acc)[kNTiles][4], int64_t tile,
+                                               int split, int g, int t) {
+  // BEGIN SOLUTION: write acc to p.partials + tile·tile_partials(S, M) + split·M·16, as [m][16] (m < M).
+  float* mine = p.partials + tile * tile_partials(p.splits, p.m) + split * int64_t(p.m) * kTileRows;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      if (m < p.m) mine[m * kTileRows + g + (e >= 2 ? 8 : 0)] = acc[j][e];
+    }
+  }
+  // END SOLUTION
+}
+
+// The last of a tile's S arrivals: the S partials added in split order, y stored, the counter
+// reset for the next launch, the partials' lines dropped.
+template <int kNTiles, class P>
+__device__ __forceinline__ void sum_partials(const P& p, int64_t tile, int g, int t, int lane) {
+  // BEGIN SOLUTION: __threadfence, sum the S partials in split order with __ldcg, write y (rows < N), lane 0 resets the counter; __syncwarp, then discard.global.L2 each 128-byte line of the tile's partials.
+  __threadfence();
+  const int64_t stride = int64_t(p.m) * kTileRows, per_tile = tile_partials(p.splits, p.m);
+  float* all = p.partials + tile * per_tile;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      const int r = g + (e >= 2 ? 8 : 0);
+      const int64_t row = tile * kTileRows + r;
+      if (m >= p.m || row >= p.n) continue;
+      float sum = 0.0f;
+      for (int s = 0; s < p.splits; ++s) sum += __ldcg(all + s * stride + m * kTileRows + r);
+      p.y[m * p.n + row] = __float2bfloat16_rn(sum);  // (M, N)
+    }
+  }
+  if (lane == 0) p.arrivals[tile] = 0;  // ready for the next launch
+  __syncwarp();  // every lane has read its sums before any line goes
+  for (int64_t line = lane; line < per_tile / 32; line += 32)
+    asm volatile("discard.global.L2 [%0], 128;" ::"l"(all + 32 * line) : "memory");
+  // END SOLUTION
+}
+
+// Counts the tile's arrival (its partials already visible); the last of the S sums the tile.
+template <int kNTiles, class P>
+__device__ __forceinline__ void arrive_and_sum(const P& p, int64_t tile, int g, int t, int lane) {
+  // BEGIN SOLUTION: __syncwarp; lane 0 atomicAdd on p.arrivals[tile], shuffled to the warp; the last (S − 1 before it) calls sum_partials.
+  __syncwarp();
+  unsigned before = 0;
+  if (lane == 0) before = atomicAdd(p.arrivals + tile, 1u);
+  before = __shfl_sync(0xffffffffu, before, 0);
+  if (before == unsigned(p.splits - 1)) sum_partials<kNTiles>(p, tile, g, t, lane);
+  // END SOLUTION
+}
+
+// A tile's result, by the one warp that holds it: straight to y with one split, else through the
+// workspace (the two parts above, the fence between them).
 template <int kNTiles, class P>
 __device__ __forceinline__ void store_tile(const P& p, const float (&acc)[kNTiles][4], int64_t tile,
                                            int split, int g, int t, int lane) {
@@ -105,40 +175,9 @@ __device__ __forceinline__ void store_tile(const P& p, const float (&acc)[kNTile
     }
     return;
   }
-  // BEGIN SOLUTION: write the partials to p.partials[tile][split][m][16] (m < M); __threadfence, __syncwarp; lane 0 atomicAdd on p.arrivals[tile], shuffled to the warp; all but the last (S - 1 before it) return; __threadfence, sum the S partials in split order with __ldcg, write y (rows < N), lane 0 resets the counter.
-  const int64_t stride = int64_t(p.m) * kTileRows;
-  float* mine = p.partials + (tile * p.splits + split) * stride;  // (tiles, S, M, 16)
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * j + 2 * t + (e & 1);
-      if (m < p.m) mine[m * kTileRows + g + (e >= 2 ? 8 : 0)] = acc[j][e];
-    }
-  }
+  write_partials<kNTiles>(p, acc, tile, split, g, t);
   __threadfence();  // the partials are visible device-wide before the count says so
-  __syncwarp();
-  unsigned before = 0;
-  if (lane == 0) before = atomicAdd(p.arrivals + tile, 1u);
-  before = __shfl_sync(0xffffffffu, before, 0);
-  if (before != unsigned(p.splits - 1)) return;
-  __threadfence();
-  const float* all = p.partials + tile * p.splits * stride;
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * j + 2 * t + (e & 1);
-      const int r = g + (e >= 2 ? 8 : 0);
-      const int64_t row = tile * kTileRows + r;
-      if (m >= p.m || row >= p.n) continue;
-      float sum = 0.0f;
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(all + s * stride + m * kTileRows + r);
-      p.y[m * p.n + row] = __float2bfloat16_rn(sum);  // (M, N)
-    }
-  }
-  if (lane == 0) p.arrivals[tile] = 0;  // ready for the next launch
-  // END SOLUTION
+  arrive_and_sum<kNTiles>(p, tile, g, t, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -190,15 +229,26 @@ inline Status workspace(int64_t floats, int64_t tiles, float** partials, unsigne
 // ⌈T / warps⌉ tiles is the time, a warp alone taking about kWarpsToStream times as long per step
 // as a streaming SM (the model's one assumption: about that many warps keep an SM streaming).
 // Ties go to the smaller S: fewer partial sums.
+//
+// balanced (v6): a block's steps are shared out evenly over its warps, whatever tiles they fall
+// in, so every warp streams as long as the block has a step per warp, and the time is T·steps.
+// It also weighs the block's x slice, M rows of ⌈iters / S⌉ steps of 256 elements, staged before
+// the first step, against the splits' partial sums and the tiles they cut: one step per 4 KB of
+// x, M·steps/8. That weight is fitted, not derived: of 0, 1/8, 1/4 and 1/2 step per KB it is the
+// one whose choices come closest to the fastest S measured with tools/gemv_timeline (H200,
+// 2026-11-30): S = 1 at 28672 × 8192 for M ≤ 4 and at 4096 × 4096, M = 1; S = 2 at M = 8; at
+// 8192 × 28672 and M = 1 it picks S = 2 (41.9 µs measured) where S = 4 was fastest (40.4–41.3 µs)
+// and S = 1, with 57 KB of x to stage per block, slowest (43.0 µs).
 inline int64_t plan_splits(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min,
-                           int64_t s_max) {
+                           int64_t s_max, bool balanced = false, int64_t m = 0) {
   constexpr int64_t kWarpsToStream = 12;
   int64_t best = s_min, best_time = -1;
   for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
     const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
     const int64_t steps = ceil_div(iters, s) + 1;
-    const int64_t time =
-        std::max(per_block * steps, ceil_div(per_block, warps) * steps * kWarpsToStream);
+    const int64_t chain = balanced ? 0 : ceil_div(per_block, warps) * steps * kWarpsToStream;
+    const int64_t x_slice = balanced ? m * (steps - 1) / 8 : 0;
+    const int64_t time = std::max(per_block * steps, chain) + x_slice;
     if (best_time < 0 || time < best_time) best = s, best_time = time;
   }
   return best;

@@ -31,7 +31,8 @@ enum Mark : int {
   kMarkXLanded,        // x is in shared memory (after the block's barrier)
   kMarkPrologueDone,   // Σx or the FP16 conversion done: the steps can start
   kMarkFirstStage,     // its first stage has landed
-  kMarkLoopEnd,        // its last tile is stored
+  kMarkLoopEnd,        // its last step is done (and its whole tiles stored)
+  kMarkDone,           // and, kBalanced, the tiles it shares summed and stored
   kMarks
 };
 
@@ -76,6 +77,7 @@ struct Params {
   float* partials;              // [tiles, S, M, 16] when S > 1
   unsigned* arrivals;           // [tiles]
   int m, k, k_split, splits, group_shift, tiles;
+  int tiles_base, tiles_extra;  // kBalanced: block b of a split holds base + (b < extra) tiles
   int64_t n;
 };
 
@@ -325,7 +327,9 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
   }
 }
 
-template <int kNTiles, int kMode>
+// kBalanced (v6): the block's steps shared out evenly over its warps instead of whole tiles per
+// warp; the tiles that fall on two or more warps are summed in shared memory after the loop.
+template <int kNTiles, int kMode, bool kBalanced = false>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   constexpr int kStages = stages_for<kNTiles>();
   LKW_GEMV_MARK(kMarkEntry);
@@ -382,17 +386,31 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   cp_async_commit();
   LKW_GEMV_MARK(kMarkXIssued);
 
-  // This warp's tiles: block + blocks·(warp + warps·n), n = 0, 1, ...; its steps run through
-  // them tile by tile, the copies kStages − 1 steps ahead of the compute.
+  // This warp's run: `count` steps from step it0 of tile tile0, a tile's steps in order, the next
+  // tile `stride` further; the copies kStages − 1 steps ahead of the compute. Whole tiles: tiles
+  // block + blocks·(warp + warps·n), n = 0, 1, ..., as long as there are tiles. kBalanced: the
+  // block's tiles block + blocks·j (j < T) hold T·iters steps, and warp w takes steps
+  // ⌊w·T·iters / 16⌋ up to ⌊(w + 1)·T·iters / 16⌋ of them (the host launches 16 warps).
   Stage* my_ring = ring + warp * kStages;
-  const int first = block + blocks * warp, stride = blocks * warps;
+  int tile0 = block + blocks * warp, it0 = 0, count = 1 << 30, stride = blocks * warps;
+  unsigned total = 0;  // kBalanced: the block's steps
+  if constexpr (kBalanced) {
+    total = unsigned(p.tiles_base + (block < p.tiles_extra ? 1 : 0)) * unsigned(ln.iters);
+    const int lo = int(unsigned(warp) * total / kWarps);
+    count = int(unsigned(warp + 1) * total / kWarps) - lo;
+    int j = 0;
+    for (it0 = lo; it0 >= ln.iters; it0 -= ln.iters) ++j;  // lo / iters and lo % iters
+    tile0 = block + blocks * j;
+    stride = blocks;
+  }
   constexpr bool kZp = kMode == kZeroPoints;
   constexpr int kPasses = passes_for<kMode>();
-  int copy_tile = first, copy_it = 0;  // the next step to copy
-  CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, first);
+  int copy_tile = tile0, copy_it = it0, copies_left = count;  // the next step to copy
+  CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, tile0);
   auto copy_next = [&](int s) {
-    if (copy_tile < p.tiles) {
+    if (copies_left > 0 && copy_tile < p.tiles) {
       copy_step<kZp, kPasses>(my_ring[s % kStages], p, ln, ct, copy_it);
+      --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
         copy_tile += stride;
@@ -523,22 +541,78 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   };
   LKW_GEMV_MARK(kMarkPrologueDone);
   float acc[kNTiles][4] = {};
-  int tile = first, it = 0;
+  int tile = tile0, it = it0;
   start_tile(tile);
-  // BEGIN SOLUTION: for s = 0, 1, ... while tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store_tile(p, acc, tile, split, ...), zero acc, next tile (start_tile), it = 0.
-  for (int s = 0; tile < p.tiles; ++s) {
+  // kBalanced: part_from is the step at which this warp's part of the current tile starts. A part
+  // from step 0 to the end is a whole tile, stored; a part that starts after step 0 (only the
+  // run's first can) is kept in `head` for the warp that holds the tile's start; a part from
+  // step 0 that ends early (only the run's last can) is that warp's, summed after the loop.
+  int part_from = it0;
+  float head[kNTiles][4] = {};
+  bool has_head = false, owns_part = false;
+  // kBalanced with S > 1 and one n-tile: a tile's partials are written when it ends, but counted
+  // (and, by the last split, summed) later, up to two at a time, after one __threadfence for all
+  // of them. A fence waits for the warp's copies in flight, a bubble in its ring: v4 has one per
+  // tile, at the tile's end; here, with tiles ending anywhere in a run, they set the warps of a
+  // block apart (tools/gemv_timeline on the H200 at 28672 × 8192, M = 8, S = 2: 5.4 µs from a
+  // block's first warp done to its last, 1.4 µs deferred; 52.3 → 50.0 µs). With two n-tiles
+  // (M > 8) deferring measured slower (68.1 → 88.6 µs at M = 16, S = 4), so they store at once.
+  constexpr bool kDefer = kBalanced && kNTiles == 1;
+  int pending_n = 0, pending0 = 0, pending1 = 0;
+  auto flush = [&]() {  // both counts at once (lanes 0 and 1), then the sums of those it completes
+    __threadfence();
+    __syncwarp();
+    unsigned before = 0;
+    if (ln.lane < pending_n) before = atomicAdd(p.arrivals + (ln.lane == 0 ? pending0 : pending1), 1u);
+    const unsigned before0 = __shfl_sync(0xffffffffu, before, 0), before1 = __shfl_sync(0xffffffffu, before, 1);
+    if (before0 == unsigned(p.splits - 1)) sum_partials<kNTiles>(p, pending0, ln.g, ln.t, ln.lane);
+    if (pending_n > 1 && before1 == unsigned(p.splits - 1))
+      sum_partials<kNTiles>(p, pending1, ln.g, ln.t, ln.lane);
+    pending_n = 0;
+  };
+  auto store = [&](int t) {
+    if constexpr (is_f16<kMode>()) {  // back from x·2^s: column 2t + (e & 1)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][e] *= x_inv[min(2 * ln.t + (e & 1), p.m - 1)];
+    }
+    if (!kDefer || p.splits == 1) {
+      store_tile<kNTiles>(p, acc, t, split, ln.g, ln.t, ln.lane);
+      return;
+    }
+    if (pending_n == 2) flush();
+    write_partials<kNTiles>(p, acc, t, split, ln.g, ln.t);
+    if (pending_n == 0) pending0 = t;
+    else pending1 = t;
+    ++pending_n;
+  };
+  // BEGIN SOLUTION: for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile), it = 0.
+  for (int s = 0; s < count && tile < p.tiles; ++s) {
     __syncwarp();
     copy_next(s + kStages - 1);
     cp_async_wait<kStages - 1>();
     __syncwarp();
     if (s == 0) LKW_GEMV_MARK(kMarkFirstStage);
     compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, it, acc);
-    if (++it == ln.iters) {
-      if constexpr (is_f16<kMode>()) {  // back from x·2^s: column 2t + (e & 1)
+    ++it;
+    if (it == ln.iters || (kBalanced && s + 1 == count)) {
+      if constexpr (kBalanced) {
+        if (part_from == 0 && it < ln.iters) {  // the run ends inside a tile it started
+          owns_part = true;
+          break;
+        }
+        if (part_from != 0) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[0][e] *= x_inv[min(2 * ln.t + (e & 1), p.m - 1)];
+          for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) head[j][e] = acc[j][e];
+          has_head = true;
+        } else {
+          store(tile);
+        }
+        part_from = 0;
+      } else {
+        store(tile);
       }
-      store_tile<kNTiles>(p, acc, tile, split, ln.g, ln.t, ln.lane);
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
@@ -550,7 +624,36 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   }
   // END SOLUTION
   LKW_GEMV_MARK(kMarkLoopEnd);
-  cp_async_wait<0>();  // nothing left in flight when the block exits
+  cp_async_wait<0>();  // nothing left in flight when the block exits (or reuses the ring)
+  if constexpr (kBalanced) {
+    // BEGIN SOLUTION: the head into this warp's own ring ([j·4 + e][lane] floats; its copies are done), __syncthreads; a warp that owns a part adds, in warp order, the heads of the warps v > warp whose runs start before the tile's end (hi + iters − it, in the block's steps) and are not empty, then stores the tile.
+    float* slot = reinterpret_cast<float*>(my_ring);
+    __syncwarp();
+    if (has_head) {
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) slot[(4 * j + e) * 32 + ln.lane] = head[j][e];
+    }
+    __syncthreads();  // every warp's head is in shared memory
+    if (owns_part) {
+      const unsigned tile_end = unsigned(warp + 1) * total / kWarps + unsigned(ln.iters - it);
+      for (int v = warp + 1; v < kWarps; ++v) {
+        const unsigned lo = unsigned(v) * total / kWarps, hi = unsigned(v + 1) * total / kWarps;
+        if (lo >= tile_end) break;
+        if (hi == lo) continue;  // an empty run: no head
+        const float* theirs = reinterpret_cast<const float*>(ring + v * kStages);
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] += theirs[(4 * j + e) * 32 + ln.lane];
+      }
+      store(tile);
+    }
+    if (pending_n > 0) flush();
+    // END SOLUTION
+  }
+  LKW_GEMV_MARK(kMarkDone);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -569,14 +672,19 @@ size_t smem_bytes(int64_t m, int64_t k_split) {
   return size_t(kWarps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
 }
 
+// S forced by a tool (tools/gemv_timeline.cu's LKW_TIMELINE_SPLITS), where it fits; 0: the plan's.
+inline int g_force_splits = 0;
+
 // The smallest S whose x slice fits beside the ring, then plan_splits' choice from there.
-template <int kNTiles, int kMode>
+template <int kNTiles, int kMode, bool kBalanced = false>
 Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
   const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
   auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
   int64_t s = 1;
   while (s < iters && smem_bytes<kNTiles, kMode>(m, per_split(s)) > smem_limit) ++s;
-  s = plan_splits(tiles, iters, sms, kWarps, s, std::min<int64_t>({iters, kMaxSplits, sms}));
+  s = g_force_splits > 0 ? std::max<int64_t>(s, std::min<int64_t>(g_force_splits, iters))
+                         : plan_splits(tiles, iters, sms, kWarps, s, std::min<int64_t>({iters, kMaxSplits, sms}),
+                                       kBalanced, m);
   const int64_t k_split = per_split(s);
   const int splits = int(ceil_div(iters, k_split / kIterK));
   return {k_split, splits, smem_bytes<kNTiles, kMode>(m, k_split)};
@@ -592,33 +700,33 @@ inline size_t smem_optin() {
   return bytes;
 }
 
-template <int kNTiles, int kMode>
+template <int kNTiles, int kMode, bool kBalanced = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
-  auto* kernel = persistent_kernel<kNTiles, kMode>;
+  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced>;
   const size_t limit = smem_optin();
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
   if (attr != cudaSuccess)
     return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
-  const Plan plan = plan_for<kNTiles, kMode>(a.m, a.n, a.k, sm_count(), limit);
+  const Plan plan = plan_for<kNTiles, kMode, kBalanced>(a.m, a.n, a.k, sm_count(), limit);
   if (plan.smem > limit)
     return error(Code::kInvalidArgument,
                  std::string(op.name) + ": M × 256 of x does not fit in shared memory");
   const int64_t tiles = ceil_div(a.n, kTileRows);
-  Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
-           int(plan.k_split), plan.splits, log2_of(a.group), int(tiles), a.n};
-  if (plan.splits > 1) {
-    Status s = workspace(tiles * plan.splits * a.m * kTileRows, tiles, &p.partials, &p.arrivals);
-    if (!s.ok()) return s;
-  }
   // One block per SM, the same number for every split (rounded down when S does not divide
   // #SM: a split with fewer blocks would set the pace).
-  const int sms = sm_count();
-  const unsigned per_split = unsigned(std::max(1, sms / plan.splits));
-  // Always 16 warps. (Measured: launching 14, so that 1792 tiles of M = 8 in two splits go out
+  const int per_split = std::max(1, sm_count() / plan.splits);
+  Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
+           int(plan.k_split), plan.splits, log2_of(a.group), int(tiles),
+           int(tiles / per_split), int(tiles % per_split), a.n};
+  if (plan.splits > 1) {
+    Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
+    if (!s.ok()) return s;
+  }
+  // Always 16 warps (kBalanced's shares count on it). (Measured: launching 14, so that 1792 tiles of M = 8 in two splits go out
   // in two whole rounds instead of a whole one and a 70% one, was slower: the SMs need the warps
   // more than the last round needs to be full.)
-  kernel<<<dim3(per_split, unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
+  kernel<<<dim3(unsigned(per_split), unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
   return last_launch_status(op.name);
 }
 
@@ -636,15 +744,15 @@ inline V5Path v5_path(int64_t m, int group) {
   return m <= kF16MaxM ? V5Path::kFoldF16 : V5Path::kFold;
 }
 // A template, so that only the files that call it instantiate the FP16 fold's kernel (v4's does not).
-template <const GemvOp& kOp>
+template <const GemvOp& kOp, bool kBalanced = false>
 Status launch_v5_modes(const GemvArgs& a, cudaStream_t stream) {
   switch (v5_path(a.m, a.group)) {
-    case V5Path::kScaleInA2: return launch<2, kScaleInA>(kOp, a, stream);
-    case V5Path::kScaleInA1: return launch<1, kScaleInA>(kOp, a, stream);
-    case V5Path::kFoldF16: return launch<1, kFoldF16>(kOp, a, stream);
+    case V5Path::kScaleInA2: return launch<2, kScaleInA, kBalanced>(kOp, a, stream);
+    case V5Path::kScaleInA1: return launch<1, kScaleInA, kBalanced>(kOp, a, stream);
+    case V5Path::kFoldF16: return launch<1, kFoldF16, kBalanced>(kOp, a, stream);
     case V5Path::kFold: break;
   }
-  return launch<1, kFold>(kOp, a, stream);
+  return launch<1, kFold, kBalanced>(kOp, a, stream);
 }
 
 }  // namespace lkw::gemv::persistent

@@ -78,7 +78,7 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
   for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
     for (const Version* v : versions_of(*op)) {
       if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k" && v->id != "v4_persistent_smem_x" &&
-          v->id != "v5_f16_activations")
+          v->id != "v5_f16_activations" && v->id != "v6_balanced_steps")
         continue;
       Fake at;
       at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
@@ -90,7 +90,8 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
 TEST(HostValidation, V4NeedsScalesInWholeWords) {
   for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
     for (const Version* v : versions_of(*op)) {
-      if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations") continue;
+      if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations" && v->id != "v6_balanced_steps")
+        continue;
       Fake at;
       at.scales += 2;  // aligned for BF16, not for the 4-byte copies of v4
       expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "scales must be 4-byte aligned");
@@ -181,6 +182,19 @@ TEST(HostPlan, PrefersSplitsThatFillTheBlocksEvenly) {
   EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 7, 64), 8);
   // s_min is a floor, whatever the model says.
   EXPECT_GE(mma::plan_splits(1792, 32, 132, 16, 4, 32), 4);
+}
+
+// v6's model (balanced steps, the x slice weighed at M·steps/8): S = 1 wherever the tiles fill
+// the blocks and x fits, a split where 57 KB of x per block would have to be staged.
+TEST(HostPlan, BalancedStepsSplitLessAndWeighX) {
+  EXPECT_EQ(mma::plan_splits(1792, 32, 132, 16, 1, 32, true, 1), 1);  // 28672 × 8192, M = 1
+  EXPECT_EQ(mma::plan_splits(1792, 32, 132, 16, 1, 32, true, 4), 1);  // M = 4
+  EXPECT_EQ(mma::plan_splits(1792, 32, 132, 16, 2, 32, true, 8), 2);  // M = 8: x fits from S = 2
+  EXPECT_EQ(mma::plan_splits(256, 16, 132, 16, 1, 16, true, 1), 1);   // 4096 × 4096, M = 1
+  EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 1, 64, true, 1), 2);  // 8192 × 28672, M = 1
+  EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 1, 64, true, 0), 1);  // ... without the x term
+  // Unbalanced, the same 8192 × 28672 splits further: whole tiles must give the warps work.
+  EXPECT_GE(mma::plan_splits(512, 112, 132, 16, 1, 64), 3);
 }
 
 }  // namespace

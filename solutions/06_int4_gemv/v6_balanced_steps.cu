@@ -1,0 +1,67 @@
+// v6_balanced_steps — v5 with the block's steps shared out evenly over its 16 warps, whatever
+// tiles they fall in.
+//
+// Since v5: tools/gemv_timeline.cu records when each warp of v5's kernel passes its marks. At
+// M = 1, 28672 × 8192 the 1792 tiles give an SM 13 or 14 busy warps: three or four per scheduler
+// (warp index mod 4), and the warps of the schedulers with four end about 4 µs after the others,
+// while the SM's last two or three warps have nothing to do from the start. At M = 4 and 8 a warp
+// holds one or two tiles of its split: the warps with two are still streaming long after those
+// with one have stopped. A warp owning whole tiles makes the SM's share of the work lumpy, in
+// steps of a whole tile (32 steps at K = 8192), and the last lump sets the time.
+//
+// A block holds T tiles (block b of B in its split: tiles b + B·j), T·iters steps in all. Warp w
+// takes steps ⌊w·T·iters/16⌋ to ⌊(w + 1)·T·iters/16⌋ of them, in order, across tile boundaries;
+// every warp gets the same number of steps, give or take one. Its ring streams through them as
+// v4's does through whole tiles. A tile whose steps all fall to one warp is stored as before. A
+// tile split between warps leaves a partial sum with each: the warp that holds the tile's first
+// step keeps its part in registers; the others (their runs start inside the tile) keep theirs in
+// registers until their loop ends and then write them into their own ring, whose copies are done;
+// after one __syncthreads the first warp adds the others' in warp order, so the sum is the same
+// from launch to launch, and stores the tile (through split-K when S > 1). A warp has at most one
+// part of each kind, so the cost is 4 (or 8) registers, one barrier and a few shared-memory reads
+// per block.
+//
+// With the work even, the split count's model changes (mma::plan_splits, balanced): a warp's chain
+// is its share of the block's steps, not ⌈T/16⌉ whole tiles, so S = 1 becomes the usual choice;
+// and it now counts the block's x slice too (staged before the first step, about a step's time per
+// KB): at 8192 × 28672 and M = 1, S = 1 would stage 57 KB of x per block and start 3 µs later.
+//
+// Expect: at every shape and M every warp busy to the end and the schedulers ending together; the
+// largest gains where v5's warps held uneven numbers of tiles (M = 4 at 28672 × 8192, the small
+// shapes), about 1 µs at M = 1 on the 70B shapes; the same DRAM bytes as v5.
+// SASS: as v5 (the FP16 fold's mma in FP16, no integer→float convert), plus the block barrier
+// after the loop.
+#include "persistent_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+using namespace persistent;
+
+template <const GemvOp& kOp>
+Status gemv_v6(const GemvArgs& a, cudaStream_t stream) {
+  static_assert(!kOp.zero_points, "v6 balances v5's kernels, which run without zero points");
+  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
+  if (s.ok()) s = validate_gemv(kOp, a, 16);
+  if (!s.ok()) return s;
+  return launch_v5_modes<kOp, true>(a, stream);  // v5's choice of mode, balanced
+}
+
+std::vector<SassFact> facts() {
+  return {{"persistent_kernel", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3", "BAR.SYNC"},
+           {"I2F", "I2FP", "LDG.E.128"}, true,
+           "weights, x, scales through cp.async (LDGSTS; no 16-byte LDG), mma.sync (HMMA), LOP3 "
+           "unpack, no integer→float convert; the block barrier before the split tiles are summed"},
+          {"persistent_kernelILi1ELi3ELb1E", {}, {"HMMA.16816.F32", "F2FP", "LOP3", "LDGSTS"},
+           {"HMMA.16816.F32.BF16", "I2F", "I2FP", "LDG.E.128"}, true,
+           "the FP16 fold: mma on FP16 (no BF16 HMMA), x converted by F2FP, LOP3 unpack, no "
+           "integer→float convert, the copies through cp.async"}};
+}
+
+constexpr const char* kSummary =
+    "v5 with the block's steps shared evenly over its warps; split tiles summed in shared memory";
+const Register kRegistered{
+    gemv_version(kInt4iGemv, "v6_balanced_steps", kSummary, gemv_v6<kInt4iGemv>, facts())};
+
+}  // namespace
+}  // namespace lkw::gemv
