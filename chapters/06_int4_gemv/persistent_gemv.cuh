@@ -413,23 +413,27 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   float head[kNTiles][4] = {};
   bool has_head = false, owns_part = false;
   // kBalanced with S > 1 and one n-tile: a tile's partials are written when it ends, but counted
-  // (and, by the last split, summed) later, up to two at a time, after one __threadfence for all
-  // of them. A fence waits for the warp's copies in flight, a bubble in its ring: v4 has one per
+  // (and, by the last split, summed) later, up to three at a time (at the latest after the loop,
+  // with the tile the warp sums from the others' heads), after one __threadfence for all of them. A fence waits for the warp's copies in flight, a bubble in its ring: v4 has one per
   // tile, at the tile's end; here, with tiles ending anywhere in a run, they set the warps of a
   // block apart (tools/gemv_timeline on the H200 at 28672 × 8192, M = 8, S = 2: 5.4 µs from a
   // block's first warp done to its last, 1.4 µs deferred; 52.3 → 50.0 µs). With two n-tiles
   // (M > 8) deferring measured slower (68.1 → 88.6 µs at M = 16, S = 4), so they store at once.
   constexpr bool kDefer = kBalanced && kNTiles == 1;
-  int pending_n = 0, pending0 = 0, pending1 = 0;
-  auto flush = [&]() {  // both counts at once (lanes 0 and 1), then the sums of those it completes
+  int pending_n = 0, pending0 = 0, pending1 = 0, pending2 = 0;
+  auto flush = [&]() {  // the counts at once (lanes 0, 1, 2), then the sums of the tiles it completes
     __threadfence();
     __syncwarp();
     unsigned before = 0;
-    if (ln.lane < pending_n) before = atomicAdd(p.arrivals + (ln.lane == 0 ? pending0 : pending1), 1u);
-    const unsigned before0 = __shfl_sync(0xffffffffu, before, 0), before1 = __shfl_sync(0xffffffffu, before, 1);
-    if (before0 == unsigned(p.splits - 1)) sum_partials<kNTiles>(p, pending0, ln.g, ln.t, ln.lane);
-    if (pending_n > 1 && before1 == unsigned(p.splits - 1))
-      sum_partials<kNTiles>(p, pending1, ln.g, ln.t, ln.lane);
+    if (ln.lane < pending_n)
+      before = atomicAdd(p.arrivals + (ln.lane == 0 ? pending0 : ln.lane == 1 ? pending1 : pending2), 1u);
+    const unsigned last = unsigned(p.splits - 1);
+    const bool last0 = __shfl_sync(0xffffffffu, before, 0) == last;
+    const bool last1 = __shfl_sync(0xffffffffu, before, 1) == last && pending_n > 1;
+    const bool last2 = __shfl_sync(0xffffffffu, before, 2) == last && pending_n > 2;
+    if (last0) sum_partials<kNTiles>(p, pending0, ln.g, ln.t, ln.lane);
+    if (last1) sum_partials<kNTiles>(p, pending1, ln.g, ln.t, ln.lane);
+    if (last2) sum_partials<kNTiles>(p, pending2, ln.g, ln.t, ln.lane);
     pending_n = 0;
   };
   auto store = [&](int t) {
@@ -441,10 +445,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       store_tile<kNTiles>(p, acc, t, split, ln.g, ln.t, ln.lane);
       return;
     }
-    if (pending_n == 2) flush();
+    if (pending_n == 3) flush();
     write_partials<kNTiles>(p, acc, t, split, ln.g, ln.t);
     if (pending_n == 0) pending0 = t;
-    else pending1 = t;
+    else if (pending_n == 1) pending1 = t;
+    else pending2 = t;
     ++pending_n;
   };
   // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile), it = 0. (about 36 lines)

@@ -122,21 +122,33 @@ __device__ __forceinline__ void write_partials(const P& p, const float (&acc)[kN
 // reset for the next launch, the partials' lines dropped.
 template <int kNTiles, class P>
 __device__ __forceinline__ void sum_partials(const P& p, int64_t tile, int g, int t, int lane) {
-  // BEGIN SOLUTION: __threadfence, sum the S partials in split order with __ldcg, write y (rows < N), lane 0 resets the counter; __syncwarp, then discard.global.L2 each 128-byte line of the tile's partials.
+  // BEGIN SOLUTION: __threadfence; sum the S partials in split order with __ldcg, the splits in the outer loop so that a lane's loads of one split are in flight together; write y (m < M, rows < N); lane 0 resets the counter; __syncwarp, then discard.global.L2 each 128-byte line of the tile's partials.
   __threadfence();
   const int64_t stride = int64_t(p.m) * kTileRows, per_tile = tile_partials(p.splits, p.m);
   float* all = p.partials + tile * per_tile;
+  // Splits outside, a lane's 4 (or 8) values inside: each split's loads go out together, one L2
+  // round trip per split. (Values outside and splits inside, the loop that a first version had,
+  // waits for each load before the next: 4·S round trips, about 5 µs at M = 8, S = 2, at the end
+  // of v6's kernel, where nothing hides them.)
+  float sum[kNTiles][4] = {};
+#pragma unroll 4
+  for (int s = 0; s < p.splits; ++s) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 8 * j + 2 * t + (e & 1);
+        if (m < p.m) sum[j][e] += __ldcg(all + s * stride + m * kTileRows + g + (e >= 2 ? 8 : 0));
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int m = 8 * j + 2 * t + (e & 1);
-      const int r = g + (e >= 2 ? 8 : 0);
-      const int64_t row = tile * kTileRows + r;
-      if (m >= p.m || row >= p.n) continue;
-      float sum = 0.0f;
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(all + s * stride + m * kTileRows + r);
-      p.y[m * p.n + row] = __float2bfloat16_rn(sum);  // (M, N)
+      const int64_t row = tile * kTileRows + g + (e >= 2 ? 8 : 0);
+      if (m < p.m && row < p.n) p.y[m * p.n + row] = __float2bfloat16_rn(sum[j][e]);  // (M, N)
     }
   }
   if (lane == 0) p.arrivals[tile] = 0;  // ready for the next launch
@@ -228,26 +240,29 @@ inline Status workspace(int64_t floats, int64_t tiles, float** partials, unsigne
 // streams, and its time is its steps, T·(steps + 1); with too few, each warp's chain of
 // ⌈T / warps⌉ tiles is the time, a warp alone taking about kWarpsToStream times as long per step
 // as a streaming SM (the model's one assumption: about that many warps keep an SM streaming).
-// Ties go to the smaller S: fewer partial sums.
+// Ties go to the smaller S: fewer partial sums. kWarpsToStream was 12 until tools/gemv_timeline
+// (H200, 2026-11-30) measured v5 at 8192 × 28672, M = 1 with S forced: S = 2, 8 busy warps per
+// block each streaming one tile of 56 steps, took 37.8 µs; S = 4, 16 busy warps, 40.7 µs (the
+// model's choice with 12). Eight warps keep an SM streaming.
 //
 // balanced (v6): a block's steps are shared out evenly over its warps, whatever tiles they fall
 // in, so every warp streams as long as the block has a step per warp, and the time is T·steps.
 // It also weighs the block's x slice, M rows of ⌈iters / S⌉ steps of 256 elements, staged before
-// the first step, against the splits' partial sums and the tiles they cut: one step per 4 KB of
-// x, M·steps/8. That weight is fitted, not derived: of 0, 1/8, 1/4 and 1/2 step per KB it is the
-// one whose choices come closest to the fastest S measured with tools/gemv_timeline (H200,
-// 2026-11-30): S = 1 at 28672 × 8192 for M ≤ 4 and at 4096 × 4096, M = 1; S = 2 at M = 8; at
-// 8192 × 28672 and M = 1 it picks S = 2 (41.9 µs measured) where S = 4 was fastest (40.4–41.3 µs)
-// and S = 1, with 57 KB of x to stage per block, slowest (43.0 µs).
+// the first step, against the splits' partial sums and the tiles they cut: one step per 2 KB of
+// x, M·steps/4. That weight is fitted, not derived: of 0, 1/8, 1/4 and 1/2 step per KB it is the
+// one whose choices come closest to the fastest S measured for v6 with tools/gemv_timeline (H200,
+// 2026-11-30): S = 1 at 28672 × 8192 for M ≤ 2 and at 4096 × 4096, M = 1; S = 2 at M = 4 and 8;
+// S = 4 at 8192 × 28672, M = 2; at 8192 × 28672, M = 1 it picks S = 2 (41.4 µs) where S = 4 was
+// fastest (40.1 µs) and S = 1, with 57 KB of x to stage per block, slowest (42.8 µs).
 inline int64_t plan_splits(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min,
                            int64_t s_max, bool balanced = false, int64_t m = 0) {
-  constexpr int64_t kWarpsToStream = 12;
+  constexpr int64_t kWarpsToStream = 8;
   int64_t best = s_min, best_time = -1;
   for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
     const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
     const int64_t steps = ceil_div(iters, s) + 1;
     const int64_t chain = balanced ? 0 : ceil_div(per_block, warps) * steps * kWarpsToStream;
-    const int64_t x_slice = balanced ? m * (steps - 1) / 8 : 0;
+    const int64_t x_slice = balanced ? m * (steps - 1) / 4 : 0;
     const int64_t time = std::max(per_block * steps, chain) + x_slice;
     if (best_time < 0 || time < best_time) best = s, best_time = time;
   }
