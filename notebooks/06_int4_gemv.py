@@ -116,7 +116,10 @@ if data:
 #   every M up to 8. That factor is the work around the mma: the SM still moves every nibble into
 #   a mantissa itself, and at M = 1 that instruction stream, not HBM, sets the pace (the book's
 #   chapter 06 has the profile and the probe that takes it apart). `v5` unpacks into FP16, two
-#   nibbles per half word, and gains at M ≤ 2; from M = 4 it runs `v4`'s kernel.
+#   nibbles per half word, and gains at M ≤ 2; from M = 4 it runs `v4`'s kernel. `v6` shares a
+#   block's steps evenly over its warps: it gains where whole tiles leave the warps unevenly
+#   loaded (28672 × 8192, most M) and loses where its tail after the loop costs more (N small
+#   beside K).
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 

@@ -418,7 +418,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   // tile, at the tile's end; here, with tiles ending anywhere in a run, they set the warps of a
   // block apart (tools/gemv_timeline on the H200 at 28672 × 8192, M = 8, S = 2: 5.4 µs from a
   // block's first warp done to its last, 1.4 µs deferred; 52.3 → 50.0 µs). With two n-tiles
-  // (M > 8) deferring measured slower (68.1 → 88.6 µs at M = 16, S = 4), so they store at once.
+  // (M > 8) deferring measured no better (M = 16: 64.1 → 66.2 µs at 28672 × 8192, S = 4;
+  // 85.4 → 82.7 µs at 8192 × 28672, S = 16), so they store at once.
   constexpr bool kDefer = kBalanced && kNTiles == 1;
   int pending_n = 0, pending0 = 0, pending1 = 0, pending2 = 0;
   auto flush = [&]() {  // the counts at once (lanes 0, 1, 2), then the sums of the tiles it completes
