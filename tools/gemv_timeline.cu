@@ -1,16 +1,17 @@
 // gemv_timeline — where chapter 06's persistent kernel spends its microseconds, warp by warp.
 //
 // The bench gives one number per launch; Nsight Compute gives averages over it. This tool builds
-// the kernel of v4/v5 (solutions/06_int4_gemv/persistent_gemv.cuh) with its timeline marks
+// the kernel of v4/v5/v6 (solutions/06_int4_gemv/persistent_gemv.cuh) with its timeline marks
 // switched on: lane 0 of every warp writes %globaltimer when it passes each mark (entry, x issued,
-// ring issued, x landed, prologue done, first stage landed, loop end). It runs v5's choice of mode
-// for each shape and M, timed as the bench times it (the L2 flushed by a read of twice its size
-// before each launch, CUDA events around the launch, the median of 25), then one more launch with
-// the marks recorded, and prints for each mark the spread over the warps (from the first warp's
-// entry), and the mean loop end of the warps by scheduler (warp index mod 4) with their count.
-// Before timing it checks the output against a float64 reference on 256 rows (the chapter's
-// tolerance, reference/lkw/gemv.py). With the marks off (a null pointer) the kernel tests one
-// global pointer per mark and is otherwise v5's kernel.
+// ring issued, x landed, prologue done, first stage landed, loop end, done). It runs v5's choice
+// of mode for each shape and M, as v5 runs it and as v6 runs it (steps shared evenly), each timed
+// as the bench times it (the L2 flushed by a read of twice its size before each launch, CUDA
+// events around the launch, the median of 25), then one more launch with the marks recorded, and
+// prints for each mark the spread over the warps (from the first warp's entry), the mean loop end
+// of the warps by scheduler (warp index mod 4) with their count, and the spread of loop ends
+// within a block. Before timing it checks the output against a float64 reference on 256 rows (the
+// chapter's tolerance, reference/lkw/gemv.py). With the marks off (a null pointer) the kernel
+// tests one global pointer per mark and is otherwise the version's kernel.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
