@@ -66,6 +66,52 @@ __global__ void flush_kernel(const uint4* buf, int64_t n, unsigned* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the reads
 }
 
+__global__ void empty_kernel() {}
+
+// What a launch costs with nothing in it: an empty kernel in the persistent kernel's shape (one
+// block of 512 threads per SM), timed like the kernel (after the same flush), with no shared
+// memory and with all an SM can give a block; then the same with the flush kernel asking for
+// the same carve-out, so that no L1/shared-memory reconfiguration falls between the two kernels.
+void launch_overhead(const cudaDeviceProp& prop) {
+  const int64_t flush_words = 2 * int64_t(prop.l2CacheSize) / 16;
+  uint4* flush;
+  unsigned* sink;
+  check(cudaMalloc(&flush, flush_words * 16), "cudaMalloc flush");
+  check(cudaMemset(flush, 1, flush_words * 16), "memset flush");
+  check(cudaMalloc(&sink, 4), "cudaMalloc sink");
+  const int smem = int(pk::smem_optin());
+  check(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  auto time = [&](int bytes) {
+    std::vector<float> t;
+    for (int i = 0; i < 28; ++i) {
+      flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+      check(cudaEventRecord(start), "record");
+      empty_kernel<<<prop.multiProcessorCount, pk::kWarps * 32, bytes>>>();
+      check(cudaEventRecord(stop), "record");
+      check(cudaEventSynchronize(stop), "empty launch");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      if (i >= 3) t.push_back(1e3f * ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const float none = time(0), full = time(smem);
+  check(cudaFuncSetAttribute(flush_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             int(cudaSharedmemCarveoutMaxShared)), "carveout");
+  const float same = time(smem);
+  check(cudaFuncSetAttribute(flush_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             int(cudaSharedmemCarveoutDefault)), "carveout");
+  std::printf("# an empty kernel of %d blocks × %d threads after the flush, median of 25: %.2f us with no "
+              "shared memory, %.2f us with %d KB per block, %.2f us with the flush asking for the same carve-out\n",
+              prop.multiProcessorCount, pk::kWarps * 32, none, full, smem / 1024, same);
+  cudaFree(flush), cudaFree(sink);
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+}
+
 uint16_t bf16_of(double v) { return formats::f32_to_bf16_bits(float(v)); }
 double bf16_value(uint16_t bits) { return bf16_bits_to_f32(bits); }
 
@@ -279,6 +325,7 @@ int main(int argc, char** argv) {
 
   std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel as v5 and v6 run it, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
     for (const bool balanced : {false, true}) {
       g_balanced = balanced;
