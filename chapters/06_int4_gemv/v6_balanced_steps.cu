@@ -27,9 +27,17 @@
 // and it now counts the block's x slice too (staged before the first step, about a step's time per
 // KB): at 8192 × 28672 and M = 1, S = 1 would stage 57 KB of x per block and start 3 µs later.
 //
-// Expect: at every shape and M every warp busy to the end and the schedulers ending together; the
-// largest gains where v5's warps held uneven numbers of tiles (M = 4 at 28672 × 8192, the small
-// shapes), about 1 µs at M = 1 on the 70B shapes; the same DRAM bytes as v5.
+// With S > 1 the splits' counts move too: v4 counts a tile's split-K arrival after a
+// __threadfence when the tile ends, a bubble in the warp's ring that falls alike on every warp;
+// with tiles ending anywhere in a run the bubbles set a block's warps apart, so v6 (one n-tile)
+// writes a tile's partials when it ends and counts up to three tiles after one fence, at the
+// latest after the loop.
+//
+// Expect: every warp busy to the end and the schedulers ending together; gains where v5's warps
+// held uneven numbers of tiles (28672 × 8192 at M = 1 to 4 and 16, 14336 × 4096), losses where N
+// is small beside K and v5's tiles already fall evenly: after the loop a block waits for its
+// last warp, sums its cut tiles and, with S > 1, counts and sums the splits, round trips to L2
+// that nothing hides. The same DRAM bytes as v5.
 // SASS: as v5 (the FP16 fold's mma in FP16, no integer→float convert), plus the block barrier
 // after the loop.
 #include "persistent_gemv.cuh"

@@ -1,9 +1,12 @@
-// The persistent tensor-core GEMV of v4_persistent_smem_x and v5_f16_activations: one block of
-// 16 warps per SM, x staged in shared memory, a cp.async ring per warp with the weights, scales
-// and zero points of each step, split-K by a model of the busiest block (mma::plan_splits). The
-// versions' files say what each changes and why; this header holds the kernel they share, by mode:
+// The persistent tensor-core GEMV of v4_persistent_smem_x, v5_f16_activations and
+// v6_balanced_steps: one block of 16 warps per SM, x staged in shared memory, a cp.async ring per
+// warp with the weights, scales and zero points of each step, split-K by a model of the busiest
+// block (mma::plan_splits). The versions' files say what each changes and why; this header holds
+// the kernel they share, by mode:
 //   kFold, kScaleInA, kZeroPoints   v4 (and v5 away from G = 128, M ≤ 2)
 //   kFoldF16                        v5 at G = 128, M ≤ 2: x in FP16, the FP16 magic unpack
+// and by kBalanced: whole tiles per warp (v4, v5) or the block's steps shared evenly (v6, with
+// v5's choice of mode).
 #pragma once
 #include <algorithm>
 #include <string>
@@ -552,9 +555,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   bool has_head = false, owns_part = false;
   // kBalanced with S > 1 and one n-tile: a tile's partials are written when it ends, but counted
   // (and, by the last split, summed) later, up to three at a time (at the latest after the loop,
-  // with the tile the warp sums from the others' heads), after one __threadfence for all of them. A fence waits for the warp's copies in flight, a bubble in its ring: v4 has one per
-  // tile, at the tile's end; here, with tiles ending anywhere in a run, they set the warps of a
-  // block apart (tools/gemv_timeline on the H200 at 28672 × 8192, M = 8, S = 2: 5.4 µs from a
+  // with the tile the warp sums from the others' heads), after one __threadfence for all of them.
+  // A fence waits for the warp's copies in flight, a bubble in its ring: v4 has one per tile, at
+  // the tile's end; here, with tiles ending anywhere in a run, they set the warps of a block apart (tools/gemv_timeline on the H200 at 28672 × 8192, M = 8, S = 2: 5.4 µs from a
   // block's first warp done to its last, 1.4 µs deferred; 52.3 → 50.0 µs). With two n-tiles
   // (M > 8) deferring measured no better (M = 16: 64.1 → 66.2 µs at 28672 × 8192, S = 4;
   // 85.4 → 82.7 µs at 8192 × 28672, S = 16), so they store at once.
@@ -729,9 +732,9 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
     Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
   }
-  // Always 16 warps (kBalanced's shares count on it). (Measured: launching 14, so that 1792 tiles of M = 8 in two splits go out
-  // in two whole rounds instead of a whole one and a 70% one, was slower: the SMs need the warps
-  // more than the last round needs to be full.)
+  // Always 16 warps (kBalanced's shares count on it). (Measured: launching 14, so that 1792 tiles
+  // of M = 8 in two splits go out in two whole rounds instead of a whole one and a 70% one, was
+  // slower: the SMs need the warps more than the last round needs to be full.)
   kernel<<<dim3(unsigned(per_split), unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
   return last_launch_status(op.name);
 }
