@@ -4,7 +4,8 @@
 // the kernel of v4/v5/v6 (solutions/06_int4_gemv/persistent_gemv.cuh) with its timeline marks
 // switched on: lane 0 of every warp writes %globaltimer when it passes each mark (entry, x issued,
 // ring issued, x landed, prologue done, first stage landed, loop end, done). It runs v5's choice
-// of mode for each shape and M, as v5 runs it and as v6 runs it (steps shared evenly), each timed
+// of mode for each shape and M, with whole tiles per warp (v5) and with the steps shared evenly
+// (the balanced kernel), and says which of the two v6 runs there; each timed
 // as the bench times it (the L2 flushed by a read of twice its size before each launch, CUDA
 // events around the launch, the median of 25), then one more launch with the marks recorded, and
 // prints for each mark the spread over the warps (from the first warp's entry), the mean loop end
@@ -122,10 +123,21 @@ const char* path_name(int64_t m, int group) {
     default: return "scale in A";
   }
 }
-// v5's kernel, or v6's (the same modes, the block's steps shared out evenly over its warps).
+// v5's kernel (whole tiles per warp), or the balanced kernel v6 runs where its model says it pays
+// (the same modes, the block's steps shared out evenly over its warps), whichever v6 would pick.
 bool g_balanced = false;
+template <int kNTiles, int kMode>
+Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
+  return g_balanced ? pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream)
+                    : pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
+}
 Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
-  return g_balanced ? pk::launch_v5_modes<kInt4iGemv, true>(a, stream) : pk::launch_v5_modes<kInt4iGemv>(a, stream);
+  switch (pk::v5_path(a.m, a.group)) {
+    case pk::V5Path::kFoldF16: return launch_mode<1, pk::kFoldF16>(a, stream);
+    case pk::V5Path::kFold: return launch_mode<1, pk::kFold>(a, stream);
+    case pk::V5Path::kScaleInA1: return launch_mode<1, pk::kScaleInA>(a, stream);
+    default: return launch_mode<2, pk::kScaleInA>(a, stream);
+  }
 }
 
 template <bool kBalanced>
@@ -136,6 +148,16 @@ int splits_of(int64_t m, int64_t n, int64_t k, int sms) {
     case pk::V5Path::kFold: return pk::plan_for<1, pk::kFold, kBalanced>(m, n, k, sms, limit).splits;
     case pk::V5Path::kScaleInA1: return pk::plan_for<1, pk::kScaleInA, kBalanced>(m, n, k, sms, limit).splits;
     default: return pk::plan_for<2, pk::kScaleInA, kBalanced>(m, n, k, sms, limit).splits;
+  }
+}
+
+// Whether v6 runs the balanced kernel at this shape (pk::v6_balances for v5's mode).
+bool v6_picks_balanced(const GemvArgs& a) {
+  switch (pk::v5_path(a.m, a.group)) {
+    case pk::V5Path::kFoldF16: return pk::v6_balances<1, pk::kFoldF16>(a);
+    case pk::V5Path::kFold: return pk::v6_balances<1, pk::kFold>(a);
+    case pk::V5Path::kScaleInA1: return pk::v6_balances<1, pk::kScaleInA>(a);
+    default: return pk::v6_balances<2, pk::kScaleInA>(a);
   }
 }
 
@@ -245,8 +267,11 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
   const int splits = g_balanced ? splits_of<true>(m, n, k, prop.multiProcessorCount)
                                 : splits_of<false>(m, n, k, prop.multiProcessorCount);
-  std::printf("\nM = %lld, N = %lld, K = %lld (%s: %s, S = %d): %.2f us median of %zu launches (%.2f .. %.2f)\n",
-              (long long)m, (long long)n, (long long)k, g_balanced ? "v6" : "v5", path_name(m, int(g)), splits,
+  const bool v6_balanced = v6_picks_balanced(args(0));
+  std::printf("\nM = %lld, N = %lld, K = %lld (%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
+              (long long)m, (long long)n, (long long)k, g_balanced ? "balanced steps" : "whole tiles (v5)",
+              path_name(m, int(g)), splits,
+              g_balanced == v6_balanced ? "; v6 runs this" : "",
               times[times.size() / 2], times.size(),
               times.front(), times.back());
   std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
@@ -323,7 +348,7 @@ int main(int argc, char** argv) {
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel as v5 and v6 run it, INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5) and balanced steps (v6 where its model picks them), INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {

@@ -206,19 +206,45 @@ inline Status workspace(int64_t floats, int64_t tiles, float** partials, unsigne
 // 2026-11-30): S = 1 at 28672 × 8192 for M ≤ 2 and at 4096 × 4096, M = 1; S = 2 at M = 4 and 8;
 // S = 4 at 8192 × 28672, M = 2; at 8192 × 28672, M = 1 it picks S = 2 (41.4 µs) where S = 4 was
 // fastest (40.1 µs) and S = 1, with 57 KB of x to stage per block, slowest (42.8 µs).
+constexpr int64_t kWarpsToStream = 8;
+
+// The model's time of one S (in steps of a streaming warp).
+inline int64_t split_time(int64_t tiles, int64_t iters, int sms, int warps, int64_t s, bool balanced,
+                          int64_t m) {
+  const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
+  const int64_t steps = ceil_div(iters, s) + 1;
+  const int64_t chain = balanced ? 0 : ceil_div(per_block, warps) * steps * kWarpsToStream;
+  const int64_t x_slice = balanced ? m * (steps - 1) / 4 : 0;
+  return std::max(per_block * steps, chain) + x_slice;
+}
+
 inline int64_t plan_splits(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min,
                            int64_t s_max, bool balanced = false, int64_t m = 0) {
-  constexpr int64_t kWarpsToStream = 8;
   int64_t best = s_min, best_time = -1;
   for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
-    const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
-    const int64_t steps = ceil_div(iters, s) + 1;
-    const int64_t chain = balanced ? 0 : ceil_div(per_block, warps) * steps * kWarpsToStream;
-    const int64_t x_slice = balanced ? m * (steps - 1) / 4 : 0;
-    const int64_t time = std::max(per_block * steps, chain) + x_slice;
+    const int64_t time = split_time(tiles, iters, sms, warps, s, balanced, m);
     if (best_time < 0 || time < best_time) best = s, best_time = time;
   }
   return best;
+}
+
+// Whole tiles seen scheduler by scheduler, for v6's choice between whole tiles and balanced steps
+// (in the units of split_time): warp w of a block issues from scheduler w mod 4 and holds
+// ⌈(T − w) / warps⌉ of its T tiles, and the scheduler with the most tiles' steps sets the block's
+// time, four schedulers' worth of it (a warp's steps go slower when it shares its scheduler with
+// more warps: with 14 tiles on 16 warps, 4, 4, 3 and 3 per scheduler, tools/gemv_timeline saw
+// the warps of the schedulers with four end about 4 µs after the others); never less than
+// split_time's chain of tiles.
+inline int64_t whole_tiles_time(int64_t tiles, int64_t iters, int sms, int warps, int64_t s) {
+  const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
+  const int64_t steps = ceil_div(iters, s) + 1;
+  int64_t busiest = 0;
+  for (int q = 0; q < 4; ++q) {
+    int64_t on_q = 0;
+    for (int w = q; w < warps; w += 4) on_q += per_block > w ? ceil_div(per_block - w, warps) : 0;
+    busiest = std::max(busiest, on_q);
+  }
+  return std::max(4 * busiest * steps, ceil_div(per_block, warps) * steps * kWarpsToStream);
 }
 
 inline int sm_count() {

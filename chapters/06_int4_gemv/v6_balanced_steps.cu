@@ -33,11 +33,18 @@
 // writes a tile's partials when it ends and counts up to three tiles after one fence, at the
 // latest after the loop.
 //
-// Expect: every warp busy to the end and the schedulers ending together; gains where v5's warps
-// held uneven numbers of tiles (28672 × 8192 at M = 1 to 4 and 16, 14336 × 4096), losses where N
-// is small beside K and v5's tiles already fall evenly: after the loop a block waits for its
-// last warp, sums its cut tiles and, with S > 1, counts and sums the splits, round trips to L2
-// that nothing hides. The same DRAM bytes as v5.
+// Balancing has a price: after the loop a block waits for its last warp, sums its cut tiles and,
+// with S > 1, counts and sums the splits, round trips to L2 that nothing hides. Where v5's whole
+// tiles already fall evenly on the schedulers that price buys nothing (the bench run of commit
+// 433965d, which ran the balanced kernel at every shape: 37.58 µs for v5 against 40.93 at
+// 8192 × 28672, M = 1, with 8 tiles per block on 16 warps, two per scheduler). So v6 chooses per
+// shape (persistent::v6_balances): it compares the model of whole tiles seen scheduler by
+// scheduler (mma::whole_tiles_time) at v5's plan with the balanced model at its own, and runs
+// v5's kernel and plan where balancing is not strictly faster.
+//
+// Expect: v6 as fast as the faster of v5 and the balanced kernel at most shapes; the balanced
+// kernel where v5's warps held uneven numbers of tiles (28672 × 8192 at M = 1 to 4 and 16,
+// 14336 × 4096 up to M = 8), v5's kernel where N is small beside K. The same DRAM bytes as v5.
 // SASS: as v5 (the FP16 fold's mma in FP16, no integer→float convert), plus the block barrier
 // after the loop.
 #include "persistent_gemv.cuh"
@@ -53,7 +60,7 @@ Status gemv_v6(const GemvArgs& a, cudaStream_t stream) {
   Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
   if (s.ok()) s = validate_gemv(kOp, a, 16);
   if (!s.ok()) return s;
-  return launch_v5_modes<kOp, true>(a, stream);  // v5's choice of mode, balanced
+  return launch_v5_modes<kOp, true>(a, stream);  // v5's choice of mode; balanced where it pays
 }
 
 std::vector<SassFact> facts() {
@@ -68,7 +75,7 @@ std::vector<SassFact> facts() {
 }
 
 constexpr const char* kSummary =
-    "v5 with the block's steps shared evenly over its warps; split tiles summed in shared memory";
+    "v5, with the block's steps shared evenly over its warps where whole tiles fall unevenly";
 const Register kRegistered{
     gemv_version(kInt4iGemv, "v6_balanced_steps", kSummary, gemv_v6<kInt4iGemv>, facts())};
 

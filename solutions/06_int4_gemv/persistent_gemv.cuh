@@ -752,16 +752,42 @@ inline V5Path v5_path(int64_t m, int group) {
   if (group != 128) return V5Path::kScaleInA1;
   return m <= kF16MaxM ? V5Path::kFoldF16 : V5Path::kFold;
 }
-// A template, so that only the files that call it instantiate the FP16 fold's kernel (v4's does not).
-template <const GemvOp& kOp, bool kBalanced = false>
+// v6's choice between whole tiles (v5's kernel and plan) and balanced steps: the two models' times
+// compared, mma::whole_tiles_time at the whole-tile plan's S (it sees how the tiles fall on the
+// schedulers) against mma::split_time at the balanced plan's (with the x slice). Balanced where it
+// is strictly faster. (Against the bench run of commit 433965d, which timed v5 and v6's balanced
+// kernel at every shape: the choice picks the faster of the two at 27 of the 30 shapes of
+// int4i_gemv, G = 128; at the other three the one it picks was 0.3–0.9 µs slower.)
+template <int kNTiles, int kMode>
+bool v6_balances(const GemvArgs& a) {
+  const size_t limit = smem_optin();
+  const int sms = sm_count();
+  const int64_t iters = ceil_div(a.k, kIterK), tiles = ceil_div(a.n, kTileRows);
+  const Plan whole = plan_for<kNTiles, kMode, false>(a.m, a.n, a.k, sms, limit);
+  const Plan balanced = plan_for<kNTiles, kMode, true>(a.m, a.n, a.k, sms, limit);
+  return split_time(tiles, iters, sms, kWarps, balanced.splits, true, a.m) <
+         whole_tiles_time(tiles, iters, sms, kWarps, whole.splits);
+}
+
+template <int kNTiles, int kMode, bool kV6>
+Status launch_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+  if constexpr (kV6) {
+    if (v6_balances<kNTiles, kMode>(a)) return launch<kNTiles, kMode, true>(op, a, stream);
+  }
+  return launch<kNTiles, kMode, false>(op, a, stream);
+}
+
+// A template, so that only the files that call it instantiate the FP16 fold's kernel (v4's does
+// not). kV6: each mode as v6 runs it (v6_balances).
+template <const GemvOp& kOp, bool kV6 = false>
 Status launch_v5_modes(const GemvArgs& a, cudaStream_t stream) {
   switch (v5_path(a.m, a.group)) {
-    case V5Path::kScaleInA2: return launch<2, kScaleInA, kBalanced>(kOp, a, stream);
-    case V5Path::kScaleInA1: return launch<1, kScaleInA, kBalanced>(kOp, a, stream);
-    case V5Path::kFoldF16: return launch<1, kFoldF16, kBalanced>(kOp, a, stream);
+    case V5Path::kScaleInA2: return launch_mode<2, kScaleInA, kV6>(kOp, a, stream);
+    case V5Path::kScaleInA1: return launch_mode<1, kScaleInA, kV6>(kOp, a, stream);
+    case V5Path::kFoldF16: return launch_mode<1, kFoldF16, kV6>(kOp, a, stream);
     case V5Path::kFold: break;
   }
-  return launch<1, kFold, kBalanced>(kOp, a, stream);
+  return launch_mode<1, kFold, kV6>(kOp, a, stream);
 }
 
 }  // namespace lkw::gemv::persistent

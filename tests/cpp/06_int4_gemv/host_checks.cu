@@ -196,5 +196,21 @@ TEST(HostPlan, BalancedStepsSplitLessAndWeighX) {
   EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 1, 64, true, 0), 1);  // ... without the x term
 }
 
+// v6's choice: whole tiles seen by scheduler against balanced steps. 28672 × 8192, M = 1: 14 tiles
+// on 16 warps put 4, 4, 3, 3 on the schedulers (4·4·33 = 528 against 14·33 + 8 = 470): balance.
+// 8192 × 28672, M = 1, S = 2: 8 tiles, 2 per scheduler (4·2·57 = 456 against 8·57 + 14 = 470):
+// whole tiles.
+TEST(HostPlan, V6BalancesWhereWholeTilesFallUnevenly) {
+  EXPECT_EQ(mma::whole_tiles_time(1792, 32, 132, 16, 1), 528);
+  EXPECT_EQ(mma::split_time(1792, 32, 132, 16, 1, true, 1), 470);
+  EXPECT_EQ(mma::whole_tiles_time(512, 112, 132, 16, 2), 456);
+  EXPECT_EQ(mma::split_time(512, 112, 132, 16, 2, true, 1), 470);
+  // 32 tiles on 16 warps: two per warp, eight per scheduler, as even as balanced steps.
+  EXPECT_EQ(mma::whole_tiles_time(512, 112, 132, 16, 8), 4 * 8 * 15);
+  EXPECT_EQ(mma::split_time(512, 112, 132, 16, 8, true, 0), 32 * 15);
+  // Three tiles: a chain, never less than the unbalanced model's own time.
+  EXPECT_EQ(mma::whole_tiles_time(3, 16, 132, 16, 1), mma::split_time(3, 16, 132, 16, 1, false, 0));
+}
+
 }  // namespace
 }  // namespace lkw::gemv
