@@ -117,9 +117,9 @@ if data:
 #   a mantissa itself, and at M = 1 that instruction stream, not HBM, sets the pace (the book's
 #   chapter 06 has the profile and the probe that takes it apart). `v5` unpacks into FP16, two
 #   nibbles per half word, and gains at M ≤ 2; from M = 4 it runs `v4`'s kernel. `v6` shares a
-#   block's steps evenly over its warps: it gains where whole tiles leave the warps unevenly
-#   loaded (28672 × 8192, most M) and loses where its tail after the loop costs more (N small
-#   beside K).
+#   block's steps evenly over its warps where whole tiles would fall unevenly on the schedulers
+#   (28672 × 8192, most M) and runs `v5`'s kernel elsewhere, where balancing's tail after the
+#   loop would cost more than it gains.
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 
