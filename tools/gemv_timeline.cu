@@ -132,33 +132,24 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
                     : pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
 }
 Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
-  switch (pk::v5_path(a.m, a.group)) {
-    case pk::V5Path::kFoldF16: return launch_mode<1, pk::kFoldF16>(a, stream);
-    case pk::V5Path::kFold: return launch_mode<1, pk::kFold>(a, stream);
-    case pk::V5Path::kScaleInA1: return launch_mode<1, pk::kScaleInA>(a, stream);
-    default: return launch_mode<2, pk::kScaleInA>(a, stream);
-  }
+  return pk::with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
+    return launch_mode<decltype(tiles)::value, decltype(mode)::value>(a, stream);
+  });
 }
 
 template <bool kBalanced>
 int splits_of(int64_t m, int64_t n, int64_t k, int sms) {
-  const size_t limit = pk::smem_optin();
-  switch (pk::v5_path(m, 128)) {
-    case pk::V5Path::kFoldF16: return pk::plan_for<1, pk::kFoldF16, kBalanced>(m, n, k, sms, limit).splits;
-    case pk::V5Path::kFold: return pk::plan_for<1, pk::kFold, kBalanced>(m, n, k, sms, limit).splits;
-    case pk::V5Path::kScaleInA1: return pk::plan_for<1, pk::kScaleInA, kBalanced>(m, n, k, sms, limit).splits;
-    default: return pk::plan_for<2, pk::kScaleInA, kBalanced>(m, n, k, sms, limit).splits;
-  }
+  return pk::with_v5_mode(m, 128, [&](auto tiles, auto mode) {
+    return pk::plan_for<decltype(tiles)::value, decltype(mode)::value, kBalanced>(m, n, k, sms, pk::smem_optin())
+        .splits;
+  });
 }
 
 // Whether v6 runs the balanced kernel at this shape (pk::v6_balances for v5's mode).
 bool v6_picks_balanced(const GemvArgs& a) {
-  switch (pk::v5_path(a.m, a.group)) {
-    case pk::V5Path::kFoldF16: return pk::v6_balances<1, pk::kFoldF16>(a);
-    case pk::V5Path::kFold: return pk::v6_balances<1, pk::kFold>(a);
-    case pk::V5Path::kScaleInA1: return pk::v6_balances<1, pk::kScaleInA>(a);
-    default: return pk::v6_balances<2, pk::kScaleInA>(a);
-  }
+  return pk::with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
+    return pk::v6_balances<decltype(tiles)::value, decltype(mode)::value>(a);
+  });
 }
 
 void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {

@@ -11,6 +11,7 @@
 #pragma once
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "02_int4_dequant/dequant.cuh"
 #include "int4_gemv.cuh"
@@ -552,6 +553,19 @@ inline V5Path v5_path(int64_t m, int group) {
   if (group != 128) return V5Path::kScaleInA1;
   return m <= kF16MaxM ? V5Path::kFoldF16 : V5Path::kFold;
 }
+// f(n-tiles, mode) for v5's choice, both as std::integral_constant (decltype(x)::value), so that
+// every caller that picks a kernel by v5's path (v5, v6, tools/gemv_timeline) shares one switch.
+template <class F>
+auto with_v5_mode(int64_t m, int group, F&& f) {
+  using One = std::integral_constant<int, 1>;
+  switch (v5_path(m, group)) {
+    case V5Path::kScaleInA2: return f(std::integral_constant<int, 2>{}, std::integral_constant<int, kScaleInA>{});
+    case V5Path::kScaleInA1: return f(One{}, std::integral_constant<int, kScaleInA>{});
+    case V5Path::kFoldF16: return f(One{}, std::integral_constant<int, kFoldF16>{});
+    case V5Path::kFold: break;
+  }
+  return f(One{}, std::integral_constant<int, kFold>{});
+}
 // v6's choice between whole tiles (v5's kernel and plan) and balanced steps: the two models' times
 // compared, mma::whole_tiles_time at the whole-tile plan's S (it sees how the tiles fall on the
 // schedulers) against mma::split_time at the balanced plan's (with the x slice). Balanced where it
@@ -581,13 +595,9 @@ Status launch_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
 // not). kV6: each mode as v6 runs it (v6_balances).
 template <const GemvOp& kOp, bool kV6 = false>
 Status launch_v5_modes(const GemvArgs& a, cudaStream_t stream) {
-  switch (v5_path(a.m, a.group)) {
-    case V5Path::kScaleInA2: return launch_mode<2, kScaleInA, kV6>(kOp, a, stream);
-    case V5Path::kScaleInA1: return launch_mode<1, kScaleInA, kV6>(kOp, a, stream);
-    case V5Path::kFoldF16: return launch_mode<1, kFoldF16, kV6>(kOp, a, stream);
-    case V5Path::kFold: break;
-  }
-  return launch_mode<1, kFold, kV6>(kOp, a, stream);
+  return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
+    return launch_mode<decltype(tiles)::value, decltype(mode)::value, kV6>(kOp, a, stream);
+  });
 }
 
 }  // namespace lkw::gemv::persistent
