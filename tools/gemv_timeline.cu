@@ -1,11 +1,12 @@
 // gemv_timeline — where chapter 06's persistent kernel spends its microseconds, warp by warp.
 //
 // The bench gives one number per launch; Nsight Compute gives averages over it. This tool builds
-// the kernel of v4/v5/v6 (solutions/06_int4_gemv/persistent_gemv.cuh) with its timeline marks
+// the kernel of v4 to v7 (solutions/06_int4_gemv/persistent_gemv.cuh) with its timeline marks
 // switched on: lane 0 of every warp writes %globaltimer when it passes each mark (entry, x issued,
 // ring issued, x landed, prologue done, first stage landed, loop end, done). It runs v5's choice
-// of mode for each shape and M, with whole tiles per warp (v5) and with the steps shared evenly
-// (the balanced kernel), and says which of the two v6 runs there; each timed
+// of mode for each shape and M, with whole tiles per warp (v5), with the steps shared evenly
+// (the balanced kernel; it says which of the two v6 runs there) and with v7's two-stage ring
+// and its plan; each timed
 // as the bench times it (the L2 flushed by a read of twice its size before each launch, CUDA
 // events around the launch, the median of 25), then one more launch with the marks recorded, and
 // prints for each mark the spread over the warps (from the first warp's entry), the mean loop end
@@ -123,13 +124,19 @@ const char* path_name(int64_t m, int group) {
     default: return "scale in A";
   }
 }
-// v5's kernel (whole tiles per warp), or the balanced kernel v6 runs where its model says it pays
-// (the same modes, the block's steps shared out evenly over its warps), whichever v6 would pick.
-bool g_balanced = false;
+// v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
+// (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
+// shallow ring and its plan).
+enum class Kernel { kWhole, kBalanced, kShallow };
+Kernel g_kernel = Kernel::kWhole;
 template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
-  return g_balanced ? pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream)
-                    : pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
+  switch (g_kernel) {
+    case Kernel::kBalanced: return pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream);
+    case Kernel::kShallow: return pk::launch<kNTiles, kMode, false, pk::kShallowStages>(kInt4iGemv, a, stream);
+    case Kernel::kWhole: break;
+  }
+  return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
 }
 Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
   return pk::with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
@@ -137,11 +144,12 @@ Status launch_v5(const GemvArgs& a, cudaStream_t stream) {
   });
 }
 
-template <bool kBalanced>
+template <bool kBalanced, int kStages = 0>
 int splits_of(int64_t m, int64_t n, int64_t k, int sms) {
   return pk::with_v5_mode(m, 128, [&](auto tiles, auto mode) {
-    return pk::plan_for<decltype(tiles)::value, decltype(mode)::value, kBalanced>(m, n, k, sms, pk::smem_optin())
-        .splits;
+    constexpr int kT = decltype(tiles)::value, kM = decltype(mode)::value;
+    constexpr int kS = kStages > 0 ? kStages : pk::stages_for<kT>();
+    return pk::plan_for<kT, kM, kBalanced, kS>(m, n, k, sms, pk::smem_optin()).splits;
   });
 }
 
@@ -256,13 +264,18 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   unsigned long long t0 = ~0ull;
   for (size_t w = 0; w < warps; ++w)
     if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
-  const int splits = g_balanced ? splits_of<true>(m, n, k, prop.multiProcessorCount)
-                                : splits_of<false>(m, n, k, prop.multiProcessorCount);
+  const int sms = prop.multiProcessorCount;
+  const int splits = g_kernel == Kernel::kBalanced ? splits_of<true>(m, n, k, sms)
+                     : g_kernel == Kernel::kShallow ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
+                                                    : splits_of<false>(m, n, k, sms);
   const bool v6_balanced = v6_picks_balanced(args(0));
+  const bool v6_runs = g_kernel != Kernel::kShallow && (g_kernel == Kernel::kBalanced) == v6_balanced;
   std::printf("\nM = %lld, N = %lld, K = %lld (%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
-              (long long)m, (long long)n, (long long)k, g_balanced ? "balanced steps" : "whole tiles (v5)",
-              path_name(m, int(g)), splits,
-              g_balanced == v6_balanced ? "; v6 runs this" : "",
+              (long long)m, (long long)n, (long long)k,
+              g_kernel == Kernel::kBalanced  ? "balanced steps"
+              : g_kernel == Kernel::kShallow ? "shallow ring (v7)"
+                                             : "whole tiles (v5)",
+              path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times[times.size() / 2], times.size(),
               times.front(), times.back());
   std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
@@ -339,12 +352,12 @@ int main(int argc, char** argv) {
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5) and balanced steps (v6 where its model picks them), INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them) and the shallow ring (v7), INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
-    for (const bool balanced : {false, true}) {
-      g_balanced = balanced;
+    for (const Kernel kernel : {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow}) {
+      g_kernel = kernel;
       run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
     }
   }

@@ -247,6 +247,32 @@ inline int64_t whole_tiles_time(int64_t tiles, int64_t iters, int sms, int warps
   return std::max(4 * busiest * steps, ceil_div(per_block, warps) * steps * kWarpsToStream);
 }
 
+// v7's shallow ring (two stages per warp) in the same units: a warp holds one step in flight
+// while it computes another, too few bytes to stream on its own, so a block streams at full rate
+// only while all its warps are busy, and its tiles go in whole rounds of `warps` (a last round
+// that is partly empty costs as much as a full one). Plus the x slice, one unit per row and step
+// (512 bytes of x per block), and with S > 1 48 units per round for the tiles' finish through the
+// workspace (a fence, a count and the last arrival's loads, about 3 µs, that the round's next
+// tiles wait for). The two weights are fitted: tools/gemv_timeline's sweep of S on the H200 (the
+// book's v7 section) at M = 1, 4, 8, 16 and 28672 × 8192, 8192 × 28672; with them the model
+// picks the measured best S at six of the eight and one within 1 µs of it at the other two.
+inline int64_t rounds_time(int64_t tiles, int64_t iters, int sms, int warps, int64_t s, int64_t m) {
+  const int64_t blocks = std::max<int64_t>(1, sms / s), per_block = ceil_div(tiles, blocks);
+  const int64_t steps = ceil_div(iters, s), rounds = ceil_div(per_block, warps);
+  return rounds * warps * (steps + 1) + m * steps + (s > 1 ? 48 * rounds : 0);
+}
+
+// The S of least rounds_time from s_min on (the smallest on a tie: fewer partial sums).
+inline int64_t plan_rounds(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min, int64_t s_max,
+                           int64_t m) {
+  int64_t best = s_min, best_time = -1;
+  for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
+    const int64_t time = rounds_time(tiles, iters, sms, warps, s, m);
+    if (best_time < 0 || time < best_time) best = s, best_time = time;
+  }
+  return best;
+}
+
 inline int sm_count() {
   static const int sms = [] {
     int dev = 0, count = 0;

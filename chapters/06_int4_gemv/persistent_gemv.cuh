@@ -63,6 +63,8 @@ template <int kNTiles>
 constexpr int stages_for() {
   return kNTiles == 1 ? 4 : 3;  // two n-tiles: more registers, a smaller ring leaves room for x
 }
+// v7's ring: one step in flight while the warp computes another (v7_shallow_ring.cu says why).
+constexpr int kShallowStages = 2;
 
 // One stage of a warp's ring: the weights of one step, as v3 ([row r·2 + chunk u][lane]), the
 // scales of the step's groups for its 16 rows and the zero-point words.
@@ -255,9 +257,9 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 
 // kBalanced (v6): the block's steps shared out evenly over its warps instead of whole tiles per
 // warp; the tiles that fall on two or more warps are summed in shared memory after the loop.
-template <int kNTiles, int kMode, bool kBalanced = false>
+// kStages: the depth of each warp's ring (v4 to v6: stages_for; v7: kShallowStages).
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
-  constexpr int kStages = stages_for<kNTiles>();
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
   Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
@@ -475,29 +477,34 @@ struct Plan {
   size_t smem;
 };
 
-template <int kNTiles, int kMode>
+template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>()>
 size_t smem_bytes(int64_t m, int64_t k_split) {
   const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float) + 96
                                         : size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
-  return size_t(kWarps) * stages_for<kNTiles>() * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
+  return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
 }
 
 // S forced by a tool (tools/gemv_timeline.cu's LKW_TIMELINE_SPLITS), where it fits; 0: the plan's.
 inline int g_force_splits = 0;
 
-// The smallest S whose x slice fits beside the ring, then plan_splits' choice from there.
-template <int kNTiles, int kMode, bool kBalanced = false>
+// The smallest S whose x slice fits beside the ring, then the model's choice from there:
+// plan_splits for v4 to v6, plan_rounds for v7's shallow ring.
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
 Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
   const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
   auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
   int64_t s = 1;
-  while (s < iters && smem_bytes<kNTiles, kMode>(m, per_split(s)) > smem_limit) ++s;
-  s = g_force_splits > 0 ? std::max<int64_t>(s, std::min<int64_t>(g_force_splits, iters))
-                         : plan_splits(tiles, iters, sms, kWarps, s, std::min<int64_t>({iters, kMaxSplits, sms}),
-                                       kBalanced, m);
+  while (s < iters && smem_bytes<kNTiles, kMode, kStages>(m, per_split(s)) > smem_limit) ++s;
+  const int64_t s_max = std::min<int64_t>({iters, kMaxSplits, sms});
+  if (g_force_splits > 0)
+    s = std::max<int64_t>(s, std::min<int64_t>(g_force_splits, iters));
+  else if (kStages == kShallowStages)
+    s = plan_rounds(tiles, iters, sms, kWarps, s, s_max, m);
+  else
+    s = plan_splits(tiles, iters, sms, kWarps, s, s_max, kBalanced, m);
   const int64_t k_split = per_split(s);
   const int splits = int(ceil_div(iters, k_split / kIterK));
-  return {k_split, splits, smem_bytes<kNTiles, kMode>(m, k_split)};
+  return {k_split, splits, smem_bytes<kNTiles, kMode, kStages>(m, k_split)};
 }
 
 inline size_t smem_optin() {
@@ -510,15 +517,15 @@ inline size_t smem_optin() {
   return bytes;
 }
 
-template <int kNTiles, int kMode, bool kBalanced = false>
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced>;
+  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages>;
   const size_t limit = smem_optin();
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
   if (attr != cudaSuccess)
     return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
-  const Plan plan = plan_for<kNTiles, kMode, kBalanced>(a.m, a.n, a.k, sm_count(), limit);
+  const Plan plan = plan_for<kNTiles, kMode, kBalanced, kStages>(a.m, a.n, a.k, sm_count(), limit);
   if (plan.smem > limit)
     return error(Code::kInvalidArgument,
                  std::string(op.name) + ": M × 256 of x does not fit in shared memory");
@@ -597,6 +604,14 @@ template <const GemvOp& kOp, bool kV6 = false>
 Status launch_v5_modes(const GemvArgs& a, cudaStream_t stream) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
     return launch_mode<decltype(tiles)::value, decltype(mode)::value, kV6>(kOp, a, stream);
+  });
+}
+
+// v7: v5's choice of mode, whole tiles, the shallow ring and its plan (plan_rounds).
+template <const GemvOp& kOp>
+Status launch_shallow(const GemvArgs& a, cudaStream_t stream) {
+  return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
+    return launch<decltype(tiles)::value, decltype(mode)::value, false, kShallowStages>(kOp, a, stream);
   });
 }
 

@@ -570,6 +570,7 @@ def example(chapter: str) -> dict:
                     ("int4i_zp_gemv", "v4_persistent_smem_x", "version", int4 + n_rows * (k // g) // 2, 0.62),
                     ("int4i_gemv", "v5_f16_activations", "version", int4, 0.72 - 0.02 * m),
                     ("int4i_gemv", "v6_balanced_steps", "version", int4, 0.74 - 0.02 * m),
+                    ("int4i_gemv", "v7_shallow_ring", "version", int4, 0.76 - 0.015 * m),
                     ("bf16_gemv", "cublas", "peer", bf16, 0.9),
                 ]:
                     time_us = model / (share * ceiling * 1e3)

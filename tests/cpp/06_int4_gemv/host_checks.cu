@@ -78,7 +78,7 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
   for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
     for (const Version* v : versions_of(*op)) {
       if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k" && v->id != "v4_persistent_smem_x" &&
-          v->id != "v5_f16_activations" && v->id != "v6_balanced_steps")
+          v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" && v->id != "v7_shallow_ring")
         continue;
       Fake at;
       at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
@@ -90,7 +90,8 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
 TEST(HostValidation, V4NeedsScalesInWholeWords) {
   for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
     for (const Version* v : versions_of(*op)) {
-      if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations" && v->id != "v6_balanced_steps")
+      if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" &&
+          v->id != "v7_shallow_ring")
         continue;
       Fake at;
       at.scales += 2;  // aligned for BF16, not for the 4-byte copies of v4
@@ -194,6 +195,23 @@ TEST(HostPlan, BalancedStepsSplitLessAndWeighX) {
   EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 1, 64, true, 1), 2);  // 8192 × 28672, M = 1
   EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 1, 64, true, 2), 4);  // M = 2
   EXPECT_EQ(mma::plan_splits(512, 112, 132, 16, 1, 64, true, 0), 1);  // ... without the x term
+}
+
+// v7's model (two stages: whole rounds of 16 tiles per block, the x slice at one unit per row
+// and step, 48 per round with S > 1). The S it picks at each (M, shape) of the H200 sweep in the
+// book's v7 section; s_min is where x fits beside the two-stage ring.
+TEST(HostPlan, ShallowRingPlansWholeRounds) {
+  // 28672 × 8192: one round of 14 tiles at S = 1 (16 · 33 + M · 32) against two of 28 at S = 2.
+  EXPECT_EQ(mma::rounds_time(1792, 32, 132, 16, 1, 1), 16 * 33 + 32);
+  EXPECT_EQ(mma::rounds_time(1792, 32, 132, 16, 2, 1), 32 * 17 + 16 + 2 * 48);
+  EXPECT_EQ(mma::plan_rounds(1792, 32, 132, 16, 1, 32, 1), 1);   // M = 1
+  EXPECT_EQ(mma::plan_rounds(1792, 32, 132, 16, 1, 32, 8), 2);   // M = 8: the x slice tips it
+  EXPECT_EQ(mma::plan_rounds(1792, 32, 132, 16, 2, 32, 16), 2);  // M = 16 (a tie with S = 4)
+  // 8192 × 28672: S = 4 puts 16 tiles on 33 blocks, one whole round; S = 2 half a round.
+  EXPECT_EQ(mma::plan_rounds(512, 112, 132, 16, 1, 64, 1), 4);
+  EXPECT_EQ(mma::plan_rounds(512, 112, 132, 16, 2, 64, 4), 4);
+  EXPECT_EQ(mma::plan_rounds(512, 112, 132, 16, 7, 64, 16), 8);
+  EXPECT_GE(mma::plan_rounds(1792, 32, 132, 16, 5, 32, 1), 5);  // s_min is a floor
 }
 
 // v6's choice: whole tiles seen by scheduler against balanced steps. 28672 × 8192, M = 1: 14 tiles

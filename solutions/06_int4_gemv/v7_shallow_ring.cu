@@ -1,0 +1,72 @@
+// v7_shallow_ring — v5's kernel with a ring of two stages per warp instead of four (three with
+// two n-tiles), and the split count planned for it.
+//
+// Since v6: tools/gemv_timeline.cu showed where M = 8 loses against M = 1. Before its first step a
+// warp waits 7 to 9 µs at M = 8 (4 to 5 at M = 1): the copies of its ring's first stages are
+// issued only 5 to 6 µs after the kernel starts, behind the block's x slice. After its last step
+// a warp that finishes a tile through the split-K workspace at S = 8 needs 5 to 8 µs from its
+// count to its stores, and taking that apart (the H200, 2026-11-30, uncommitted experiments on top
+// of commit 89d9d32) showed no single culprit: without the acquire fence, without the discards,
+// with the loads of all splits in flight at once, even with no loads at all, the stores alone
+// came 3.3 µs (median) after the count. Every one of those accesses waits in the same queues as
+// the weights' copies.
+//
+// Those queues are long because the ring is deep. Little's law: the bytes in flight equal the
+// bandwidth times the latency. A warp of v4 to v6 keeps three steps (2 KB each) in flight, 16
+// warps per SM, 132 SMs: about 13 MB, where 4.2 TB/s times a microsecond of unloaded latency is
+// about 4 MB. The rest does not make DRAM faster; it waits in queues, and so does anything
+// else the SM asks for (the x slice, the partial sums, the counters). With one step in flight
+// per warp (about 4 MB in all), the same weights arrive as fast and the other accesses wait less.
+// The same sweep of the timeline tool (whole tiles, each S, two, three and four stages) gave, at
+// M = 8 and 8192 × 28672, 42.50 µs with two stages at S = 4 against 49.02 µs for v6's choice (four
+// stages, S = 8); at M = 1 and 28672 × 8192 35.84 µs against 38.05 µs. Five stages, tried on v4,
+// were slower than four (the book's v6 section).
+//
+// The smaller ring also leaves more shared memory for x, so fewer splits fit (S = 4 at M = 8,
+// 8192 × 28672, where v4 to v6 needed 8; S = 8 at M = 16 instead of 16), and the split count's
+// model changes: with one step in flight a warp cannot stream on its own, a block streams at full
+// rate only while all 16 warps are busy, so its tiles go in whole rounds of 16
+// (mma::rounds_time), plus the x slice and, with S > 1, a cost per round for the tiles' finish
+// through the workspace (two weights fitted to the sweep). The sweep's best S at each of the
+// eight (M, shape) pairs it covered is the one the model picks, or within 1 µs of it. With whole tiles going in whole rounds there is nothing left for v6's balancing
+// to even out at those shapes (the sweep's balanced kernel was never faster by more than noise),
+// so v7 runs whole tiles.
+//
+// Expect: faster than v6 at most shapes, most at M = 8 and 16 and where K is long; the same DRAM
+// bytes as v5. SASS: as v5 (the FP16 fold's mma in FP16, no integer→float convert, copies
+// through cp.async).
+#include "persistent_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+using namespace persistent;
+
+template <const GemvOp& kOp>
+Status gemv_v7(const GemvArgs& a, cudaStream_t stream) {
+  static_assert(!kOp.zero_points, "v7 runs v5's kernels, which run without zero points");
+  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
+  if (s.ok()) s = validate_gemv(kOp, a, 16);
+  if (!s.ok()) return s;
+  return launch_shallow<kOp>(a, stream);  // v5's choice of mode, two stages, plan_rounds
+}
+
+// The first fact names v7's kernels only (whole tiles, two stages: ...ELb0ELi2E).
+std::vector<SassFact> facts() {
+  return {{"persistent_kernel*ELb0ELi2EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
+           {"I2F", "I2FP", "LDG.E.128"}, true,
+           "weights, x, scales through cp.async (LDGSTS; no 16-byte LDG), mma.sync (HMMA), LOP3 "
+           "unpack, no integer→float convert"},
+          {"persistent_kernelILi1ELi3ELb0ELi2EE", {}, {"HMMA.16816.F32", "F2FP", "LOP3", "LDGSTS"},
+           {"HMMA.16816.F32.BF16", "I2F", "I2FP", "LDG.E.128"}, true,
+           "the FP16 fold: mma on FP16 (no BF16 HMMA), x converted by F2FP, LOP3 unpack, no "
+           "integer→float convert, the copies through cp.async"}};
+}
+
+constexpr const char* kSummary =
+    "v5 with one step in flight per warp instead of three: shorter queues, S planned in whole rounds";
+const Register kRegistered{
+    gemv_version(kInt4iGemv, "v7_shallow_ring", kSummary, gemv_v7<kInt4iGemv>, facts())};
+
+}  // namespace
+}  // namespace lkw::gemv
