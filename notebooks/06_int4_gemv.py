@@ -119,7 +119,10 @@ if data:
 #   nibbles per half word, and gains at M ≤ 2; from M = 4 it runs `v4`'s kernel. `v6` shares a
 #   block's steps evenly over its warps where whole tiles would fall unevenly on the schedulers
 #   (28672 × 8192, most M) and runs `v5`'s kernel elsewhere, where balancing's tail after the
-#   loop would cost more than it gains.
+#   loop would cost more than it gains. `v7` runs `v5`'s kernel with one step in flight per warp
+#   instead of three: the bytes in flight were far more than the bandwidth needs, and every other
+#   access (x, the split-K sums) waited behind them. It flattens the curve up to M = 8 at the
+#   large shapes and gains most at M = 8 and 16.
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 
