@@ -133,7 +133,7 @@ template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
   switch (g_kernel) {
     case Kernel::kBalanced: return pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream);
-    case Kernel::kShallow: return pk::launch<kNTiles, kMode, false, pk::kShallowStages>(kInt4iGemv, a, stream);
+    case Kernel::kShallow: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -150,6 +150,13 @@ int splits_of(int64_t m, int64_t n, int64_t k, int sms) {
     constexpr int kT = decltype(tiles)::value, kM = decltype(mode)::value;
     constexpr int kS = kStages > 0 ? kStages : pk::stages_for<kT>();
     return pk::plan_for<kT, kM, kBalanced, kS>(m, n, k, sms, pk::smem_optin()).splits;
+  });
+}
+
+// Whether v7 cuts its runs at half tiles at this shape (pk::v7_halves for v5's mode).
+bool v7_picks_halves(const GemvArgs& a) {
+  return pk::with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
+    return pk::v7_halves<decltype(tiles)::value, decltype(mode)::value>(a);
   });
 }
 
@@ -273,7 +280,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   std::printf("\nM = %lld, N = %lld, K = %lld (%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
               (long long)m, (long long)n, (long long)k,
               g_kernel == Kernel::kBalanced  ? "balanced steps"
-              : g_kernel == Kernel::kShallow ? "shallow ring (v7)"
+              : g_kernel == Kernel::kShallow ? (v7_picks_halves(args(0)) ? "shallow ring (v7), half tiles" : "shallow ring (v7)")
                                              : "whole tiles (v5)",
               path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times[times.size() / 2], times.size(),

@@ -86,7 +86,22 @@ struct Params {
   int m, k, k_split, splits, group_shift, tiles;
   int tiles_base, tiles_extra;  // kBalanced: block b of a split holds base + (b < extra) tiles
   int64_t n;
+  int half_cuts;                // kBalanced: runs cut at half tiles (v7), else at any step (v6)
 };
+
+// kBalanced: where warp v's run starts, in the block's steps (T tiles of `iters` steps, the host
+// launches kWarps = 16 warps). Steps shared evenly (v6): ⌊v·T·iters/16⌋. Half tiles (v7): the
+// block's 2T halves shared out, ⌊2T/16⌋ to each warp and one more to each of the first 2T mod 16
+// warps, a half being the first ⌊iters/2⌋ steps of a tile or the rest. The warps with one half
+// fewer are consecutive, so they fall on every scheduler (warp mod 4) alike: the schedulers'
+// shares differ by one half at most, where whole tiles leave them a whole tile apart.
+__host__ __device__ __forceinline__ unsigned run_start(unsigned v, unsigned tiles, unsigned iters,
+                                                       bool halves) {
+  if (!halves) return v * (tiles * iters) / kWarps;
+  const unsigned all = 2 * tiles, extra = all % kWarps;
+  const unsigned h = v * (all / kWarps) + (v < extra ? v : extra);
+  return (h / 2) * iters + (h % 2) * (iters / 2);
+}
 
 // 4-byte cp.async through L1 (.ca: the only kind that takes 4 bytes), `bytes` of them read
 // (0, 2 or 4), the rest zero-filled.
@@ -318,14 +333,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   // tile `stride` further; the copies kStages − 1 steps ahead of the compute. Whole tiles: tiles
   // block + blocks·(warp + warps·n), n = 0, 1, ..., as long as there are tiles. kBalanced: the
   // block's tiles block + blocks·j (j < T) hold T·iters steps, and warp w takes steps
-  // ⌊w·T·iters / 16⌋ up to ⌊(w + 1)·T·iters / 16⌋ of them (the host launches 16 warps).
+  // run_start(w) up to run_start(w + 1) of them.
   Stage* my_ring = ring + warp * kStages;
   int tile0 = block + blocks * warp, it0 = 0, count = 1 << 30, stride = blocks * warps;
-  unsigned total = 0;  // kBalanced: the block's steps
+  unsigned block_tiles = 0;  // kBalanced: T
+  auto start_of = [&](int v) { return run_start(unsigned(v), block_tiles, unsigned(ln.iters), p.half_cuts != 0); };
   if constexpr (kBalanced) {
-    total = unsigned(p.tiles_base + (block < p.tiles_extra ? 1 : 0)) * unsigned(ln.iters);
-    const int lo = int(unsigned(warp) * total / kWarps);
-    count = int(unsigned(warp + 1) * total / kWarps) - lo;
+    block_tiles = unsigned(p.tiles_base + (block < p.tiles_extra ? 1 : 0));
+    const int lo = int(start_of(warp));
+    count = int(start_of(warp + 1)) - lo;
     int j = 0;
     for (it0 = lo; it0 >= ln.iters; it0 -= ln.iters) ++j;  // lo / iters and lo % iters
     tile0 = block + blocks * j;
@@ -535,7 +551,8 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   const int per_split = std::max(1, sm_count() / plan.splits);
   Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
            int(plan.k_split), plan.splits, log2_of(a.group), int(tiles),
-           int(tiles / per_split), int(tiles % per_split), a.n};
+           int(tiles / per_split), int(tiles % per_split), a.n,
+           kBalanced && kStages == kShallowStages ? 1 : 0};
   if (plan.splits > 1) {
     Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
@@ -607,11 +624,29 @@ Status launch_v5_modes(const GemvArgs& a, cudaStream_t stream) {
   });
 }
 
-// v7: v5's choice of mode, whole tiles, the shallow ring and its plan (plan_rounds).
+// v7's choice: its plan's S; with S = 1 and a last round of tiles that leaves warps idle (T not
+// a multiple of 16), the runs cut at half tiles (the balanced kernel with half_cuts), else whole
+// tiles. With S > 1 whole tiles: the balanced kernel's deferred split-K finish after the loop
+// costs more than the half tiles save (the book's v7 section).
+template <int kNTiles, int kMode>
+bool v7_halves(const GemvArgs& a) {
+  const int sms = sm_count();
+  const Plan plan = plan_for<kNTiles, kMode, false, kShallowStages>(a.m, a.n, a.k, sms, smem_optin());
+  const int64_t tiles = ceil_div(a.n, kTileRows), per_block = ceil_div(tiles, std::max(1, sms / plan.splits));
+  return plan.splits == 1 && per_block % kWarps != 0;
+}
+
+template <int kNTiles, int kMode>
+Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+  if (v7_halves<kNTiles, kMode>(a)) return launch<kNTiles, kMode, true, kShallowStages>(op, a, stream);
+  return launch<kNTiles, kMode, false, kShallowStages>(op, a, stream);
+}
+
+// v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel.
 template <const GemvOp& kOp>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch<decltype(tiles)::value, decltype(mode)::value, false, kShallowStages>(kOp, a, stream);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value>(kOp, a, stream);
   });
 }
 

@@ -2,6 +2,7 @@
 // (M past 16, a group size that is none, zero points without whole words, the 16-byte alignment
 // of the vectorized versions, an output overlapping an input, shapes that disagree), the byte
 // model, which the bench divides by, and the persistent versions' choice of split.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "int4_gemv.cuh"
 #include "mma_gemv.cuh"
+#include "persistent_gemv.cuh"
 
 namespace lkw::gemv {
 namespace {
@@ -212,6 +214,35 @@ TEST(HostPlan, ShallowRingPlansWholeRounds) {
   EXPECT_EQ(mma::plan_rounds(512, 112, 132, 16, 2, 64, 4), 4);
   EXPECT_EQ(mma::plan_rounds(512, 112, 132, 16, 7, 64, 16), 8);
   EXPECT_GE(mma::plan_rounds(1792, 32, 132, 16, 5, 32, 1), 5);  // s_min is a floor
+}
+
+// The balanced kernel's runs: v6 cuts at any step, v7 at half tiles. Every run boundary is a
+// step of the block, the runs cover its T·iters steps in order, and with half tiles each
+// scheduler's (warp mod 4) share is within one half of the others'.
+TEST(HostPlan, RunsCoverTheBlockAndHalfTilesEvenTheSchedulers) {
+  using persistent::run_start;
+  for (unsigned tiles : {1u, 2u, 13u, 14u, 16u, 27u, 28u, 33u}) {
+    for (unsigned iters : {1u, 9u, 14u, 32u}) {
+      for (bool halves : {false, true}) {
+        EXPECT_EQ(run_start(0, tiles, iters, halves), 0u);
+        EXPECT_EQ(run_start(16, tiles, iters, halves), tiles * iters);
+        unsigned share[4] = {};
+        for (unsigned w = 0; w < 16; ++w) {
+          const unsigned lo = run_start(w, tiles, iters, halves), hi = run_start(w + 1, tiles, iters, halves);
+          EXPECT_LE(lo, hi);
+          share[w % 4] += hi - lo;
+        }
+        const unsigned most = *std::max_element(share, share + 4), least = *std::min_element(share, share + 4);
+        // One half apart (odd iters: halves of ⌊iters/2⌋ and ⌈iters/2⌉ steps, a tile at most;
+        // one step per tile: halves of 0 and 1 step, nothing to even out).
+        if (iters > 1)
+          EXPECT_LE(most - least, halves ? (iters % 2 ? iters : iters / 2) : 4u) << tiles << " tiles, " << iters << " steps";
+      }
+    }
+  }
+  // 14 tiles of 32 steps: warps 0..11 one whole tile each, warps 12..15 one half each.
+  EXPECT_EQ(persistent::run_start(12, 14, 32, true), 12u * 32);
+  EXPECT_EQ(persistent::run_start(13, 14, 32, true), 12u * 32 + 16);
 }
 
 // v6's choice: whole tiles seen by scheduler against balanced steps. 28672 × 8192, M = 1: 14 tiles
