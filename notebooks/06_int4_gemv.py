@@ -121,8 +121,9 @@ if data:
 #   (28672 × 8192, most M) and runs `v5`'s kernel elsewhere, where balancing's tail after the
 #   loop would cost more than it gains. `v7` runs `v5`'s kernel with one step in flight per warp
 #   instead of three: the bytes in flight were far more than the bandwidth needs, and every other
-#   access (x, the split-K sums) waited behind them. It flattens the curve up to M = 8 at the
-#   large shapes and gains most at M = 8 and 16.
+#   access (x, the split-K sums) waited behind them; and it cuts a block's partial last round of
+#   tiles at half tiles, so that every scheduler gets the same share. It flattens the curve up to
+#   M = 8 at the large shapes and gains most at M = 8 and 16.
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 
