@@ -39,7 +39,8 @@
 // tiles become 12 whole tiles and two tiles in halves, 3.5 tiles per scheduler, and only the two
 // cut tiles wait for the block's barrier after the loop. It does so where its plan gives S = 1
 // and T is not a multiple of 16 (persistent::v7_halves); with S > 1 the balanced kernel counts
-// its splits after the loop, which the finish measurements above say not to do. In the timeline
+// its splits after the loop, which the finish measurements above say not to do (and half tiles
+// at S > 1 measured slower, with the counts deferred or not: the book's v7 section). In the timeline
 // tool (H200, 2026-11-30, two runs each, uncommitted on top of commit f63b5ae) at 28672 × 8192:
 // 35.84–36.00 µs against 36.10 at M = 1, 37.76–37.79 against 38.43–38.62 at M = 2, 39.97–40.06
 // against 42.02–42.37 at M = 4. At M = 1 the window from the first step to the last then holds
