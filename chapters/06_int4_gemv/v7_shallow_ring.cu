@@ -18,10 +18,12 @@
 // about 4 MB. The rest does not make DRAM faster; it waits in queues, and so does anything
 // else the SM asks for (the x slice, the partial sums, the counters). With one step in flight
 // per warp (about 4 MB in all), the same weights arrive as fast and the other accesses wait less.
-// The same sweep of the timeline tool (whole tiles, each S, two, three and four stages) gave, at
-// M = 8 and 8192 × 28672, 42.50 µs with two stages at S = 4 against 49.02 µs for v6's choice (four
-// stages, S = 8); at M = 1 and 28672 × 8192 35.84 µs against 38.05 µs. Five stages, tried on v4,
-// were slower than four (the book's v6 section).
+// A sweep of the timeline tool (uncommitted, on top of commit 89d9d32; whole tiles and balanced
+// steps, every S, two and three stages; results/h200/probes/06_ring_depth_sweep.txt) gave at
+// M = 8 and 8192 × 28672 42.50 µs with two stages at S = 4, where the unchanged kernel took
+// 49.02 µs in the same session (v6's choice: four stages, S = 8); at M = 1 and 28672 × 8192
+// 35.84 µs against 38.05 µs. Five stages, tried on v4, were slower than four (the book's v6
+// section).
 //
 // The smaller ring also leaves more shared memory for x, so fewer splits fit (S = 4 at M = 8,
 // 8192 × 28672, where v4 to v6 needed 8; S = 8 at M = 16 instead of 16), and the split count's
@@ -40,9 +42,10 @@
 // tiles become 12 whole tiles and two tiles in halves, 3.5 tiles per scheduler, and only the two
 // cut tiles wait for the block's barrier after the loop. It does so where its plan gives S = 1
 // and T is not a multiple of 16 (persistent::v7_halves); with S > 1 the balanced kernel counts
-// its splits after the loop, which the finish measurements above say not to do (and half tiles
-// at S > 1 measured slower, with the counts deferred or not: the book's v7 section). In the timeline
-// tool (H200, 2026-11-30, two runs each, uncommitted on top of commit f63b5ae) at 28672 × 8192:
+// its splits after the loop, which the finish measurements above say not to do (and half
+// tiles at S > 1 measured slower, with the counts deferred or not: the book's v7 section). In
+// the timeline tool (H200, 2026-11-30, two runs each, uncommitted on top of commit f63b5ae,
+// results/h200/probes/06_v7_half_tiles.txt) at 28672 × 8192:
 // 35.84–36.00 µs against 36.10 at M = 1, 37.76–37.79 against 38.43–38.62 at M = 2, 39.97–40.06
 // against 42.02–42.37 at M = 4. At M = 1 the window from the first step to the last then holds
 // the weights at about the ceiling; what is left is the start and the launch.
