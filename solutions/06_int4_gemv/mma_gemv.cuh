@@ -266,14 +266,21 @@ inline int64_t split_time(int64_t tiles, int64_t iters, int sms, int warps, int6
   return std::max(per_block * steps, chain) + x_slice;
 }
 
-inline int64_t plan_splits(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min,
-                           int64_t s_max, bool balanced = false, int64_t m = 0) {
+// The S from s_min to s_max (s_min at least) of least time_of(S), the smallest on a tie (fewer
+// partial sums).
+template <class TimeOf>
+int64_t least_time_split(int64_t s_min, int64_t s_max, TimeOf&& time_of) {
   int64_t best = s_min, best_time = -1;
   for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
-    const int64_t time = split_time(tiles, iters, sms, warps, s, balanced, m);
+    const int64_t time = time_of(s);
     if (best_time < 0 || time < best_time) best = s, best_time = time;
   }
   return best;
+}
+
+inline int64_t plan_splits(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min,
+                           int64_t s_max, bool balanced = false, int64_t m = 0) {
+  return least_time_split(s_min, s_max, [&](int64_t s) { return split_time(tiles, iters, sms, warps, s, balanced, m); });
 }
 
 // Whole tiles seen scheduler by scheduler, for v6's choice between whole tiles and balanced steps
@@ -310,15 +317,9 @@ inline int64_t rounds_time(int64_t tiles, int64_t iters, int sms, int warps, int
   return rounds * warps * (steps + 1) + m * steps + (s > 1 ? 48 * rounds : 0);
 }
 
-// The S of least rounds_time from s_min on (the smallest on a tie: fewer partial sums).
 inline int64_t plan_rounds(int64_t tiles, int64_t iters, int sms, int warps, int64_t s_min, int64_t s_max,
                            int64_t m) {
-  int64_t best = s_min, best_time = -1;
-  for (int64_t s = s_min; s <= std::max(s_min, s_max); ++s) {
-    const int64_t time = rounds_time(tiles, iters, sms, warps, s, m);
-    if (best_time < 0 || time < best_time) best = s, best_time = time;
-  }
-  return best;
+  return least_time_split(s_min, s_max, [&](int64_t s) { return rounds_time(tiles, iters, sms, warps, s, m); });
 }
 
 inline int sm_count() {

@@ -415,7 +415,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   Stage* my_ring = ring + warp * kStages;
   int tile0 = block + blocks * warp, it0 = 0, count = 1 << 30, stride = blocks * warps;
   unsigned block_tiles = 0;  // kBalanced: T
-  auto start_of = [&](int v) { return run_start(unsigned(v), block_tiles, unsigned(ln.iters), p.half_cuts != 0); };
+  auto start_of = [&](int v) {
+    return run_start(unsigned(v), block_tiles, unsigned(ln.iters), p.half_cuts != 0);
+  };
   if constexpr (kBalanced) {
     block_tiles = unsigned(p.tiles_base + (block < p.tiles_extra ? 1 : 0));
     const int lo = int(start_of(warp));
