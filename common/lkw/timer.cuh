@@ -18,11 +18,11 @@ namespace detail {
 // afterwards the L2 holds clean lines of this buffer, nothing dirty to write back during the
 // next kernel.
 template <int kUnused = 0>
-__global__ void flush_l2_kernel(const int4* buf, int64_t n, int* sink) {
+__global__ void flush_l2_kernel(const ::int4* buf, int64_t n, int* sink) {
   int acc = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    int4 v = buf[i];
+    ::int4 v = buf[i];
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x7fffffff) *sink = acc;
@@ -95,8 +95,8 @@ class Timer {
   }
 
   void flush() {
-    int64_t n = static_cast<int64_t>(flush_.bytes() / sizeof(int4));
-    detail::flush_l2_kernel<<<1024, 256, 0, stream_>>>(static_cast<const int4*>(flush_.data()), n,
+    int64_t n = static_cast<int64_t>(flush_.bytes() / sizeof(::int4));
+    detail::flush_l2_kernel<<<1024, 256, 0, stream_>>>(static_cast<const ::int4*>(flush_.data()), n,
                                                         static_cast<int*>(sink_.data()));
     LKW_CUDA_CHECK(cudaGetLastError());
   }
