@@ -13,10 +13,15 @@
 // of the warps by scheduler (warp index mod 4) with their count, and the spread of loop ends
 // within a block. Before timing it checks the output against a float64 reference on 256 rows (the
 // chapter's tolerance, reference/lkw/gemv.py). With the marks off (a null pointer) the kernel
-// tests one global pointer per mark and is otherwise the version's kernel.
+// tests one global pointer per mark and is otherwise the version's kernel. Each kernel is also
+// timed back to back (20 launches between two events over rotated copies of the weights, no
+// flush), and v7's kernel once more as v8 runs it (a programmatic dependent launch), and so is
+// an empty kernel of the same shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsd": v5 v6 v7 v8)
+//   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also a kernel that only reads the weights
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +29,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -70,6 +76,23 @@ __global__ void flush_kernel(const uint4* buf, int64_t n, unsigned* sink) {
 
 __global__ void empty_kernel() {}
 
+// A kernel that only reads: kUnroll 16-byte loads in flight per thread, the XOR of all kept.
+template <int kUnroll>
+__global__ void read_kernel(const uint4* buf, int64_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(buf + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].w;
+  }
+  for (; i < n; i += stride) acc ^= buf[i].x;
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 // What a launch costs with nothing in it: an empty kernel in the persistent kernel's shape (one
 // block of 512 threads per SM), timed like the kernel (after the same flush), with no shared
 // memory and with all an SM can give a block; then the same with the flush kernel asking for
@@ -107,9 +130,37 @@ void launch_overhead(const cudaDeviceProp& prop) {
   const float same = time(smem);
   check(cudaFuncSetAttribute(flush_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              int(cudaSharedmemCarveoutDefault)), "carveout");
+  // Back to back: 20 empty launches between two events, per launch, the median of 10 batches;
+  // plain launches and launches as programmatic dependents.
+  auto back_to_back = [&](bool dependent) {
+    std::vector<float> t;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(prop.multiProcessorCount);
+    config.blockDim = dim3(pk::kWarps * 32);
+    config.dynamicSmemBytes = smem;
+    config.attrs = &attr;
+    config.numAttrs = dependent ? 1 : 0;
+    for (int b = 0; b < 12; ++b) {
+      check(cudaEventRecord(start), "record");
+      for (int i = 0; i < 20; ++i) check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch");
+      check(cudaEventRecord(stop), "record");
+      check(cudaEventSynchronize(stop), "back to back");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      if (b >= 2) t.push_back(1e3f * ms / 20);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const float b2b = back_to_back(false), b2b_dependent = back_to_back(true);
   std::printf("# an empty kernel of %d blocks × %d threads after the flush, median of 25: %.2f us with no "
-              "shared memory, %.2f us with %d KB per block, %.2f us with the flush asking for the same carve-out\n",
-              prop.multiProcessorCount, pk::kWarps * 32, none, full, smem / 1024, same);
+              "shared memory, %.2f us with %d KB per block, %.2f us with the flush asking for the same carve-out; "
+              "back to back (%d KB per block) %.2f us per launch, %.2f us as dependent launches\n",
+              prop.multiProcessorCount, pk::kWarps * 32, none, full, smem / 1024, same, smem / 1024, b2b,
+              b2b_dependent);
   cudaFree(flush), cudaFree(sink);
   cudaEventDestroy(start), cudaEventDestroy(stop);
 }
@@ -127,13 +178,14 @@ const char* path_name(int64_t m, int group) {
 // v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
-enum class Kernel { kWhole, kBalanced, kShallow };
+enum class Kernel { kWhole, kBalanced, kShallow, kDependent };
 Kernel g_kernel = Kernel::kWhole;
 template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
   switch (g_kernel) {
     case Kernel::kBalanced: return pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream);
     case Kernel::kShallow: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream);
+    case Kernel::kDependent: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream, true);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -182,10 +234,14 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   for (auto& v : x) v = bf16_of(unit(rng));
   for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
 
-  // Two copies of the weights and scales, used in turn, besides the flush.
-  uint32_t* w_d[2];
-  __nv_bfloat16 *s_d[2], *x_d, *y_d;
-  for (int i = 0; i < 2; ++i) {
+  // Copies of the weights and scales, used in turn: enough that the launches back to back (below)
+  // read more than twice the L2 between two reads of one copy; at least two.
+  const int64_t set_bytes = int64_t(words.size()) * 4 + int64_t(scales.size()) * 2;
+  const int sets = int(std::max<int64_t>(2, (2 * int64_t(prop.l2CacheSize) + set_bytes - 1) / set_bytes + 1));
+  std::vector<uint32_t*> w_d(sets);
+  std::vector<__nv_bfloat16*> s_d(sets);
+  __nv_bfloat16 *x_d, *y_d;
+  for (int i = 0; i < sets; ++i) {
     check(cudaMalloc(&w_d[i], words.size() * 4), "cudaMalloc w");
     check(cudaMemcpy(w_d[i], words.data(), words.size() * 4, cudaMemcpyHostToDevice), "copy w");
     check(cudaMalloc(&s_d[i], scales.size() * 2), "cudaMalloc scales");
@@ -204,7 +260,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   unsigned long long* marks_d;
   check(cudaMalloc(&marks_d, slots * 8), "cudaMalloc marks");
   auto args = [&](int i) {
-    return GemvArgs{x_d, w_d[i % 2], s_d[i % 2], nullptr, y_d, m, n, k, int(g)};
+    return GemvArgs{x_d, w_d[i % sets], s_d[i % sets], nullptr, y_d, m, n, k, int(g)};
   };
 
   // Verify first: 256 rows against float64, the chapter's tolerance.
@@ -255,6 +311,58 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   }
   std::sort(times.begin(), times.end());
 
+  // What a kernel that only reads these weights and scales takes (the weights' bytes of the
+  // copies in turn, each launch one copy): after the flush, and back to back.
+  if (std::getenv("LKW_TIMELINE_READ")) {
+    for (int blocks_per_sm : {2, 4, 8}) {
+      auto read = [&](int i) {
+        read_kernel<4><<<blocks_per_sm * prop.multiProcessorCount, 512>>>(
+            reinterpret_cast<const uint4*>(w_d[i % sets]), int64_t(words.size()) / 4, sink);
+      };
+      std::vector<float> t1, t2;
+      for (int i = 0; i < 28; ++i) {
+        flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+        check(cudaEventRecord(start), "record");
+        read(i);
+        check(cudaEventRecord(stop), "record");
+        check(cudaEventSynchronize(stop), "read");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+        if (i >= 3) t1.push_back(1e3f * ms);
+      }
+      for (int b = 0; b < 12; ++b) {
+        check(cudaEventRecord(start), "record");
+        for (int i = 0; i < 20; ++i) read(i);
+        check(cudaEventRecord(stop), "record");
+        check(cudaEventSynchronize(stop), "read");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+        if (b >= 2) t2.push_back(1e3f * ms / 20);
+      }
+      std::sort(t1.begin(), t1.end());
+      std::sort(t2.begin(), t2.end());
+      std::printf("# read only, %lld MB of weights, %d blocks of 512 per SM, 4 loads in flight per thread: %.2f us "
+                  "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
+                  (long long)(words.size() * 4 >> 20), blocks_per_sm, t1[t1.size() / 2],
+                  words.size() * 4 / (t1[t1.size() / 2] * 1e3), t2[t2.size() / 2],
+                  words.size() * 4 / (t2[t2.size() / 2] * 1e3));
+    }
+  }
+
+  // Back to back, as in a decoder's stream: 20 launches over the rotated copies with no flush
+  // between, events around the 20; the median of 10 such batches, per launch.
+  std::vector<float> stream_times;
+  for (int b = 0; b < 12; ++b) {
+    check(cudaEventRecord(start), "record");
+    for (int i = 0; i < 20; ++i) launch_v5(args(i), nullptr);
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "back to back");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (b >= 2) stream_times.push_back(1e3f * ms / 20);
+  }
+  std::sort(stream_times.begin(), stream_times.end());
+
   // One launch with the marks on.
   check(cudaMemset(marks_d, 0, slots * 8), "memset marks");
   check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
@@ -272,19 +380,24 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   for (size_t w = 0; w < warps; ++w)
     if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
   const int sms = prop.multiProcessorCount;
+  const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent;
   const int splits = g_kernel == Kernel::kBalanced ? splits_of<true>(m, n, k, sms)
-                     : g_kernel == Kernel::kShallow ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
-                                                    : splits_of<false>(m, n, k, sms);
+                     : shallow                     ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
+                                                   : splits_of<false>(m, n, k, sms);
   const bool v6_balanced = v6_picks_balanced(args(0));
-  const bool v6_runs = g_kernel != Kernel::kShallow && (g_kernel == Kernel::kBalanced) == v6_balanced;
-  std::printf("\nM = %lld, N = %lld, K = %lld (%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f)\n",
+  const bool v6_runs = !shallow && (g_kernel == Kernel::kBalanced) == v6_balanced;
+  const char* halves = shallow && v7_picks_halves(args(0)) ? ", half tiles" : "";
+  std::printf("\nM = %lld, N = %lld, K = %lld (%s%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f); "
+              "back to back over %d copies %.2f us per launch (median of %zu batches, %.2f .. %.2f)\n",
               (long long)m, (long long)n, (long long)k,
-              g_kernel == Kernel::kBalanced  ? "balanced steps"
-              : g_kernel == Kernel::kShallow ? (v7_picks_halves(args(0)) ? "shallow ring (v7), half tiles" : "shallow ring (v7)")
-                                             : "whole tiles (v5)",
-              path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
-              times[times.size() / 2], times.size(),
-              times.front(), times.back());
+              g_kernel == Kernel::kBalanced    ? "balanced steps"
+              : g_kernel == Kernel::kShallow   ? "shallow ring (v7)"
+              : g_kernel == Kernel::kDependent ? "shallow ring as a dependent launch (v8)"
+                                               : "whole tiles (v5)",
+              halves, path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
+              times[times.size() / 2], times.size(), times.front(), times.back(), sets,
+              stream_times[stream_times.size() / 2], stream_times.size(), stream_times.front(),
+              stream_times.back());
   std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
   const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",
                                    "first stage", "loop end", "done"};
@@ -325,7 +438,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     std::printf("  loop end, last − first warp of a block: median %.2f  p90 %.2f  max %.2f us (%zu blocks)\n",
                 spread[spread.size() / 2], spread[spread.size() * 9 / 10], spread.back(), spread.size());
   }
-  for (int i = 0; i < 2; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
+  for (int i = 0; i < sets; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
   cudaFree(x_d), cudaFree(y_d), cudaFree(flush), cudaFree(sink), cudaFree(marks_d);
   cudaEventDestroy(start), cudaEventDestroy(stop);
 }
@@ -354,16 +467,18 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsd" (v5 v6 v7 v8)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them) and the shallow ring (v7), INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7) and v7 as a dependent launch (v8), INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
-    for (const Kernel kernel : {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow}) {
+    for (const Kernel kernel : {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent}) {
+      if (kinds && !std::strchr(kinds, "wbsd"[int(kernel)])) continue;
       g_kernel = kernel;
       run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
     }

@@ -1,6 +1,8 @@
 // Event timer: warm-up, then the median of many launches, each bracketed by CUDA events.
 // Between launches the L2 is flushed (a read of twice its size), unless the caller rotates
-// over enough input sets that nothing it reads can still sit in L2.
+// over enough input sets that nothing it reads can still sit in L2. Or back to back
+// (time_back_to_back): batches of launches with nothing between them, as a decoder's stream runs
+// its kernels, events around each batch; the caller rotates the input sets.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -85,13 +87,36 @@ class Timer {
       cudaEventDestroy(start[i]);
       cudaEventDestroy(stop[i]);
     }
-    std::sort(us.begin(), us.end());
-    Timing t;
-    t.iters = opt.iters;
-    t.min_us = us.front();
-    t.max_us = us.back();
-    t.median_us = opt.iters % 2 ? us[opt.iters / 2] : 0.5 * (us[opt.iters / 2 - 1] + us[opt.iters / 2]);
-    return t;
+    return summarize(us);
+  }
+
+  // Back to back: `batch` launches queued with nothing between them (launch(i) picks input set
+  // i), two events around the batch; Timing holds the per-launch time (batch time / batch) of
+  // `iters` batches after `warmup` launches. Where a launch lets the next one start early
+  // (programmatic dependent launch), the overlap counts, as it would in a decoder's stream.
+  Timing time_back_to_back(const std::function<Status(int)>& launch, int warmup, int iters, int batch) {
+    int next = 0;
+    for (int i = 0; i < warmup; ++i) LKW_STATUS_CHECK(launch(next++));
+    std::vector<cudaEvent_t> start(iters), stop(iters);
+    for (int i = 0; i < iters; ++i) {
+      LKW_CUDA_CHECK(cudaEventCreate(&start[i]));
+      LKW_CUDA_CHECK(cudaEventCreate(&stop[i]));
+    }
+    for (int i = 0; i < iters; ++i) {
+      LKW_CUDA_CHECK(cudaEventRecord(start[i], stream_));
+      for (int j = 0; j < batch; ++j) LKW_STATUS_CHECK(launch(next++));
+      LKW_CUDA_CHECK(cudaEventRecord(stop[i], stream_));
+    }
+    LKW_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<double> us(iters);
+    for (int i = 0; i < iters; ++i) {
+      float ms = 0;
+      LKW_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+      us[i] = 1000.0 * ms / batch;
+      cudaEventDestroy(start[i]);
+      cudaEventDestroy(stop[i]);
+    }
+    return summarize(us);
   }
 
   void flush() {
@@ -102,6 +127,17 @@ class Timer {
   }
 
  private:
+  static Timing summarize(std::vector<double> us) {
+    std::sort(us.begin(), us.end());
+    const int n = static_cast<int>(us.size());
+    Timing t;
+    t.iters = n;
+    t.min_us = us.front();
+    t.max_us = us.back();
+    t.median_us = n % 2 ? us[n / 2] : 0.5 * (us[n / 2 - 1] + us[n / 2]);
+    return t;
+  }
+
   cudaStream_t stream_;
   DeviceBuffer flush_, sink_;
 };

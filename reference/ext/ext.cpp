@@ -4,7 +4,7 @@
 //   _ext.versions()                                  # the registry, as a list of dicts
 //   _ext.launch("00_roofline/copy/v2_inflight", [src], [dst])
 //   _ext.launch(name, [x], [y], params={"eps": 1e-6}, dtypes=["float32", "float8_e4m3fn"])
-//   _ext.time(name, [([src], [dst]), ...], warmup=5, iters=50, flush_l2=True)
+//   _ext.time(name, [([src], [dst]), ...], warmup=5, iters=50, flush_l2=True, batch=0)
 //
 // Arrays arrive through DLPack (torch, CuPy, ...): dense, C-contiguous, on the GPU. A narrow
 // float that the framework cannot export (FP8) is passed as a uint8 view with its dtype named in
@@ -176,17 +176,18 @@ NB_MODULE(_ext, m) {
   m.def("time",
         [](const std::string& name, const std::vector<ArgSet>& arg_sets,
            const std::map<std::string, double>& params, const std::vector<std::string>& dtypes,
-           int warmup, int iters, bool flush_l2) {
+           int warmup, int iters, bool flush_l2, int batch) {
           const lkw::Version& v = find(name);
           if (arg_sets.empty()) throw nb::value_error("time needs at least one argument set");
+          if (batch < 0) throw nb::value_error("time: batch must be 0 (one launch per pair of events) or more");
           std::vector<lkw::Args> sets;
           for (const ArgSet& s : arg_sets) sets.push_back(to_args(s.first, s.second, params, dtypes, true));
           lkw::ext::TimeResult t;
           {
             nb::gil_scoped_release release;
-            t = lkw::ext::time_launches(
-                [&](int i) { return v.launch(sets[i % sets.size()], nullptr); }, warmup, iters,
-                flush_l2);
+            auto launch = [&](int i) { return v.launch(sets[i % sets.size()], nullptr); };
+            t = batch > 0 ? lkw::ext::time_back_to_back(launch, warmup, iters, batch)
+                          : lkw::ext::time_launches(launch, warmup, iters, flush_l2);
           }
           nb::dict d;
           d["median_us"] = t.median_us;
@@ -197,8 +198,9 @@ NB_MODULE(_ext, m) {
         },
         "name"_a, "arg_sets"_a, "params"_a = std::map<std::string, double>{},
         "dtypes"_a = std::vector<std::string>{}, "warmup"_a = 5, "iters"_a = 50,
-        "flush_l2"_a = true,
-        "Median time of many launches (CUDA events), rotating over the (inputs, outputs) sets.");
+        "flush_l2"_a = true, "batch"_a = 0,
+        "Median time of many launches (CUDA events), rotating over the (inputs, outputs) sets; "
+        "batch > 0: `iters` batches of `batch` launches back to back, the median per launch.");
 
   // Host buffers come as addresses (numpy: arr.ctypes.data), not through DLPack: the harness's
   // comparison only needs the bits, and it avoids one more import path for host memory.

@@ -23,6 +23,11 @@ TimeResult time_launches(const std::function<Status(int)>& launch, int warmup, i
   return {t.median_us, t.min_us, t.max_us, t.iters};
 }
 
+TimeResult time_back_to_back(const std::function<Status(int)>& launch, int warmup, int iters, int batch) {
+  const Timing t = timer().time_back_to_back(launch, warmup, iters, batch);
+  return {t.median_us, t.min_us, t.max_us, t.iters};
+}
+
 DeviceInfo device_info() {
   DeviceInfo info;
   if (!has_device()) return info;

@@ -15,6 +15,10 @@ struct TimeResult {
 TimeResult time_launches(const std::function<Status(int)>& launch, int warmup, int iters,
                          bool flush_l2);
 
+// Back to back: `iters` batches of `batch` launches with nothing between them, events around
+// each batch; the per-launch time of each batch (lkw::Timer::time_back_to_back).
+TimeResult time_back_to_back(const std::function<Status(int)>& launch, int warmup, int iters, int batch);
+
 // One flush kernel (the timer's): dirty lines left in L2 by the previous kernel go to DRAM now.
 void flush_l2();
 

@@ -69,6 +69,9 @@ class Case:
     cut: dict[int, Callable] = field(default_factory=dict)
     # The reference gets every row (an op whose result depends on the whole tensor) and cuts itself.
     reference_sees_all: bool = False
+    # Also timed back to back (BACK_TO_BACK launches between two events, no flush, the input sets
+    # rotated), as a decoder's stream runs its kernels: the row's back_to_back_us.
+    back_to_back: bool = False
 
 
 def _raw(tensors) -> list:
@@ -516,7 +519,7 @@ def int4_gemv_cases() -> list[Case]:
                     op, f"m={m},n={n},k={k},g={g}", names, make_for(op, m, n, k), expected_for(op),
                     tolerance=tolerances[kind, m, k], sample_rows=rows,
                     cut={0: lambda a, r: a[:, :r]}, reference_sees_all=True,
-                    torch_peers=peers if op == "int4i_gemv" else {}))
+                    torch_peers=peers if op == "int4i_gemv" else {}, back_to_back=True))
     return cases
 
 
@@ -577,10 +580,18 @@ def _reference(case: Case, host_inputs: list[np.ndarray]) -> list[np.ndarray]:
     return case.expected(host_inputs)
 
 
-def _rotations(inputs, outputs, l2_bytes: int) -> int:
-    """How many input/output sets make the rotated working set exceed twice the L2."""
+def _rotations(inputs, outputs, l2_bytes: int, back_to_back: bool = False) -> int:
+    """How many input/output sets make the rotated working set exceed twice the L2. Back to back
+    (no flush between launches) one more, and at least two: between two launches on one set the
+    others read more than twice the L2."""
     ws = sum(t.numel() * t.element_size() for t in inputs + outputs)
-    return max(1, math.ceil(2 * l2_bytes / ws))
+    sets = max(1, math.ceil(2 * l2_bytes / ws))
+    return max(2, sets + 1) if back_to_back else sets
+
+
+# Back to back: launches per pair of events, and batches timed (their median per launch).
+BACK_TO_BACK = 20
+BACK_TO_BACK_BATCHES = 15
 
 
 def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l2_bytes: int,
@@ -593,7 +604,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     inputs, outputs = _raw(typed_inputs), _raw(typed_outputs)
     host_inputs = [_host_bits(t) for t in inputs]
     expected = _reference(case, host_inputs)
-    sets = _rotations(inputs, outputs, l2_bytes)
+    sets = _rotations(inputs, outputs, l2_bytes, case.back_to_back)
     arg_sets = [(inputs, outputs)] + [
         ([t.clone() for t in inputs], [torch.empty_like(t) for t in outputs]) for _ in range(sets - 1)
     ]
@@ -636,12 +647,21 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
             gbps=model["bytes"] / (us * 1e3) if us else None,
             tflops=model["flops"] / (us * 1e6) if model["flops"] else None,
         )
+        if case.back_to_back and correct:
+            row.update(_back_to_back(case, name, arg_sets, expected, warmup=warmup, log=log))
         rows.append(row)
     model_bytes = next((r["model_bytes"] for r in rows if r["kind"] == "version"), None)
     chapter = versions[0]["chapter"] if versions else "?"
     for peer, factory in case.torch_peers.items():
-        rows.append(measure_torch_peer(case, chapter, peer, factory(torch, typed_inputs), inputs,
-                                       expected, model_bytes, warmup=warmup, iters=iters, log=log))
+        row = measure_torch_peer(case, chapter, peer, factory(torch, typed_inputs), inputs,
+                                 expected, model_bytes, warmup=warmup, iters=iters, log=log)
+        if case.back_to_back and row["correct"]:
+            # One callable per input set (a peer that packs its weights packs each set's).
+            typed_sets = [typed_inputs] + [[t.clone() for t in typed_inputs] for _ in range(sets - 1)]
+            fns = [factory(torch, ts) for ts in typed_sets]
+            row.update(_peer_back_to_back(case, fns, inputs, expected, model_bytes, warmup=warmup, log=log))
+            del typed_sets, fns
+        rows.append(row)
     del arg_sets, inputs, outputs, typed_inputs, typed_outputs
     torch.cuda.empty_cache()
     return rows
@@ -688,6 +708,59 @@ def measure_torch_peer(case: Case, chapter: str, peer: str, fn: Callable, inputs
     return row
 
 
+def _back_to_back(case: Case, name: str, arg_sets, expected, *, warmup: int, log=print) -> dict:
+    """Time a version back to back over the rotated sets (outputs poisoned first), then check every
+    set's output again: the row's back_to_back_* fields, or back_to_back_correct False."""
+    import torch
+
+    for _, outs in arg_sets:
+        for t in outs:
+            t.view(torch.uint8).fill_(0xFF)
+    t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
+                   iters=BACK_TO_BACK_BATCHES, batch=BACK_TO_BACK)
+    torch.cuda.synchronize()
+    after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
+    bad = [i for i, a in enumerate(after) if not a["pass"]]
+    if bad:
+        log(f"  {name}: WRONG after back-to-back timing in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
+        return {"back_to_back_correct": False, "back_to_back_us": None}
+    return {"back_to_back_correct": True, "back_to_back_us": t["median_us"], "back_to_back_min_us": t["min_us"],
+            "back_to_back_max_us": t["max_us"], "back_to_back_batches": t["iters"], "back_to_back_batch": BACK_TO_BACK}
+
+
+def _peer_back_to_back(case: Case, fns: list[Callable], inputs, expected, model_bytes, *, warmup: int,
+                       log=print) -> dict:
+    """A torch peer back to back: BACK_TO_BACK calls between two events, rotating over one callable
+    per input set, the median per call of BACK_TO_BACK_BATCHES batches; the last call's outputs
+    checked against the reference (the sets are clones of set 0)."""
+    import torch
+
+    calls = 0
+    for _ in range(max(warmup, len(fns))):
+        fns[calls % len(fns)]()
+        calls += 1
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
+    outs = None
+    for b in range(BACK_TO_BACK_BATCHES):
+        starts[b].record()
+        for _ in range(BACK_TO_BACK):
+            outs = fns[calls % len(fns)]()
+            calls += 1
+        stops[b].record()
+    torch.cuda.synchronize()
+    us = sorted(1000.0 * a.elapsed_time(z) / BACK_TO_BACK for a, z in zip(starts, stops))
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    check = _verify(case, inputs, outs, expected, case.peer_tolerance)
+    if not check["pass"]:
+        log(f"  {case.op} peer: WRONG after back-to-back timing: {check['text'][:300]}")
+        return {"back_to_back_correct": False, "back_to_back_us": None}
+    n = len(us)
+    return {"back_to_back_correct": True, "back_to_back_us": 0.5 * (us[(n - 1) // 2] + us[n // 2]),
+            "back_to_back_min_us": us[0], "back_to_back_max_us": us[-1], "back_to_back_batches": n,
+            "back_to_back_batch": BACK_TO_BACK}
+
+
 def versions_of(chapter: str, op: str) -> list[dict]:
     return [v for v in ext().versions() if v["chapter"] == chapter and v["op"] == op and v["kind"] != "mutant"]
 
@@ -728,7 +801,7 @@ PEER_OPS = {op: ("bf16_gemv",) for op in ("int4_gemv", "int4i_gemv", "int4i_zp_g
 
 def _peer_ratios(rows: list[dict]) -> None:
     """Each version row gets, per peer of the same op (or of a PEER_OPS op) and shape: peer time /
-    version time."""
+    version time; where both were also timed back to back, the same of those times."""
     for r in rows:
         r["peers"] = {}
         if r["kind"] != "version" or not r.get("time_us"):
@@ -736,7 +809,11 @@ def _peer_ratios(rows: list[dict]) -> None:
         ops = (r["op"], *PEER_OPS.get(r["op"], ()))
         for p in rows:
             if p["kind"] == "peer" and p["op"] in ops and p["shape"] == r["shape"] and p.get("time_us"):
-                r["peers"][p["version"]] = {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
+                entry = {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
+                if r.get("back_to_back_us") and p.get("back_to_back_us"):
+                    entry["back_to_back_us"] = p["back_to_back_us"]
+                    entry["back_to_back_ratio"] = p["back_to_back_us"] / r["back_to_back_us"]
+                r["peers"][p["version"]] = entry
 
 
 def _gpu_slug(name: str) -> str:

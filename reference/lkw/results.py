@@ -130,8 +130,20 @@ def _time(us: float | None) -> str:
 COMPUTE_BOUND_FLOP_PER_BYTE = 10.0
 
 
-def _cells(row: dict) -> list[str]:
-    """One row as plain strings, in COLUMNS order."""
+# Where a run also timed its rows back to back (chapter 06), a column after "time µs".
+BACK_TO_BACK_COLUMN = "back to back µs"
+
+
+def columns(data: dict) -> list[str]:
+    """COLUMNS, with the back-to-back time after the time where any row of the run has one."""
+    if not any(r.get("back_to_back_us") is not None for r in data["rows"]):
+        return COLUMNS
+    at = COLUMNS.index("time µs") + 1
+    return COLUMNS[:at] + [BACK_TO_BACK_COLUMN] + COLUMNS[at:]
+
+
+def _cells(row: dict, back_to_back: bool = False) -> list[str]:
+    """One row as plain strings, in COLUMNS order (columns(data) with back_to_back)."""
     intensity = (row.get("flops") or 0) / row["model_bytes"] if row.get("model_bytes") else 0
     if row.get("tflops") is not None and intensity > COMPUTE_BOUND_FLOP_PER_BYTE:
         achieved = f"{row['tflops']:.1f} TFLOP/s"
@@ -156,6 +168,7 @@ def _cells(row: dict) -> list[str]:
         row.get("summary", ""),
         row.get("shape", ""),
         _time(row.get("time_us")),
+        *([_time(row.get("back_to_back_us"))] if back_to_back else []),
         achieved,
         pct_text,
         _num(row.get("pct_same_size_copy"), ".1f"),
@@ -198,8 +211,9 @@ def _notes(data: dict) -> list[str]:
 
 def text_table(data: dict) -> str:
     """A fixed-width table for notebooks and terminals."""
-    table = [COLUMNS] + [_cells(r) for r in data["rows"]]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    cols = columns(data)
+    table = [cols] + [_cells(r, len(cols) > len(COLUMNS)) for r in data["rows"]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join([header_line(data), ""] + lines + [""] + _notes(data)).rstrip()
@@ -214,10 +228,12 @@ def markdown_table(chapter: str) -> str:
     data = load(chapter)
     if data is None:
         return missing_message(chapter)
-    out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(COLUMNS) + " |"]
-    out.append("|" + ":--|" * 4 + "--:|" * 5 + ":--|")  # names left, numbers right
+    cols = columns(data)
+    b2b = len(cols) > len(COLUMNS)
+    out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(cols) + " |"]
+    out.append("|" + ":--|" * 4 + "--:|" * (6 if b2b else 5) + ":--|")  # names left, numbers right
     for row in data["rows"]:
-        cells = [_md_escape(c) for c in _cells(row)]
+        cells = [_md_escape(c) for c in _cells(row, b2b)]
         cells[0] = f"`{cells[0]}`"
         cells[1] = f"`{row['version']}`" + cells[1][len(row["version"]) :]  # name only in code
         out.append("| " + " | ".join(cells) + " |")
@@ -571,14 +587,19 @@ def example(chapter: str) -> dict:
                     ("int4i_gemv", "v5_f16_activations", "version", int4, 0.72 - 0.02 * m),
                     ("int4i_gemv", "v6_balanced_steps", "version", int4, 0.74 - 0.02 * m),
                     ("int4i_gemv", "v7_shallow_ring", "version", int4, 0.76 - 0.015 * m),
+                    ("int4i_gemv", "v8_dependent_launch", "version", int4, 0.74 - 0.015 * m),
                     ("bf16_gemv", "cublas", "peer", bf16, 0.9),
                 ]:
                     time_us = model / (share * ceiling * 1e3)
                     rows.append(row(op, version, kind, "example row", shape, time_us, model,
                                     flops=0, dram_ratio=None if kind == "peer" else 1.01))
+                    # Back to back: the launch partly hidden, more for the dependent launch.
+                    rows[-1]["back_to_back_us"] = time_us - (3.0 if version.startswith("v8") else 0.5)
         for r in rows:
             if r["kind"] == "version":
-                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
+                                             "back_to_back_us": p["back_to_back_us"],
+                                             "back_to_back_ratio": p["back_to_back_us"] / r["back_to_back_us"]}
                               for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]
                               and p["op"] in (r["op"], "bf16_gemv")}
     else:

@@ -6,7 +6,8 @@
 //   kFold, kScaleInA, kZeroPoints   v4 (and v5 away from G = 128, M ≤ 2)
 //   kFoldF16                        v5 at G = 128, M ≤ 2: x in FP16, the FP16 magic unpack
 // and by kBalanced: whole tiles per warp (v4, v5) or the block's steps shared evenly (v6, with
-// v5's choice of mode).
+// v5's choice of mode); by kStages: four stages (three with two n-tiles) or two (v7, v8). v8
+// launches v7's kernels as programmatic dependents (Params::pdl).
 #pragma once
 #include <algorithm>
 #include <string>
@@ -86,7 +87,24 @@ struct Params {
   int tiles_base, tiles_extra;  // kBalanced: block b of a split holds base + (b < extra) tiles
   int64_t n;
   int half_cuts;                // kBalanced: runs cut at half tiles (v7), else at any step (v6)
+  int pdl;                      // launched as a programmatic dependent (v8): weights before x
 };
+
+// Programmatic dependent launch (sm_90): a kernel launched with the stream attribute may start
+// before the one ahead of it in the stream has finished. griddepcontrol.wait returns once that
+// kernel has completed and its memory operations are visible; launch_dependents lets the next
+// kernel's blocks be scheduled (as SMs free up) once every block of this one has issued it. On
+// older GPUs, and without the attribute, the wait returns at once.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // kBalanced: where warp v's run starts, in the block's steps (T tiles of `iters` steps, the host
 // launches kWarps = 16 warps). Steps shared evenly (v6): ⌊v·T·iters/16⌋. Half tiles (v7): the
@@ -397,15 +415,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
 
   // The x slice: 16-byte async copies, zero past the end of K (the tail's weights are zero-filled
   // too, and zero x makes the tail add nothing whatever its scale).
-  for (int r = 0; r < p.m; ++r) {
-    for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
-      const bool valid = 8 * cc < ln.k_len;
-      cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
-                  p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
+  auto copy_x = [&]() {
+    for (int r = 0; r < p.m; ++r) {
+      for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
+        const bool valid = 8 * cc < ln.k_len;
+        cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
+                    p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
+      }
     }
-  }
-  cp_async_commit();
-  LKW_GEMV_MARK(kMarkXIssued);
+    cp_async_commit();
+    LKW_GEMV_MARK(kMarkXIssued);
+  };
+  // Launched as a programmatic dependent (v8): x and every store wait for the kernel before in the
+  // stream (griddepcontrol.wait, below); the weights do not, they are issued first.
+  if (!p.pdl) copy_x();
 
   // This warp's run: `count` steps from step it0 of tile tile0, a tile's steps in order, the next
   // tile `stride` further; the copies kStages − 1 steps ahead of the compute. Whole tiles: tiles
@@ -447,8 +470,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   for (int s = 0; s < kStages - 1; ++s) copy_next(s);
   LKW_GEMV_MARK(kMarkRingIssued);
 
-  // x has landed (its group is older than the ring's); then Σx per group and row for the fold.
-  cp_async_wait<kStages - 1>();
+  // x has landed (its group is older than the ring's; v8: younger, so all copies are waited for);
+  // then Σx per group and row for the fold.
+  if (p.pdl) {
+    grid_dependents_launch();  // the next kernel may start as soon as SMs free up
+    grid_dependency_wait();    // the kernel before this one is done and its writes visible
+    copy_x();
+    cp_async_wait<0>();
+  } else {
+    cp_async_wait<kStages - 1>();
+  }
   __syncthreads();
   LKW_GEMV_MARK(kMarkXLanded);
   if constexpr (is_f16<kMode>()) {
@@ -735,8 +766,10 @@ inline size_t smem_optin() {
   return bytes;
 }
 
+// pdl: launched as a programmatic dependent of the kernel before it in the stream (v8; sm_90 and
+// later, elsewhere an ordinary launch).
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
-Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
+Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages>;
   const size_t limit = smem_optin();
   static const cudaError_t attr =
@@ -754,7 +787,7 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
            int(plan.k_split), plan.splits, log2_of(a.group), int(tiles),
            int(tiles / per_split), int(tiles % per_split), a.n,
-           kBalanced && kStages == kShallowStages ? 1 : 0};
+           kBalanced && kStages == kShallowStages ? 1 : 0, 0};
   if (plan.splits > 1) {
     Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
@@ -762,7 +795,24 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   // Always 16 warps (kBalanced's shares count on it). (Measured: launching 14, so that 1792 tiles
   // of M = 8 in two splits go out in two whole rounds instead of a whole one and a 70% one, was
   // slower: the SMs need the warps more than the last round needs to be full.)
-  kernel<<<dim3(unsigned(per_split), unsigned(plan.splits)), kWarps * 32, plan.smem, stream>>>(p);
+  const dim3 grid(unsigned(per_split), unsigned(plan.splits));
+  if (!pdl || sm_major() < 9) {
+    kernel<<<grid, kWarps * 32, plan.smem, stream>>>(p);
+    return last_launch_status(op.name);
+  }
+  p.pdl = 1;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kWarps * 32);
+  config.dynamicSmemBytes = plan.smem;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
+  if (e != cudaSuccess) return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(e));
   return last_launch_status(op.name);
 }
 
@@ -839,16 +889,17 @@ bool v7_halves(const GemvArgs& a) {
 }
 
 template <int kNTiles, int kMode>
-Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
-  if (v7_halves<kNTiles, kMode>(a)) return launch<kNTiles, kMode, true, kShallowStages>(op, a, stream);
-  return launch<kNTiles, kMode, false, kShallowStages>(op, a, stream);
+Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
+  if (v7_halves<kNTiles, kMode>(a)) return launch<kNTiles, kMode, true, kShallowStages>(op, a, stream, pdl);
+  return launch<kNTiles, kMode, false, kShallowStages>(op, a, stream, pdl);
 }
 
-// v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel.
+// v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
+// v8: the same, launched as a programmatic dependent (pdl).
 template <const GemvOp& kOp>
-Status launch_shallow(const GemvArgs& a, cudaStream_t stream) {
+Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value>(kOp, a, stream);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value>(kOp, a, stream, pdl);
   });
 }
 

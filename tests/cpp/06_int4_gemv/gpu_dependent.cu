@@ -1,0 +1,120 @@
+// Chapter 06, v8_dependent_launch: a launch that may start before the kernel ahead of it in the
+// stream has finished must still read that kernel's output. A chain of two GEMVs, y1 = x·W1^T
+// then y2 = y1·W2^T, queued back to back many times with x alternating between two random
+// inputs (so y1 differs from one link to the next), nothing between the launches; y2 of every
+// link must equal, bit for bit, what v7 (the same kernel, launched plainly, a sync after each)
+// gives for that link's x. A v8 that read y1 before the first GEMV had written it would see the
+// previous link's y1. Shapes where v8 runs its split-K workspace (S > 1) and where it does not.
+// Without a device the test skips.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden.h"
+#include "int4_gemv.cuh"
+#include "lkw/buffer.h"
+
+namespace lkw::gemv {
+namespace {
+
+const Version& version(const char* id) {
+  const Version* v = Registry::get().find(std::string(LKW_CHAPTER) + "/" + kInt4iGemv.name + "/" + id);
+  if (v == nullptr) throw std::runtime_error(std::string("no version ") + id);
+  return *v;
+}
+
+struct Gemv {  // one link's weights on the device: [N, K/8] words, [N, K/128] scales
+  int64_t n, k;
+  DeviceBuffer w, scales;
+};
+
+Gemv random_gemv(std::mt19937& rng, int64_t n, int64_t k) {
+  std::vector<uint32_t> words(n * k / 8);
+  for (auto& v : words) v = rng();
+  std::vector<uint16_t> scales(n * k / 128);
+  std::uniform_real_distribution<float> s(0.002f, 0.02f);
+  for (auto& v : scales) {
+    const float f = s(rng);
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    v = uint16_t(b >> 16);
+  }
+  Gemv g{n, k, DeviceBuffer(words.size() * 4), DeviceBuffer(scales.size() * 2)};
+  LKW_CUDA_CHECK(cudaMemcpy(g.w.data(), words.data(), words.size() * 4, cudaMemcpyHostToDevice));
+  LKW_CUDA_CHECK(cudaMemcpy(g.scales.data(), scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
+  return g;
+}
+
+Args args_of(const Gemv& g, void* x, void* y, int64_t m) {
+  Args a;
+  a.inputs.push_back({x, DType::kBF16, {m, g.k}});
+  a.inputs.push_back({g.w.data(), DType::kU32, {g.n, g.k / 8}});
+  a.inputs.push_back({g.scales.data(), DType::kBF16, {g.n, g.k / 128}});
+  a.outputs.push_back({y, DType::kBF16, {m, g.n}});
+  return a;
+}
+
+std::vector<uint16_t> to_host(const DeviceBuffer& b) {
+  std::vector<uint16_t> h(b.bytes() / 2);
+  LKW_CUDA_CHECK(cudaMemcpy(h.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
+  const int arch = device_arch();
+  if (arch < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  const Version &v7 = version("v7_shallow_ring"), &v8 = version("v8_dependent_launch");
+  std::mt19937 rng(test::random_seed("chapter 06 dependent launch"));
+  // (M, N1 = K2, K1, N2): S = 1 at both links; long K (split-K) at the second; M with two n-tiles.
+  const int64_t shapes[][4] = {{1, 4096, 4096, 14336}, {8, 14336, 4096, 4096}, {16, 4096, 14336, 4096}};
+  for (const auto& s : shapes) {
+    const int64_t m = s[0], n1 = s[1], k1 = s[2], n2 = s[3];
+    const Gemv g1 = random_gemv(rng, n1, k1), g2 = random_gemv(rng, n2, n1);
+    DeviceBuffer x[2] = {DeviceBuffer(m * k1 * 2), DeviceBuffer(m * k1 * 2)};
+    for (auto& b : x) {
+      std::vector<uint16_t> h(m * k1);
+      std::normal_distribution<float> nd(0, 1);
+      for (auto& v : h) {
+        const float f = nd(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        v = uint16_t(bits >> 16);
+      }
+      LKW_CUDA_CHECK(cudaMemcpy(b.data(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    }
+    DeviceBuffer y1(m * n1 * 2), y2(m * n2 * 2);
+    // The expected y2 of each x: v7, a sync after each launch.
+    std::vector<uint16_t> want[2];
+    for (int i = 0; i < 2; ++i) {
+      LKW_CUDA_CHECK(cudaMemset(y2.data(), 0xff, y2.bytes()));
+      ASSERT_TRUE(v7.launch(args_of(g1, x[i].data(), y1.data(), m), nullptr).ok());
+      LKW_CUDA_CHECK(cudaDeviceSynchronize());
+      ASSERT_TRUE(v7.launch(args_of(g2, y1.data(), y2.data(), m), nullptr).ok());
+      LKW_CUDA_CHECK(cudaDeviceSynchronize());
+      want[i] = to_host(y2);
+    }
+    ASSERT_NE(want[0], want[1]) << "the two inputs must give different outputs";
+    // v8: links queued back to back; each link's y2 kept in its own buffer.
+    const int links = 12;
+    std::vector<DeviceBuffer> out;
+    for (int l = 0; l < links; ++l) {
+      out.emplace_back(m * n2 * 2);
+      LKW_CUDA_CHECK(cudaMemset(out.back().data(), 0xff, out.back().bytes()));
+    }
+    LKW_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int l = 0; l < links; ++l) {
+      ASSERT_TRUE(v8.launch(args_of(g1, x[l % 2].data(), y1.data(), m), nullptr).ok());
+      ASSERT_TRUE(v8.launch(args_of(g2, y1.data(), out[l].data(), m), nullptr).ok());
+    }
+    LKW_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int l = 0; l < links; ++l)
+      EXPECT_EQ(to_host(out[l]), want[l % 2]) << "M = " << m << ", N1 = " << n1 << ", K1 = " << k1
+                                               << ", N2 = " << n2 << ": link " << l;
+  }
+}
+
+}  // namespace
+}  // namespace lkw::gemv
