@@ -68,42 +68,56 @@ def parse(shape):
     return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in shape.split(",")}
 
 
-def speedups(data, n, k):
-    """{name: [(M, cuBLAS time / its time)]} at one (N, K), for the versions and torch peers."""
-    cublas = {parse(r["shape"])["m"]: r["time_us"] for r in data["rows"]
-              if r["op"] == "bf16_gemv" and r.get("time_us") and parse(r["shape"])["n"] == n
+def speedups(data, n, k, key="time_us"):
+    """{name: [(M, cuBLAS time / its time)]} at one (N, K), for the versions and torch peers;
+    key="back_to_back_us" compares the back-to-back times."""
+    cublas = {parse(r["shape"])["m"]: r[key] for r in data["rows"]
+              if r["op"] == "bf16_gemv" and r.get(key) and parse(r["shape"])["n"] == n
               and parse(r["shape"])["k"] == k}
     out = {}
     for r in data["rows"]:
         s = parse(r["shape"])
-        if r["op"] == "bf16_gemv" or not r.get("time_us") or (s["n"], s["k"]) != (n, k):
+        if r["op"] == "bf16_gemv" or not r.get(key) or (s["n"], s["k"]) != (n, k):
             continue
         if s["m"] in cublas:
-            out.setdefault(f"{r['op']}/{r['version']}", []).append((s["m"], cublas[s["m"]] / r["time_us"]))
+            out.setdefault(f"{r['op']}/{r['version']}", []).append((s["m"], cublas[s["m"]] / r[key]))
     return out
 
 
 # %% [markdown]
 # One panel per weight shape: the speed-up over cuBLAS BF16 at each M, every version and peer, and
 # the bound's ideal curve (dashed). Where a version falls away from the dashed line, it stopped
-# being bound by bytes.
+# being bound by bytes. The first row compares one launch at a time (L2 flushed before each); the
+# second, where the run has it, the same launches back to back, as a decoder's stream runs them
+# (both timed the same way for cuBLAS and the peers).
+
 
 # %%
-if data:
+def panels(data, key, title, axes):
     shapes = sorted({(parse(r["shape"])["n"], parse(r["shape"])["k"]) for r in data["rows"]})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
-    for ax, (n, k) in zip(axes[0], shapes):
+    for ax, (n, k) in zip(axes, shapes):
         ms = [1, 2, 4, 8, 16]
         ax.plot(ms, [ideal_speedup(m, n, k) for m in ms], "k--", label="ideal (bytes)")
-        for name, pts in speedups(data, n, k).items():
+        for name, pts in speedups(data, n, k, key).items():
             pts.sort()
             ax.plot([m for m, _ in pts], [s for _, s in pts], "o-", label=name)
         ax.axhline(1, color="gray", lw=0.5)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (tokens)")
         ax.set_ylabel("cuBLAS BF16 time / time")
-        ax.set_title(f"N={n}, K={k}")
+        ax.set_title(f"{title}: N={n}, K={k}", fontsize=9)
         ax.legend(fontsize=6)
+
+
+if data:
+    shapes = {(parse(r["shape"])["n"], parse(r["shape"])["k"]) for r in data["rows"]}
+    b2b = any(r.get("back_to_back_us") for r in data["rows"])
+    fig, axes = plt.subplots(2 if b2b else 1, len(shapes), figsize=(5.5 * len(shapes), 8 if b2b else 4),
+                             squeeze=False)
+    panels(data, "time_us", "one launch", axes[0])
+    if b2b:
+        panels(data, "back_to_back_us", "back to back", axes[1])
+    plt.tight_layout()
     plt.show()
 
 # %% [markdown]
@@ -124,6 +138,10 @@ if data:
 #   access (x, the split-K sums) waited behind them; and it cuts a block's partial last round of
 #   tiles at half tiles, so that every scheduler gets the same share. It flattens the curve up to
 #   M = 8 at the large shapes and gains most at M = 8 and 16.
+# - `v8` is `v7` launched as a programmatic dependent: back to back its blocks start as the
+#   kernel before finishes, with the weights' first copies already on their way, and only x waits
+#   for the kernel before. It is slower one launch at a time (x after the ring) and the fastest in
+#   the back-to-back row almost everywhere; compare its curve with `v7`'s in the two rows.
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 

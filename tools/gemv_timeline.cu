@@ -22,6 +22,7 @@
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
 //   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsd": v5 v6 v7 v8)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also a kernel that only reads the weights
+//   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace lkw::gemv::timeline {
@@ -313,7 +315,10 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
 
   // What a kernel that only reads these weights and scales takes (the weights' bytes of the
   // copies in turn, each launch one copy): after the flush, and back to back.
-  if (std::getenv("LKW_TIMELINE_READ")) {
+  static std::vector<std::pair<int64_t, int64_t>> read_done;  // once per N × K
+  if (std::getenv("LKW_TIMELINE_READ") &&
+      std::find(read_done.begin(), read_done.end(), std::make_pair(n, k)) == read_done.end()) {
+    read_done.emplace_back(n, k);
     for (int blocks_per_sm : {2, 4, 8}) {
       auto read = [&](int i) {
         read_kernel<4><<<blocks_per_sm * prop.multiProcessorCount, 512>>>(
@@ -341,9 +346,9 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
       }
       std::sort(t1.begin(), t1.end());
       std::sort(t2.begin(), t2.end());
-      std::printf("# read only, %lld MB of weights, %d blocks of 512 per SM, 4 loads in flight per thread: %.2f us "
+      std::printf("# %lld x %lld: read only, %lld MB of weights, %d blocks of 512 per SM, 4 loads in flight per thread: %.2f us "
                   "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
-                  (long long)(words.size() * 4 >> 20), blocks_per_sm, t1[t1.size() / 2],
+                  (long long)n, (long long)k, (long long)(words.size() * 4 >> 20), blocks_per_sm, t1[t1.size() / 2],
                   words.size() * 4 / (t1[t1.size() / 2] * 1e3), t2[t2.size() / 2],
                   words.size() * 4 / (t2[t2.size() / 2] * 1e3));
     }
@@ -366,8 +371,15 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   // One launch with the marks on.
   check(cudaMemset(marks_d, 0, slots * 8), "memset marks");
   check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
-  flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
-  launch_v5(args(1), nullptr);
+  // LKW_TIMELINE_MARKS_BACK_TO_BACK: the last of three launches back to back (each overwrites
+  // the marks of the one before), no flush.
+  const bool marks_b2b = std::getenv("LKW_TIMELINE_MARKS_BACK_TO_BACK") != nullptr;
+  if (marks_b2b) {
+    for (int i = 0; i < 3; ++i) launch_v5(args(i), nullptr);
+  } else {
+    flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+    launch_v5(args(1), nullptr);
+  }
   check(cudaDeviceSynchronize(), "marked launch");
   unsigned long long* off = nullptr;
   check(cudaMemcpyToSymbol(timeline::g_marks, &off, sizeof(off)), "marks off");
@@ -398,7 +410,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               times[times.size() / 2], times.size(), times.front(), times.back(), sets,
               stream_times[stream_times.size() / 2], stream_times.size(), stream_times.front(),
               stream_times.back());
-  std::printf("  marks of the recorded launch, us from the first warp's entry (warps that reached them)\n");
+  std::printf("  marks of the recorded launch%s, us from the first warp's entry (warps that reached them)\n",
+              marks_b2b ? " (the last of three back to back)" : "");
   const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",
                                    "first stage", "loop end", "done"};
   for (int mk = 0; mk < pk::kMarks; ++mk) {

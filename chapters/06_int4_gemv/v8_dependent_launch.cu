@@ -4,16 +4,15 @@
 // the end of that kernel.
 //
 // Since v7: at M = 1, 28672 × 8192 v7's weights stream at about the copy ceiling from its first
-// step to its last, and what the bench's time holds besides are the ends: the launch (an empty
-// kernel of the same shape, events around it after the flush: 2.8 µs), the setup before x is
-// issued (0.8 µs), x's round trip and its conversion to FP16 (2 µs), the first stage's round
-// trip, and at the end the warps that finish after the others. A decoder runs its kernels back
-// to back in one stream, and on an H200 even there an empty kernel of this shape (227 KB of
-// shared memory per block) takes 3.6–4.8 µs per launch when 20 are queued one after another
-// (tools/gemv_timeline.cu): the next kernel's blocks go out only once the last block of the one
-// before has exited. A kernel that only reads the same 112 MB of weights takes 29.4 µs after the
-// flush and 27.0 µs back to back: the bytes alone leave room for 85% of the ceiling; v7's ends
-// do not.
+// step to its last, and what the bench's time holds besides are the ends: the launch, the setup
+// before x is issued (0.8 µs), x's round trip and its conversion to FP16 (about 2 µs), the first
+// stage's round trip, and at the end the warps that finish after the others (tools/gemv_timeline,
+// results/h200/probes/06_gemv_timeline.txt, commit 358fb3d). Those ends are the kernel's, not the
+// bytes': a kernel that only reads the same 117 MB of weights takes 29.5–29.9 µs after the flush
+// and 27.3–27.6 µs back to back (same file): 92% of the ceiling and more. A decoder runs its
+// kernels back to back in one stream, and even there an empty kernel of this shape (227 KB of
+// shared memory per block) takes 3.6 µs per launch when 20 are queued one after another: the
+// next kernel's blocks go out only once the last block of the one before has exited.
 //
 // Programmatic dependent launch (sm_90, the launch attribute
 // cudaLaunchAttributeProgrammaticStreamSerialization) lets the runtime start a kernel before the
@@ -29,10 +28,13 @@
 // at once and the only change is the order: the ring's first stage before x, which costs time
 // there (v7's section of the book: x lands later).
 //
-// Bringing further steps into L2 before the wait (cp.async.bulk.prefetch.L2) was tried and made
-// every shape slower, more with every step prefetched (2 to 31 steps per warp; the H200,
-// 2026-11-30, results/h200/probes/06_dependent_launch.txt): the same queues v7 shortened fill
-// up again.
+// Tried and dropped (results/h200/probes/06_dependent_launch.txt, the H200, 2026-11-30): bringing
+// further steps of each warp into L2 (cp.async.bulk.prefetch.L2), before the wait or after it,
+// 1 to 31 steps: slower with every step, both ways of timing (the queues v7 shortened fill up
+// again); both ring stages filled before x: no change. In the back-to-back timeline (marks of
+// the last of three launches) v8's blocks enter as the blocks before them exit, and leave the
+// wait about 1.5 µs after the last of those has exited; x, its conversion and the first stage
+// take 2.5 µs more.
 //
 // The bench times every version both ways: each launch alone after an L2 flush (time_us), and
 // back to back (back_to_back_us: 20 launches between two events over rotated copies of the
