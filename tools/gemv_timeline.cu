@@ -23,6 +23,7 @@
 //   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsd": v5 v6 v7 v8)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also a kernel that only reads the weights
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
+//   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -221,6 +222,22 @@ bool v6_picks_balanced(const GemvArgs& a) {
   });
 }
 
+// LKW_TIMELINE_WARM_CODE: after each flush, before the timed or marked launch, four launches of
+// the kernel's instantiations for this M (whole tiles and balanced, both ring depths) on 16 rows,
+// so that the kernel's code is back in L2 (and its constants) while its data is not.
+bool g_warm_code = false;
+void warm_code(const GemvArgs& a) {
+  GemvArgs tiny = a;
+  tiny.n = 16;
+  pk::with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
+    constexpr int kT = decltype(tiles)::value, kM = decltype(mode)::value;
+    pk::launch<kT, kM, false>(kInt4iGemv, tiny, nullptr);
+    pk::launch<kT, kM, true>(kInt4iGemv, tiny, nullptr);
+    pk::launch<kT, kM, false, pk::kShallowStages>(kInt4iGemv, tiny, nullptr);
+    return pk::launch<kT, kM, true, pk::kShallowStages>(kInt4iGemv, tiny, nullptr);
+  });
+}
+
 void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   constexpr int64_t g = 128;
   std::mt19937 rng(1234 + uint32_t(m * 7 + n + k));
@@ -303,6 +320,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   std::vector<float> times;
   for (int i = 0; i < 28; ++i) {
     flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+    if (g_warm_code) warm_code(args(i + 1));
     check(cudaEventRecord(start), "record");
     launch_v5(args(i), nullptr);
     check(cudaEventRecord(stop), "record");
@@ -378,6 +396,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     for (int i = 0; i < 3; ++i) launch_v5(args(i), nullptr);
   } else {
     flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+    if (g_warm_code) warm_code(args(2));
     launch_v5(args(1), nullptr);
   }
   check(cudaDeviceSynchronize(), "marked launch");
@@ -480,6 +499,8 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
+  g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
+  if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
   const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsd" (v5 v6 v7 v8)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
