@@ -26,6 +26,12 @@ const Version& version(const char* id) {
   return *v;
 }
 
+uint16_t bf16_truncated(float f) {  // the upper half of f's bits (any BF16 value will do here)
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return uint16_t(bits >> 16);
+}
+
 struct Gemv {  // one link's weights on the device: [N, K/8] words, [N, K/128] scales
   int64_t n, k;
   DeviceBuffer w, scales;
@@ -36,12 +42,7 @@ Gemv random_gemv(std::mt19937& rng, int64_t n, int64_t k) {
   for (auto& v : words) v = rng();
   std::vector<uint16_t> scales(n * k / 128);
   std::uniform_real_distribution<float> s(0.002f, 0.02f);
-  for (auto& v : scales) {
-    const float f = s(rng);
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    v = uint16_t(b >> 16);
-  }
+  for (auto& v : scales) v = bf16_truncated(s(rng));
   Gemv g{n, k, DeviceBuffer(words.size() * 4), DeviceBuffer(scales.size() * 2)};
   LKW_CUDA_CHECK(cudaMemcpy(g.w.data(), words.data(), words.size() * 4, cudaMemcpyHostToDevice));
   LKW_CUDA_CHECK(cudaMemcpy(g.scales.data(), scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
@@ -77,12 +78,7 @@ TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
     for (auto& b : x) {
       std::vector<uint16_t> h(m * k1);
       std::normal_distribution<float> nd(0, 1);
-      for (auto& v : h) {
-        const float f = nd(rng);
-        uint32_t bits;
-        std::memcpy(&bits, &f, 4);
-        v = uint16_t(bits >> 16);
-      }
+      for (auto& v : h) v = bf16_truncated(nd(rng));
       LKW_CUDA_CHECK(cudaMemcpy(b.data(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     }
     DeviceBuffer y1(m * n1 * 2), y2(m * n2 * 2);
