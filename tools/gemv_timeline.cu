@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -96,36 +97,86 @@ __global__ void read_kernel(const uint4* buf, int64_t n, unsigned* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// The tool's two ways of timing a launch, CUDA events on the default stream: as the bench times
+// one launch (the L2 flushed by a read of twice its size before each, events around it, the
+// median of 25 after 3 unmeasured), and back to back (20 launches between two events with
+// nothing between them, the median per launch of 10 batches after 2 unmeasured).
+struct Times {
+  float median, lo, hi;
+  size_t count;
+};
+Times summary(std::vector<float> t) {
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front(), t.back(), t.size()};
+}
+class Clock {
+ public:
+  explicit Clock(const cudaDeviceProp& prop)
+      : words_(2 * int64_t(prop.l2CacheSize) / 16), blocks_(4 * prop.multiProcessorCount) {
+    check(cudaMalloc(&flush_, words_ * 16), "cudaMalloc flush");
+    check(cudaMemset(flush_, 1, words_ * 16), "memset flush");
+    check(cudaMalloc(&sink_, 4), "cudaMalloc sink");
+    check(cudaEventCreate(&start_), "event");
+    check(cudaEventCreate(&stop_), "event");
+  }
+  ~Clock() {
+    cudaFree(flush_), cudaFree(sink_);
+    cudaEventDestroy(start_), cudaEventDestroy(stop_);
+  }
+  unsigned* sink() const { return sink_; }
+  void flush() const { flush_kernel<<<blocks_, 256>>>(flush_, words_, sink_); }
+  // launch(i) the i-th launch; before(i), if given, runs after the flush, outside the events.
+  Times after_flush(const std::function<void(int)>& launch,
+                    const std::function<void(int)>& before = nullptr) const {
+    std::vector<float> t;
+    for (int i = 0; i < 28; ++i) {
+      flush();
+      if (before) before(i);
+      const float us = timed([&] { launch(i); });
+      if (i >= 3) t.push_back(us);
+    }
+    return summary(t);
+  }
+  Times back_to_back(const std::function<void(int)>& launch) const {
+    std::vector<float> t;
+    for (int b = 0, i = 0; b < 12; ++b) {
+      const float us = timed([&] {
+        for (int j = 0; j < 20; ++j) launch(i++);
+      });
+      if (b >= 2) t.push_back(us / 20);
+    }
+    return summary(t);
+  }
+
+ private:
+  template <class F>
+  float timed(F&& work) const {
+    check(cudaEventRecord(start_), "record");
+    work();
+    check(cudaEventRecord(stop_), "record");
+    check(cudaEventSynchronize(stop_), "timed launches");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start_, stop_), "elapsed");
+    return 1e3f * ms;
+  }
+  uint4* flush_;
+  int64_t words_;
+  int blocks_;
+  unsigned* sink_;
+  cudaEvent_t start_, stop_;
+};
+
 // What a launch costs with nothing in it: an empty kernel in the persistent kernel's shape (one
 // block of 512 threads per SM), timed like the kernel (after the same flush), with no shared
 // memory and with all an SM can give a block; then the same with the flush kernel asking for
 // the same carve-out, so that no L1/shared-memory reconfiguration falls between the two kernels.
 void launch_overhead(const cudaDeviceProp& prop) {
-  const int64_t flush_words = 2 * int64_t(prop.l2CacheSize) / 16;
-  uint4* flush;
-  unsigned* sink;
-  check(cudaMalloc(&flush, flush_words * 16), "cudaMalloc flush");
-  check(cudaMemset(flush, 1, flush_words * 16), "memset flush");
-  check(cudaMalloc(&sink, 4), "cudaMalloc sink");
+  const Clock clock(prop);
   const int smem = int(pk::smem_optin());
   check(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attr");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
   auto time = [&](int bytes) {
-    std::vector<float> t;
-    for (int i = 0; i < 28; ++i) {
-      flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
-      check(cudaEventRecord(start), "record");
-      empty_kernel<<<prop.multiProcessorCount, pk::kWarps * 32, bytes>>>();
-      check(cudaEventRecord(stop), "record");
-      check(cudaEventSynchronize(stop), "empty launch");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-      if (i >= 3) t.push_back(1e3f * ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return clock.after_flush([&](int) { empty_kernel<<<prop.multiProcessorCount, pk::kWarps * 32, bytes>>>(); })
+        .median;
   };
   const float none = time(0), full = time(smem);
   check(cudaFuncSetAttribute(flush_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -133,10 +184,8 @@ void launch_overhead(const cudaDeviceProp& prop) {
   const float same = time(smem);
   check(cudaFuncSetAttribute(flush_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              int(cudaSharedmemCarveoutDefault)), "carveout");
-  // Back to back: 20 empty launches between two events, per launch, the median of 10 batches;
-  // plain launches and launches as programmatic dependents.
+  // Back to back: plain launches and launches as programmatic dependents.
   auto back_to_back = [&](bool dependent) {
-    std::vector<float> t;
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -146,17 +195,8 @@ void launch_overhead(const cudaDeviceProp& prop) {
     config.dynamicSmemBytes = smem;
     config.attrs = &attr;
     config.numAttrs = dependent ? 1 : 0;
-    for (int b = 0; b < 12; ++b) {
-      check(cudaEventRecord(start), "record");
-      for (int i = 0; i < 20; ++i) check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch");
-      check(cudaEventRecord(stop), "record");
-      check(cudaEventSynchronize(stop), "back to back");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-      if (b >= 2) t.push_back(1e3f * ms / 20);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return clock.back_to_back([&](int) { check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch"); })
+        .median;
   };
   const float b2b = back_to_back(false), b2b_dependent = back_to_back(true);
   std::printf("# an empty kernel of %d blocks × %d threads after the flush, median of 25: %.2f us with no "
@@ -164,8 +204,6 @@ void launch_overhead(const cudaDeviceProp& prop) {
               "back to back (%d KB per block) %.2f us per launch, %.2f us as dependent launches\n",
               prop.multiProcessorCount, pk::kWarps * 32, none, full, smem / 1024, same, smem / 1024, b2b,
               b2b_dependent);
-  cudaFree(flush), cudaFree(sink);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
 }
 
 uint16_t bf16_of(double v) { return formats::f32_to_bf16_bits(float(v)); }
@@ -269,12 +307,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   check(cudaMalloc(&x_d, x.size() * 2), "cudaMalloc x");
   check(cudaMemcpy(x_d, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "copy x");
   check(cudaMalloc(&y_d, m * n * 2), "cudaMalloc y");
-  const int64_t flush_words = 2 * int64_t(prop.l2CacheSize) / 16;
-  uint4* flush;
-  unsigned* sink;
-  check(cudaMalloc(&flush, flush_words * 16), "cudaMalloc flush");
-  check(cudaMemset(flush, 1, flush_words * 16), "memset flush");
-  check(cudaMalloc(&sink, 4), "cudaMalloc sink");
+  const Clock clock(prop);
   const size_t slots = size_t(prop.multiProcessorCount) * timeline::kMaxWarps * timeline::kSlots;
   unsigned long long* marks_d;
   check(cudaMalloc(&marks_d, slots * 8), "cudaMalloc marks");
@@ -313,23 +346,10 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     std::exit(1);
   }
 
-  // Time as the bench does.
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int i = 0; i < 28; ++i) {
-    flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
-    if (g_warm_code) warm_code(args(i + 1));
-    check(cudaEventRecord(start), "record");
-    launch_v5(args(i), nullptr);
-    check(cudaEventRecord(stop), "record");
-    check(cudaEventSynchronize(stop), "launch");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (i >= 3) times.push_back(1e3f * ms);
-  }
-  std::sort(times.begin(), times.end());
+  // Time as the bench does (with LKW_TIMELINE_WARM_CODE the code warmed after each flush).
+  const Times times = clock.after_flush([&](int i) { launch_v5(args(i), nullptr); },
+                                        g_warm_code ? std::function<void(int)>([&](int i) { warm_code(args(i + 1)); })
+                                                    : nullptr);
 
   // What a kernel that only reads these weights and scales takes (the weights' bytes of the
   // copies in turn, each launch one copy): after the flush, and back to back.
@@ -340,51 +360,18 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     for (int blocks_per_sm : {2, 4, 8}) {
       auto read = [&](int i) {
         read_kernel<4><<<blocks_per_sm * prop.multiProcessorCount, 512>>>(
-            reinterpret_cast<const uint4*>(w_d[i % sets]), int64_t(words.size()) / 4, sink);
+            reinterpret_cast<const uint4*>(w_d[i % sets]), int64_t(words.size()) / 4, clock.sink());
       };
-      std::vector<float> t1, t2;
-      for (int i = 0; i < 28; ++i) {
-        flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
-        check(cudaEventRecord(start), "record");
-        read(i);
-        check(cudaEventRecord(stop), "record");
-        check(cudaEventSynchronize(stop), "read");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (i >= 3) t1.push_back(1e3f * ms);
-      }
-      for (int b = 0; b < 12; ++b) {
-        check(cudaEventRecord(start), "record");
-        for (int i = 0; i < 20; ++i) read(i);
-        check(cudaEventRecord(stop), "record");
-        check(cudaEventSynchronize(stop), "read");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (b >= 2) t2.push_back(1e3f * ms / 20);
-      }
-      std::sort(t1.begin(), t1.end());
-      std::sort(t2.begin(), t2.end());
+      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
       std::printf("# %lld x %lld: read only, %lld MB of weights, %d blocks of 512 per SM, 4 loads in flight per thread: %.2f us "
                   "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
-                  (long long)n, (long long)k, (long long)(words.size() * 4 >> 20), blocks_per_sm, t1[t1.size() / 2],
-                  words.size() * 4 / (t1[t1.size() / 2] * 1e3), t2[t2.size() / 2],
-                  words.size() * 4 / (t2[t2.size() / 2] * 1e3));
+                  (long long)n, (long long)k, (long long)(words.size() * 4 >> 20), blocks_per_sm, alone,
+                  words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
     }
   }
 
-  // Back to back, as in a decoder's stream: 20 launches over the rotated copies with no flush
-  // between, events around the 20; the median of 10 such batches, per launch.
-  std::vector<float> stream_times;
-  for (int b = 0; b < 12; ++b) {
-    check(cudaEventRecord(start), "record");
-    for (int i = 0; i < 20; ++i) launch_v5(args(i), nullptr);
-    check(cudaEventRecord(stop), "record");
-    check(cudaEventSynchronize(stop), "back to back");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (b >= 2) stream_times.push_back(1e3f * ms / 20);
-  }
-  std::sort(stream_times.begin(), stream_times.end());
+  // Back to back, as in a decoder's stream, over the rotated copies.
+  const Times stream_times = clock.back_to_back([&](int i) { launch_v5(args(i), nullptr); });
 
   // One launch with the marks on.
   check(cudaMemset(marks_d, 0, slots * 8), "memset marks");
@@ -395,7 +382,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   if (marks_b2b) {
     for (int i = 0; i < 3; ++i) launch_v5(args(i), nullptr);
   } else {
-    flush_kernel<<<4 * prop.multiProcessorCount, 256>>>(flush, flush_words, sink);
+    clock.flush();
     if (g_warm_code) warm_code(args(2));
     launch_v5(args(1), nullptr);
   }
@@ -426,9 +413,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               : g_kernel == Kernel::kDependent ? "shallow ring as a dependent launch (v8)"
                                                : "whole tiles (v5)",
               halves, path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
-              times[times.size() / 2], times.size(), times.front(), times.back(), sets,
-              stream_times[stream_times.size() / 2], stream_times.size(), stream_times.front(),
-              stream_times.back());
+              times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
+              stream_times.lo, stream_times.hi);
   std::printf("  marks of the recorded launch%s, us from the first warp's entry (warps that reached them)\n",
               marks_b2b ? " (the last of three back to back)" : "");
   const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",
@@ -471,8 +457,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                 spread[spread.size() / 2], spread[spread.size() * 9 / 10], spread.back(), spread.size());
   }
   for (int i = 0; i < sets; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
-  cudaFree(x_d), cudaFree(y_d), cudaFree(flush), cudaFree(sink), cudaFree(marks_d);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
+  cudaFree(x_d), cudaFree(y_d), cudaFree(marks_d);
 }
 
 }  // namespace

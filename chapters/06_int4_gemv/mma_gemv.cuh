@@ -284,14 +284,4 @@ inline int sm_count() {
   return sms;
 }
 
-inline int sm_major() {
-  static const int major = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev);
-    return v;
-  }();
-  return major;
-}
-
 }  // namespace lkw::gemv::mma

@@ -596,7 +596,8 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl
   // of M = 8 in two splits go out in two whole rounds instead of a whole one and a 70% one, was
   // slower: the SMs need the warps more than the last round needs to be full.)
   const dim3 grid(unsigned(per_split), unsigned(plan.splits));
-  if (!pdl || sm_major() < 9) {
+  static const bool can_depend = device_arch() >= 90;  // dependent launches need sm_90
+  if (!pdl || !can_depend) {
     kernel<<<grid, kWarps * 32, plan.smem, stream>>>(p);
     return last_launch_status(op.name);
   }

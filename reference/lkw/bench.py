@@ -667,6 +667,11 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     return rows
 
 
+def _median(sorted_us: list[float]) -> float:
+    n = len(sorted_us)
+    return 0.5 * (sorted_us[(n - 1) // 2] + sorted_us[n // 2])
+
+
 def measure_torch_peer(case: Case, chapter: str, peer: str, fn: Callable, inputs, expected,
                        model_bytes: float | None, *, warmup: int, iters: int, log=print) -> dict:
     """A torch implementation of the op as a peer row: verified like a version (same reference,
@@ -702,7 +707,7 @@ def measure_torch_peer(case: Case, chapter: str, peer: str, fn: Callable, inputs
         stops[i].record()
     torch.cuda.synchronize()
     us = sorted(1000.0 * a.elapsed_time(b) for a, b in zip(starts, stops))
-    median = 0.5 * (us[(iters - 1) // 2] + us[iters // 2])
+    median = _median(us)
     row.update(correct=True, time_us=median, time_min_us=us[0], time_max_us=us[-1], iters=iters,
                rotations=1, gbps=model_bytes / (median * 1e3) if model_bytes else None, tflops=None)
     return row
@@ -755,9 +760,8 @@ def _peer_back_to_back(case: Case, fns: list[Callable], inputs, expected, model_
     if not check["pass"]:
         log(f"  {case.op} peer: WRONG after back-to-back timing: {check['text'][:300]}")
         return {"back_to_back_correct": False, "back_to_back_us": None}
-    n = len(us)
-    return {"back_to_back_correct": True, "back_to_back_us": 0.5 * (us[(n - 1) // 2] + us[n // 2]),
-            "back_to_back_min_us": us[0], "back_to_back_max_us": us[-1], "back_to_back_batches": n,
+    return {"back_to_back_correct": True, "back_to_back_us": _median(us),
+            "back_to_back_min_us": us[0], "back_to_back_max_us": us[-1], "back_to_back_batches": len(us),
             "back_to_back_batch": BACK_TO_BACK}
 
 

@@ -9,9 +9,8 @@
 // results/h200/probes/06_gemv_timeline.txt, commit 358fb3d). Those ends are the kernel's, not the
 // bytes': a kernel that only reads the same 117 MB of weights takes 29.5–29.9 µs after the flush
 // and 27.3–27.6 µs back to back (same file): 92% of the ceiling and more. A decoder runs its
-// kernels back to back in one stream, and even there an empty kernel of this shape (227 KB of
-// shared memory per block) takes 3.6 µs per launch when 20 are queued one after another: the
-// next kernel's blocks go out only once the last block of the one before has exited.
+// kernels back to back in one stream, and even there a kernel's blocks go out only once the last
+// block of the one before has exited, and its start (setup, x, the first round trip) follows.
 //
 // Programmatic dependent launch (sm_90, the launch attribute
 // cudaLaunchAttributeProgrammaticStreamSerialization) lets the runtime start a kernel before the
