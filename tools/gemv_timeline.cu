@@ -21,7 +21,10 @@
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
 //   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsd": v5 v6 v7 v8)
-//   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also a kernel that only reads the weights
+//   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
+//                                                        # back, in v7's pattern of 16 rows × 128 bytes per
+//                                                        # warp step, in bursts of 256 to 1024 bytes per row
+//                                                        # (results/h200/probes/06_row_bursts.txt)
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
 //   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
 #include <cuda_runtime.h>
@@ -95,6 +98,126 @@ __global__ void read_kernel(const uint4* buf, int64_t n, unsigned* sink) {
   }
   for (; i < n; i += stride) acc ^= buf[i].x;
   if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// A kernel that only reads, in the persistent kernel's pattern: warps of 16 rows (a tile), lane
+// (g, t) the 16-byte chunks t and 4 + t of each 128-byte step of rows g and g + 8, kDepth steps
+// loaded before any is used. Tiles per warp as v7's whole tiles (block + blocks·(warp + 16n)) or,
+// kContiguous, a block's tiles one run of ⌈tiles / blocks⌉ with its warps on consecutive tiles.
+template <int kDepth, bool kContiguous, bool kStagger = false>
+__global__ void tile_read_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t row_words = k / 32;  // 16-byte words per row
+  const int iters = k / 256;
+  int first = blockIdx.x + gridDim.x * warp, last = tiles, stride = gridDim.x * (blockDim.x / 32);
+  if (kContiguous) {
+    const int per = (tiles + gridDim.x - 1) / gridDim.x;
+    first = blockIdx.x * per + warp;
+    last = min(tiles, int(blockIdx.x + 1) * per);
+    stride = blockDim.x / 32;
+  }
+  uint32_t acc = 0;
+  for (int tile = first; tile < last; tile += stride) {
+    const uint4* r0 = w + (int64_t(tile) * 16 + g) * row_words + t;
+    const uint4* r1 = r0 + 8 * row_words;
+    const int start = kStagger ? tile % iters : 0;  // kStagger: the walk along K starts at step tile mod iters
+    for (int it = 0; it + kDepth <= iters; it += kDepth) {
+      uint4 v[kDepth][4];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        int step = it + d + start;
+        if (step >= iters) step -= iters;
+        v[d][0] = __ldcs(r0 + step * 8);
+        v[d][1] = __ldcs(r0 + step * 8 + 4);
+        v[d][2] = __ldcs(r1 + step * 8);
+        v[d][3] = __ldcs(r1 + step * 8 + 4);
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc ^= v[d][u].x ^ v[d][u].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// The same with wider steps: a warp's step is 16 rows × 128·kWide bytes (kWide consecutive steps
+// of the kernel), its lanes on consecutive 16-byte words of a row, one step in flight; tiles as
+// v7's whole tiles. What the DRAM sees of a row at a time grows with kWide.
+template <int kWide>
+__global__ void wide_read_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row_words = k / 32;
+  const int steps = k / (256 * kWide);
+  uint32_t acc = 0;
+  for (int tile = blockIdx.x + gridDim.x * warp; tile < tiles; tile += gridDim.x * (blockDim.x / 32)) {
+    const uint4* base = w + int64_t(tile) * 16 * row_words;
+    for (int it = 0; it < steps; ++it) {
+      uint4 v[4 * kWide];
+#pragma unroll
+      for (int j = 0; j < 4 * kWide; ++j) {
+        const int f = j * 32 + lane, row = f / (8 * kWide), col = f % (8 * kWide);
+        v[j] = __ldcs(base + row * row_words + it * 8 * kWide + col);
+      }
+#pragma unroll
+      for (int j = 0; j < 4 * kWide; ++j) acc ^= v[j].x ^ v[j].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Bursts of 512 bytes of one row (16 rows per warp step, one step in flight per warp) into shared
+// memory: kBulk, one cp.async.bulk per row (lanes 0..15) completing on the warp's mbarrier; else
+// 16 cp.async of 16 bytes per lane (one row per instruction). Rows 576 bytes apart in shared memory.
+// sm_90 only (elsewhere the kernel does nothing).
+template <bool kBulk>
+__global__ void burst_copy_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarriers: sm_90
+  extern __shared__ uint4 sm[];
+  __shared__ uint64_t bars[16];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row_words = k / 32;
+  const int steps = k / 1024;
+  uint4* st = sm + warp * 16 * 36;
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(&bars[warp]));
+  if (lane == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  unsigned phase = 0;
+  uint32_t acc = 0;
+  for (int tile = blockIdx.x + gridDim.x * warp; tile < tiles; tile += gridDim.x * (blockDim.x / 32)) {
+    const uint4* base = w + int64_t(tile) * 16 * row_words;
+    for (int it = 0; it < steps; ++it) {
+      if (kBulk) {
+        if (lane == 0)
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(16 * 512) : "memory");
+        __syncwarp();
+        if (lane < 16) {
+          const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(st + lane * 36));
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, [%2];" ::"r"(dst),
+              "l"(base + lane * row_words + it * 32), "r"(bar)
+              : "memory");
+        }
+        asm volatile(
+            "{\n.reg .pred p;\nWAIT%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT%=;\n}" ::"r"(bar),
+            "r"(phase)
+            : "memory");
+        phase ^= 1;
+      } else {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) lkw::gemv::mma::cp_async_16(st + r * 36 + lane, base + r * row_words + it * 32 + lane, true);
+        lkw::gemv::mma::cp_async_commit();
+        lkw::gemv::mma::cp_async_wait<0>();
+        __syncwarp();
+      }
+#pragma unroll
+      for (int r = 0; r < 16; ++r) acc ^= st[r * 36 + lane].x;
+      __syncwarp();
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+#endif
 }
 
 // The tool's two ways of timing a launch, CUDA events on the default stream: as the bench times
@@ -367,6 +490,66 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                   "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
                   (long long)n, (long long)k, (long long)(words.size() * 4 >> 20), blocks_per_sm, alone,
                   words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
+    }
+    const int tiles = int(n / 16);
+    // The patterns of whole tiles: only where every warp has one (16 per SM).
+    if (tiles >= pk::kWarps * prop.multiProcessorCount) {
+    auto tile_read = [&](auto depth, auto contiguous, auto stagger) {
+      constexpr int kD = decltype(depth)::value;
+      constexpr bool kC = decltype(contiguous)::value, kS = decltype(stagger)::value;
+      auto read = [&](int i) {
+        tile_read_kernel<kD, kC, kS><<<prop.multiProcessorCount, 512>>>(
+            reinterpret_cast<const uint4*>(w_d[i % sets]), tiles, int(k), clock.sink());
+      };
+      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
+      std::printf("# %lld x %lld: read only in tiles of 16 rows (%s%s), %d steps of 2 KB per warp in flight: %.2f us "
+                  "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
+                  (long long)n, (long long)k, kC ? "a block's tiles contiguous" : "tiles strided as v7",
+                  kS ? ", the walk along K from step tile mod K/256" : "", kD,
+                  alone, words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
+    };
+    using std::integral_constant;
+    const std::false_type no;
+    const std::true_type yes;
+    auto wide_read = [&](auto wide) {
+      constexpr int kW = decltype(wide)::value;
+      auto read = [&](int i) {
+        wide_read_kernel<kW><<<prop.multiProcessorCount, 512>>>(reinterpret_cast<const uint4*>(w_d[i % sets]),
+                                                                 tiles, int(k), clock.sink());
+      };
+      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
+      std::printf("# %lld x %lld: read only in tiles of 16 rows (tiles strided as v7), steps of 16 rows x %d B, one "
+                  "in flight per warp: %.2f us after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
+                  (long long)n, (long long)k, 128 * kW, alone, words.size() * 4 / (alone * 1e3), b2b,
+                  words.size() * 4 / (b2b * 1e3));
+    };
+    auto burst_copy = [&](auto bulk) {
+      constexpr bool kB = decltype(bulk)::value;
+      const int smem = 16 * 16 * 36 * 16;
+      check(cudaFuncSetAttribute(burst_copy_kernel<kB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
+      auto read = [&](int i) {
+        burst_copy_kernel<kB><<<prop.multiProcessorCount, 512, smem>>>(reinterpret_cast<const uint4*>(w_d[i % sets]),
+                                                                        tiles, int(k), clock.sink());
+      };
+      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
+      std::printf("# %lld x %lld: copied to shared memory in steps of 16 rows x 512 B (%s), one in flight per warp: "
+                  "%.2f us after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
+                  (long long)n, (long long)k, kB ? "cp.async.bulk per row" : "cp.async, a row per instruction", alone,
+                  words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
+    };
+    burst_copy(std::true_type{});
+    burst_copy(std::false_type{});
+    wide_read(integral_constant<int, 1>{});
+    wide_read(integral_constant<int, 2>{});
+    wide_read(integral_constant<int, 4>{});
+    wide_read(integral_constant<int, 8>{});
+    tile_read(integral_constant<int, 1>{}, no, no);
+    tile_read(integral_constant<int, 2>{}, no, no);
+    tile_read(integral_constant<int, 1>{}, no, yes);
+    tile_read(integral_constant<int, 2>{}, no, yes);
+    tile_read(integral_constant<int, 4>{}, no, yes);
+    tile_read(integral_constant<int, 1>{}, yes, yes);
+    tile_read(integral_constant<int, 2>{}, yes, yes);
     }
   }
 
