@@ -492,8 +492,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                   words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
     }
     const int tiles = int(n / 16);
-    // The patterns of whole tiles: only where every warp has one (16 per SM).
-    if (tiles >= pk::kWarps * prop.multiProcessorCount) {
+    // The patterns of whole tiles: only where at least half the warps (16 per SM) have one.
+    if (2 * tiles >= pk::kWarps * prop.multiProcessorCount) {
     auto tile_read = [&](auto depth, auto contiguous, auto stagger) {
       constexpr int kD = decltype(depth)::value;
       constexpr bool kC = decltype(contiguous)::value, kS = decltype(stagger)::value;
