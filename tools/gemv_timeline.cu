@@ -37,6 +37,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -480,76 +481,63 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   if (std::getenv("LKW_TIMELINE_READ") &&
       std::find(read_done.begin(), read_done.end(), std::make_pair(n, k)) == read_done.end()) {
     read_done.emplace_back(n, k);
-    for (int blocks_per_sm : {2, 4, 8}) {
-      auto read = [&](int i) {
-        read_kernel<4><<<blocks_per_sm * prop.multiProcessorCount, 512>>>(
-            reinterpret_cast<const uint4*>(w_d[i % sets]), int64_t(words.size()) / 4, clock.sink());
-      };
+    const double bytes = double(words.size()) * 4;
+    auto time_read = [&](const std::string& what, const std::function<void(int)>& read) {
       const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
-      std::printf("# %lld x %lld: read only, %lld MB of weights, %d blocks of 512 per SM, 4 loads in flight per thread: %.2f us "
-                  "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
-                  (long long)n, (long long)k, (long long)(words.size() * 4 >> 20), blocks_per_sm, alone,
-                  words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
-    }
+      std::printf("# %lld x %lld: %s: %.2f us after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
+                  (long long)n, (long long)k, what.c_str(), alone, bytes / (alone * 1e3), b2b, bytes / (b2b * 1e3));
+    };
+    auto weights = [&](int i) { return reinterpret_cast<const uint4*>(w_d[i % sets]); };
+    const int sms = prop.multiProcessorCount;
+    for (int blocks_per_sm : {2, 4, 8})
+      time_read("read only, " + std::to_string(words.size() * 4 >> 20) + " MB of weights, " +
+                    std::to_string(blocks_per_sm) + " blocks of 512 per SM, 4 loads in flight per thread",
+                [&](int i) {
+                  read_kernel<4><<<blocks_per_sm * sms, 512>>>(weights(i), int64_t(words.size()) / 4, clock.sink());
+                });
+    // The patterns of whole tiles (results/h200/probes/06_row_bursts.txt): only where at least half
+    // the warps (16 per SM) have a tile.
     const int tiles = int(n / 16);
-    // The patterns of whole tiles: only where at least half the warps (16 per SM) have one.
-    if (2 * tiles >= pk::kWarps * prop.multiProcessorCount) {
-    auto tile_read = [&](auto depth, auto contiguous, auto stagger) {
-      constexpr int kD = decltype(depth)::value;
-      constexpr bool kC = decltype(contiguous)::value, kS = decltype(stagger)::value;
-      auto read = [&](int i) {
-        tile_read_kernel<kD, kC, kS><<<prop.multiProcessorCount, 512>>>(
-            reinterpret_cast<const uint4*>(w_d[i % sets]), tiles, int(k), clock.sink());
+    if (2 * tiles >= pk::kWarps * sms) {
+      auto burst_copy = [&](auto bulk) {
+        constexpr bool kB = decltype(bulk)::value;
+        const int smem = 16 * 16 * 36 * 16;
+        check(cudaFuncSetAttribute(burst_copy_kernel<kB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
+        time_read(std::string("copied to shared memory in steps of 16 rows x 512 B (") +
+                      (kB ? "cp.async.bulk per row" : "cp.async, a row per instruction") + "), one in flight per warp",
+                  [&](int i) { burst_copy_kernel<kB><<<sms, 512, smem>>>(weights(i), tiles, int(k), clock.sink()); });
       };
-      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
-      std::printf("# %lld x %lld: read only in tiles of 16 rows (%s%s), %d steps of 2 KB per warp in flight: %.2f us "
-                  "after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
-                  (long long)n, (long long)k, kC ? "a block's tiles contiguous" : "tiles strided as v7",
-                  kS ? ", the walk along K from step tile mod K/256" : "", kD,
-                  alone, words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
-    };
-    using std::integral_constant;
-    const std::false_type no;
-    const std::true_type yes;
-    auto wide_read = [&](auto wide) {
-      constexpr int kW = decltype(wide)::value;
-      auto read = [&](int i) {
-        wide_read_kernel<kW><<<prop.multiProcessorCount, 512>>>(reinterpret_cast<const uint4*>(w_d[i % sets]),
-                                                                 tiles, int(k), clock.sink());
+      auto wide_read = [&](auto wide) {
+        constexpr int kW = decltype(wide)::value;
+        time_read("read only in tiles of 16 rows (tiles strided as v7), steps of 16 rows x " +
+                      std::to_string(128 * kW) + " B, one in flight per warp",
+                  [&](int i) { wide_read_kernel<kW><<<sms, 512>>>(weights(i), tiles, int(k), clock.sink()); });
       };
-      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
-      std::printf("# %lld x %lld: read only in tiles of 16 rows (tiles strided as v7), steps of 16 rows x %d B, one "
-                  "in flight per warp: %.2f us after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
-                  (long long)n, (long long)k, 128 * kW, alone, words.size() * 4 / (alone * 1e3), b2b,
-                  words.size() * 4 / (b2b * 1e3));
-    };
-    auto burst_copy = [&](auto bulk) {
-      constexpr bool kB = decltype(bulk)::value;
-      const int smem = 16 * 16 * 36 * 16;
-      check(cudaFuncSetAttribute(burst_copy_kernel<kB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
-      auto read = [&](int i) {
-        burst_copy_kernel<kB><<<prop.multiProcessorCount, 512, smem>>>(reinterpret_cast<const uint4*>(w_d[i % sets]),
-                                                                        tiles, int(k), clock.sink());
+      auto tile_read = [&](auto depth, auto contiguous, auto stagger) {
+        constexpr int kD = decltype(depth)::value;
+        constexpr bool kC = decltype(contiguous)::value, kS = decltype(stagger)::value;
+        time_read(std::string("read only in tiles of 16 rows (") +
+                      (kC ? "a block's tiles contiguous" : "tiles strided as v7") +
+                      (kS ? ", the walk along K from step tile mod K/256" : "") + "), " + std::to_string(kD) +
+                      " steps of 2 KB per warp in flight",
+                  [&](int i) { tile_read_kernel<kD, kC, kS><<<sms, 512>>>(weights(i), tiles, int(k), clock.sink()); });
       };
-      const float alone = clock.after_flush(read).median, b2b = clock.back_to_back(read).median;
-      std::printf("# %lld x %lld: copied to shared memory in steps of 16 rows x 512 B (%s), one in flight per warp: "
-                  "%.2f us after the flush (%.1f GB/s), %.2f us back to back (%.1f GB/s)\n",
-                  (long long)n, (long long)k, kB ? "cp.async.bulk per row" : "cp.async, a row per instruction", alone,
-                  words.size() * 4 / (alone * 1e3), b2b, words.size() * 4 / (b2b * 1e3));
-    };
-    burst_copy(std::true_type{});
-    burst_copy(std::false_type{});
-    wide_read(integral_constant<int, 1>{});
-    wide_read(integral_constant<int, 2>{});
-    wide_read(integral_constant<int, 4>{});
-    wide_read(integral_constant<int, 8>{});
-    tile_read(integral_constant<int, 1>{}, no, no);
-    tile_read(integral_constant<int, 2>{}, no, no);
-    tile_read(integral_constant<int, 1>{}, no, yes);
-    tile_read(integral_constant<int, 2>{}, no, yes);
-    tile_read(integral_constant<int, 4>{}, no, yes);
-    tile_read(integral_constant<int, 1>{}, yes, yes);
-    tile_read(integral_constant<int, 2>{}, yes, yes);
+      using std::integral_constant;
+      const std::false_type no;
+      const std::true_type yes;
+      burst_copy(yes);
+      burst_copy(no);
+      wide_read(integral_constant<int, 1>{});
+      wide_read(integral_constant<int, 2>{});
+      wide_read(integral_constant<int, 4>{});
+      wide_read(integral_constant<int, 8>{});
+      tile_read(integral_constant<int, 1>{}, no, no);
+      tile_read(integral_constant<int, 2>{}, no, no);
+      tile_read(integral_constant<int, 1>{}, no, yes);
+      tile_read(integral_constant<int, 2>{}, no, yes);
+      tile_read(integral_constant<int, 4>{}, no, yes);
+      tile_read(integral_constant<int, 1>{}, yes, yes);
+      tile_read(integral_constant<int, 2>{}, yes, yes);
     }
   }
 
