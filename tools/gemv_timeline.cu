@@ -23,7 +23,8 @@
 //   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsd": v5 v6 v7 v8)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
-//                                                        # warp step, in bursts of 256 to 1024 bytes per row
+//                                                        # warp step, in bursts of 128 to 1024 bytes per row,
+//                                                        # and copied to shared memory in 512-byte bursts
 //                                                        # (results/h200/probes/06_row_bursts.txt)
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
 //   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
