@@ -25,7 +25,10 @@
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
 //                                                        # warp step, in bursts of 128 to 1024 bytes per row,
 //                                                        # and copied to shared memory in 512-byte bursts
-//                                                        # (results/h200/probes/06_row_bursts.txt)
+//                                                        # (results/h200/probes/06_row_bursts.txt); and in
+//                                                        # tiles of 16 to 1 rows, 2 KB per warp step, 1 to 4
+//                                                        # steps in flight (results/h200/probes/06_long_rows.txt)
+//   LKW_TIMELINE_READ=1 LKW_TIMELINE_READ_NARROW_ONLY=1 ...  # only the last, nothing else timed
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
 //   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
 #include <cuda_runtime.h>
@@ -163,6 +166,43 @@ __global__ void wide_read_kernel(const uint4* w, int tiles, int k, unsigned* sin
       }
 #pragma unroll
       for (int j = 0; j < 4 * kWide; ++j) acc ^= v[j].x ^ v[j].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Narrow tiles: a warp's tile is kRows rows, its step kRows rows × 2048/kRows bytes (2 KB, as v7's
+// step), instruction j of its four on the 16-byte words 32j .. 32j + 31 of the step (rows one after
+// the other), kDepth steps loaded before any is used; tiles strided as v7's whole tiles; kStagger:
+// the walk along K starts at step tile mod K-steps. With kRows = 16 an instruction reads 4 rows ×
+// 128 B; from kRows = 4 on, 512 B of one row.
+template <int kRows, int kDepth = 1, bool kStagger = false>
+__global__ void narrow_read_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row_words = k / 32;
+  constexpr int kRowWords = 128 / kRows;  // 16-byte words of a row per step
+  const int steps = int(row_words / kRowWords);
+  uint32_t acc = 0;
+  for (int tile = blockIdx.x + gridDim.x * warp; tile < tiles; tile += gridDim.x * (blockDim.x / 32)) {
+    const uint4* base = w + int64_t(tile) * kRows * row_words;
+    const int start = kStagger ? tile % steps : 0;
+    for (int it = 0; it < steps; it += kDepth) {
+      uint4 v[kDepth][4];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        int step = it + d + start;
+        step -= step >= steps ? steps : 0;
+        if (it + d >= steps) step = start;  // past the end: reload the first (cached), keep the shape
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int f = j * 32 + lane, row = f / kRowWords, col = f % kRowWords;
+          v[d][j] = __ldcs(base + row * row_words + step * kRowWords + col);
+        }
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc ^= v[d][j].x ^ v[d][j].w;
     }
   }
   if (acc == 0x9e3779b9u) *sink = acc;
@@ -496,6 +536,34 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                 [&](int i) {
                   read_kernel<4><<<blocks_per_sm * sms, 512>>>(weights(i), int64_t(words.size()) / 4, clock.sink());
                 });
+    // Narrow tiles of 16, 4, 2, 1 rows, 2 KB per warp step (results/h200/probes/06_long_rows.txt).
+    auto narrow_read = [&](auto rows, auto depth, auto stagger) {
+      constexpr int kR = decltype(rows)::value, kD = decltype(depth)::value;
+      constexpr bool kS = decltype(stagger)::value;
+      if ((k / 2) % (2048 / kR) != 0) return;
+      time_read("read only in tiles of " + std::to_string(kR) + " rows (strided as v7" +
+                    (kS ? ", the walk along K staggered" : "") + "), steps of " + std::to_string(kR) + " rows x " +
+                    std::to_string(2048 / kR) + " B, " + std::to_string(kD) + " in flight per warp",
+                [&](int i) {
+                  narrow_read_kernel<kR, kD, kS><<<sms, 512>>>(weights(i), int(n / kR), int(k), clock.sink());
+                });
+    };
+    {
+      using std::integral_constant;
+      const std::false_type no;
+      const std::true_type yes;
+      narrow_read(integral_constant<int, 16>{}, integral_constant<int, 1>{}, no);
+      narrow_read(integral_constant<int, 4>{}, integral_constant<int, 1>{}, no);
+      narrow_read(integral_constant<int, 4>{}, integral_constant<int, 2>{}, no);
+      narrow_read(integral_constant<int, 2>{}, integral_constant<int, 1>{}, no);
+      narrow_read(integral_constant<int, 2>{}, integral_constant<int, 2>{}, no);
+      narrow_read(integral_constant<int, 2>{}, integral_constant<int, 3>{}, no);
+      narrow_read(integral_constant<int, 2>{}, integral_constant<int, 4>{}, no);
+      narrow_read(integral_constant<int, 2>{}, integral_constant<int, 1>{}, yes);
+      narrow_read(integral_constant<int, 2>{}, integral_constant<int, 2>{}, yes);
+      narrow_read(integral_constant<int, 1>{}, integral_constant<int, 2>{}, no);
+    }
+    if (std::getenv("LKW_TIMELINE_READ_NARROW_ONLY")) return;
     // The patterns of whole tiles (results/h200/probes/06_row_bursts.txt): only where at least half
     // the warps (16 per SM) have a tile.
     const int tiles = int(n / 16);
