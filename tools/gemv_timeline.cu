@@ -146,55 +146,31 @@ __global__ void tile_read_kernel(const uint4* w, int tiles, int k, unsigned* sin
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-// The same with wider steps: a warp's step is 16 rows × 128·kWide bytes (kWide consecutive steps
-// of the kernel), its lanes on consecutive 16-byte words of a row, one step in flight; tiles as
-// v7's whole tiles. What the DRAM sees of a row at a time grows with kWide.
-template <int kWide>
-__global__ void wide_read_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
+// Steps of kRows rows × kRowWords 16-byte words, the lanes on consecutive words of the step, one row
+// after the other (load instruction j on words 32j .. 32j + 31), kDepth steps loaded before any is
+// used; tiles of kRows rows strided as v7's whole tiles; kStagger: the walk along K starts at step
+// tile mod K-steps. Wider steps of v7's tiles: 16 rows × 8·kWide words (what the DRAM sees of a row
+// at a time grows with kWide). Narrow tiles: kRows rows × 128/kRows words, 2 KB per step as v7's
+// (with 16 rows an instruction reads 4 rows × 128 B; from 4 rows on, 512 B of one row).
+template <int kRows, int kRowWords, int kDepth = 1, bool kStagger = false>
+__global__ void rows_read_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
+  constexpr int kLoads = kRows * kRowWords / 32;  // per lane and step
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row_words = k / 32;
-  const int steps = k / (256 * kWide);
-  uint32_t acc = 0;
-  for (int tile = blockIdx.x + gridDim.x * warp; tile < tiles; tile += gridDim.x * (blockDim.x / 32)) {
-    const uint4* base = w + int64_t(tile) * 16 * row_words;
-    for (int it = 0; it < steps; ++it) {
-      uint4 v[4 * kWide];
-#pragma unroll
-      for (int j = 0; j < 4 * kWide; ++j) {
-        const int f = j * 32 + lane, row = f / (8 * kWide), col = f % (8 * kWide);
-        v[j] = __ldcs(base + row * row_words + it * 8 * kWide + col);
-      }
-#pragma unroll
-      for (int j = 0; j < 4 * kWide; ++j) acc ^= v[j].x ^ v[j].w;
-    }
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-
-// Narrow tiles: a warp's tile is kRows rows, its step kRows rows × 2048/kRows bytes (2 KB, as v7's
-// step), instruction j of its four on the 16-byte words 32j .. 32j + 31 of the step (rows one after
-// the other), kDepth steps loaded before any is used; tiles strided as v7's whole tiles; kStagger:
-// the walk along K starts at step tile mod K-steps. With kRows = 16 an instruction reads 4 rows ×
-// 128 B; from kRows = 4 on, 512 B of one row.
-template <int kRows, int kDepth = 1, bool kStagger = false>
-__global__ void narrow_read_kernel(const uint4* w, int tiles, int k, unsigned* sink) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row_words = k / 32;
-  constexpr int kRowWords = 128 / kRows;  // 16-byte words of a row per step
   const int steps = int(row_words / kRowWords);
   uint32_t acc = 0;
   for (int tile = blockIdx.x + gridDim.x * warp; tile < tiles; tile += gridDim.x * (blockDim.x / 32)) {
     const uint4* base = w + int64_t(tile) * kRows * row_words;
     const int start = kStagger ? tile % steps : 0;
     for (int it = 0; it < steps; it += kDepth) {
-      uint4 v[kDepth][4];
+      uint4 v[kDepth][kLoads];
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
         int step = it + d + start;
         step -= step >= steps ? steps : 0;
         if (it + d >= steps) step = start;  // past the end: reload the first (cached), keep the shape
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < kLoads; ++j) {
           const int f = j * 32 + lane, row = f / kRowWords, col = f % kRowWords;
           v[d][j] = __ldcs(base + row * row_words + step * kRowWords + col);
         }
@@ -202,7 +178,7 @@ __global__ void narrow_read_kernel(const uint4* w, int tiles, int k, unsigned* s
 #pragma unroll
       for (int d = 0; d < kDepth; ++d)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc ^= v[d][j].x ^ v[d][j].w;
+        for (int j = 0; j < kLoads; ++j) acc ^= v[d][j].x ^ v[d][j].w;
     }
   }
   if (acc == 0x9e3779b9u) *sink = acc;
@@ -545,7 +521,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                     (kS ? ", the walk along K staggered" : "") + "), steps of " + std::to_string(kR) + " rows x " +
                     std::to_string(2048 / kR) + " B, " + std::to_string(kD) + " in flight per warp",
                 [&](int i) {
-                  narrow_read_kernel<kR, kD, kS><<<sms, 512>>>(weights(i), int(n / kR), int(k), clock.sink());
+                  rows_read_kernel<kR, 128 / kR, kD, kS><<<sms, 512>>>(weights(i), int(n / kR), int(k), clock.sink());
                 });
     };
     {
@@ -580,7 +556,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
         constexpr int kW = decltype(wide)::value;
         time_read("read only in tiles of 16 rows (tiles strided as v7), steps of 16 rows x " +
                       std::to_string(128 * kW) + " B, one in flight per warp",
-                  [&](int i) { wide_read_kernel<kW><<<sms, 512>>>(weights(i), tiles, int(k), clock.sink()); });
+                  [&](int i) { rows_read_kernel<16, 8 * kW><<<sms, 512>>>(weights(i), tiles, int(k), clock.sink()); });
       };
       auto tile_read = [&](auto depth, auto contiguous, auto stagger) {
         constexpr int kD = decltype(depth)::value;
