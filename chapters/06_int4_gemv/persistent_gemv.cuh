@@ -182,12 +182,15 @@ constexpr int passes_for() {
 // What a lane needs to copy the steps of one tile, set once per tile: the start of its weight
 // chunks in rows g and g + 8; per scale task the word it copies at g0 = 0 and how many scales
 // of the tensor lie from there on (capped: only the end of the tensor needs it); its row's
-// zero-point words (lanes 0..15).
+// zero-point words (lanes 0..15); with the fold (one scale task, no zero points), the steps of
+// the tile in which all of the lane's copies are whole: before the tail of K, and away from the
+// tensor's last scales.
 struct CopyTile {
   const uint4* w[2];
   const uint32_t* scale_word[3];
   int scales_left[3];
   const uint32_t* zero_row;
+  int whole_steps;
 };
 
 __device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t n) { return row < n ? row : n - 1; }
@@ -213,6 +216,9 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
   c.zero_row = kZp ? p.zeros + clamp_row(int64_t(tile) * kTileRows + ln.lane % kTileRows, p.n) *
                                    (ln.groups / 8)
                    : nullptr;
+  // Whole: it < valid_steps[1] (≤ valid_steps[0]), and c.scales_left − g0 ≥ 2 for every g0 of K,
+  // which scales_left ≥ groups + 2 guarantees (g0 < groups).
+  c.whole_steps = kPasses == 1 && !kZp && c.scales_left[0] >= ln.groups + 2 ? ln.valid_steps[1] : 0;
   return c;
 }
 
@@ -223,7 +229,7 @@ template <bool kZp, int kPasses>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
-  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. (about 26 lines)
+  // TODO(exercise): weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. First, while it < c.whole_steps, the same copies with none of the tests. (about 36 lines)
 }
 
 // What a lane needs to compute the steps of one tile: where its rows' scales sit in a stage's
@@ -265,14 +271,18 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
     // With the fold, two sets of sums (words 0, 2 and 1, 3): two mma chains of four instead of
     // one of eight, so that one word's mma does not wait for the previous word's. With the FP16
     // fold, the chains are pairs 0, 2 (1024 + q) and pairs 1, 3 (1024 + 16q) of every word, and
-    // the first starts from the group's correction (xsum_sh as float4 C fragments, see the kernel).
+    // the first starts from the group's correction (xsum_sh: per group and lane t the corrections
+    // of columns 2t, 2t + 1 and their 2^−s, see the kernel).
     float sums[2][kNTiles][4] = {};
+    float x_inv[2] = {1.0f, 1.0f};  // kFoldF16: the group's 2^−s for columns 2t, 2t + 1
     if constexpr (kMode == kFoldF16) {
       const float4 c = reinterpret_cast<const float4*>(xsum_sh)[(2 * it + u) * 4 + ln.t];
-      sums[0][0][0] = c.x;
+      sums[0][0][0] = c.x;  // rows g and g + 8 of the same column: the same correction
       sums[0][0][1] = c.y;
-      sums[0][0][2] = c.z;
-      sums[0][0][3] = c.w;
+      sums[0][0][2] = c.x;
+      sums[0][0][3] = c.y;
+      x_inv[0] = c.z;
+      x_inv[1] = c.w;
     }
     const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
 #pragma unroll
@@ -280,7 +290,7 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
       // TODO(exercise): unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale, and the zero point); for each n-tile j the x fragment cl.x[j][i / 2][kk / 8 + 16u + i]; two mma steps as v3, into sums[i % 2][j] (the fold) or acc[j]. kFoldF16 (one n-tile): u4_to_f16_magic_pairs of both rows, then mma_f16_16816 of the ones {lo[0], hi[0], lo[1], hi[1]} with x pairs 0 and 2 (the kernel stores them as words 0, 1 of the chunk: xv.x, xv.y) into sums[0], of the sixteens with xv.z, xv.w into sums[1]. (about 30 lines)
     }
     if constexpr (kMode == kFoldF16) {
-      // TODO(exercise): acc += s_row · (sums[0] + sums[1] / 16) (the correction is already in sums[0]). (about 5 lines)
+      // TODO(exercise): acc += s_row · 2^−s of the column · (sums[0] + sums[1] / 16) (the correction is already in sums[0]; x_inv[e & 1] is the column's 2^−s). (about 5 lines)
     }
     if constexpr (kMode == kFold) {
       // TODO(exercise): group kk/128 + u of the slice: xs = the float2 of Σx for columns m = 8j + 2t, +1 (xsum_sh[group·8·kNTiles + m]); acc += s_row · (sums[0] + sums[1] − 136·xs) (c0, c1 row g with s[0]; c2, c3 row g + 8 with s[1]). (about 14 lines)
@@ -300,10 +310,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   uint4* x_sh = smem + warps * kStages * sizeof(Stage) / 16;  // [M][k_split / 8] swizzled
   const int row_chunks = p.k_split / 8;
   float* xsum_sh = reinterpret_cast<float*>(x_sh + p.m * (row_chunks + 1));  // [k_split/128][8·kNTiles]
-  // kFoldF16: xsum_sh holds float4 C fragments [k_split/128][4], then 2^s, 2^−s and the largest
-  // |x| (BF16 bits) per row of x.
-  float* x_pow = xsum_sh + (p.k_split / 128) * 16;
-  float* x_inv = x_pow + 8;
+  // kFoldF16: xsum_sh holds a float4 per group and lane t (M ≤ 2: t = 0 holds columns 0 and 1):
+  // the corrections of columns 2t, 2t + 1, then their 2^−s.
 
   const int warp = threadIdx.x / 32;
   Lane ln;
@@ -405,7 +413,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   __syncthreads();
   LKW_GEMV_MARK(kMarkXLanded);
   if constexpr (is_f16<kMode>()) {
-    // TODO(exercise): the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then four lanes per (row m < M, group), each over four of its 16-byte chunks (the groups rounded up to a multiple of 8, so that whole warps shuffle): convert each chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 4 lanes; the first lane writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0. (about 59 lines)
+    // TODO(exercise): four lanes per (row m < M, group of 128), each over four of the group's 16-byte chunks (the groups rounded up to a multiple of 8, so that whole warps shuffle): the group's largest |x| as BF16 bits (two shuffles); its 2^s: s = 142 − e (e the exponent field, at least 1; s clamped to [−113, 126]); convert each chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 4 lanes; the first lane writes the correction −1032·Σones − 72·Σsixteens and 2^−s into float4 [group·4] (m = 0: {c, 0, 2^−s, 0}, lanes 1..3 of the four their float4s as zeros; m = 1: its .y and .w). (about 56 lines)
     __syncthreads();
   }
   if constexpr (kMode == kFold) {
@@ -493,10 +501,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     pending_n = 0;
   };
   auto store = [&](int t) {
-    if constexpr (is_f16<kMode>()) {  // back from x·2^s: column 2t + (e & 1)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][e] *= x_inv[min(2 * ln.t + (e & 1), p.m - 1)];
-    }
     if (!kDefer || p.splits == 1) {
       store_tile<kNTiles>(p, acc, t, split, ln.g, ln.t, ln.lane);
       return;
@@ -528,7 +532,7 @@ struct Plan {
 
 template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>()>
 size_t smem_bytes(int64_t m, int64_t k_split) {
-  const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float) + 96
+  const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float)
                                         : size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
   return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
 }

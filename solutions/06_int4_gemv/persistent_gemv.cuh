@@ -181,12 +181,15 @@ constexpr int passes_for() {
 // What a lane needs to copy the steps of one tile, set once per tile: the start of its weight
 // chunks in rows g and g + 8; per scale task the word it copies at g0 = 0 and how many scales
 // of the tensor lie from there on (capped: only the end of the tensor needs it); its row's
-// zero-point words (lanes 0..15).
+// zero-point words (lanes 0..15); with the fold (one scale task, no zero points), the steps of
+// the tile in which all of the lane's copies are whole: before the tail of K, and away from the
+// tensor's last scales.
 struct CopyTile {
   const uint4* w[2];
   const uint32_t* scale_word[3];
   int scales_left[3];
   const uint32_t* zero_row;
+  int whole_steps;
 };
 
 __device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t n) { return row < n ? row : n - 1; }
@@ -212,6 +215,9 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
   c.zero_row = kZp ? p.zeros + clamp_row(int64_t(tile) * kTileRows + ln.lane % kTileRows, p.n) *
                                    (ln.groups / 8)
                    : nullptr;
+  // Whole: it < valid_steps[1] (≤ valid_steps[0]), and c.scales_left − g0 ≥ 2 for every g0 of K,
+  // which scales_left ≥ groups + 2 guarantees (g0 < groups).
+  c.whole_steps = kPasses == 1 && !kZp && c.scales_left[0] >= ln.groups + 2 ? ln.valid_steps[1] : 0;
   return c;
 }
 
@@ -222,7 +228,18 @@ template <bool kZp, int kPasses>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
-  // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups.
+  // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. First, while it < c.whole_steps, the same copies with none of the tests.
+  const int g0 = (ln.k_begin + kk) >> p.group_shift;
+  if (it < c.whole_steps) {  // every copy whole: one test instead of five per step
+    const uint4* w0 = c.w[0] + it * 8;
+    const uint4* w1 = c.w[1] + it * 8;
+    cp_async_16(&st.w[0][ln.lane], w0, true);
+    cp_async_16(&st.w[1][ln.lane], w0 + 4, true);
+    cp_async_16(&st.w[2][ln.lane], w1, true);
+    cp_async_16(&st.w[3][ln.lane], w1 + 4, true);
+    cp_async_4(&st.scales[ln.task_r[0]][ln.task_j[0]], c.scale_word[0] + (g0 >> 1), 4);
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -233,7 +250,6 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
       cp_async_16(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * 8 + 4 * u : 0), valid);
     }
   }
-  const int g0 = (ln.k_begin + kk) >> p.group_shift;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     if (kPasses == 1 || ln.task_on[pass]) {
@@ -291,14 +307,18 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
     // With the fold, two sets of sums (words 0, 2 and 1, 3): two mma chains of four instead of
     // one of eight, so that one word's mma does not wait for the previous word's. With the FP16
     // fold, the chains are pairs 0, 2 (1024 + q) and pairs 1, 3 (1024 + 16q) of every word, and
-    // the first starts from the group's correction (xsum_sh as float4 C fragments, see the kernel).
+    // the first starts from the group's correction (xsum_sh: per group and lane t the corrections
+    // of columns 2t, 2t + 1 and their 2^−s, see the kernel).
     float sums[2][kNTiles][4] = {};
+    float x_inv[2] = {1.0f, 1.0f};  // kFoldF16: the group's 2^−s for columns 2t, 2t + 1
     if constexpr (kMode == kFoldF16) {
       const float4 c = reinterpret_cast<const float4*>(xsum_sh)[(2 * it + u) * 4 + ln.t];
-      sums[0][0][0] = c.x;
+      sums[0][0][0] = c.x;  // rows g and g + 8 of the same column: the same correction
       sums[0][0][1] = c.y;
-      sums[0][0][2] = c.z;
-      sums[0][0][3] = c.w;
+      sums[0][0][2] = c.x;
+      sums[0][0][3] = c.y;
+      x_inv[0] = c.z;
+      x_inv[1] = c.w;
     }
     const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
 #pragma unroll
@@ -337,12 +357,12 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
       // END SOLUTION
     }
     if constexpr (kMode == kFoldF16) {
-      // BEGIN SOLUTION: acc += s_row · (sums[0] + sums[1] / 16) (the correction is already in sums[0]).
+      // BEGIN SOLUTION: acc += s_row · 2^−s of the column · (sums[0] + sums[1] / 16) (the correction is already in sums[0]; x_inv[e & 1] is the column's 2^−s).
       const float s_lo = bf16_to_f32(s[0]), s_hi = bf16_to_f32(s[1]);
-      acc[0][0] = fmaf(s_lo, fmaf(sums[1][0][0], 0.0625f, sums[0][0][0]), acc[0][0]);
-      acc[0][1] = fmaf(s_lo, fmaf(sums[1][0][1], 0.0625f, sums[0][0][1]), acc[0][1]);
-      acc[0][2] = fmaf(s_hi, fmaf(sums[1][0][2], 0.0625f, sums[0][0][2]), acc[0][2]);
-      acc[0][3] = fmaf(s_hi, fmaf(sums[1][0][3], 0.0625f, sums[0][0][3]), acc[0][3]);
+      acc[0][0] = fmaf(s_lo * x_inv[0], fmaf(sums[1][0][0], 0.0625f, sums[0][0][0]), acc[0][0]);
+      acc[0][1] = fmaf(s_lo * x_inv[1], fmaf(sums[1][0][1], 0.0625f, sums[0][0][1]), acc[0][1]);
+      acc[0][2] = fmaf(s_hi * x_inv[0], fmaf(sums[1][0][2], 0.0625f, sums[0][0][2]), acc[0][2]);
+      acc[0][3] = fmaf(s_hi * x_inv[1], fmaf(sums[1][0][3], 0.0625f, sums[0][0][3]), acc[0][3]);
       // END SOLUTION
     }
     if constexpr (kMode == kFold) {
@@ -378,10 +398,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   uint4* x_sh = smem + warps * kStages * sizeof(Stage) / 16;  // [M][k_split / 8] swizzled
   const int row_chunks = p.k_split / 8;
   float* xsum_sh = reinterpret_cast<float*>(x_sh + p.m * (row_chunks + 1));  // [k_split/128][8·kNTiles]
-  // kFoldF16: xsum_sh holds float4 C fragments [k_split/128][4], then 2^s, 2^−s and the largest
-  // |x| (BF16 bits) per row of x.
-  float* x_pow = xsum_sh + (p.k_split / 128) * 16;
-  float* x_inv = x_pow + 8;
+  // kFoldF16: xsum_sh holds a float4 per group and lane t (M ≤ 2: t = 0 holds columns 0 and 1):
+  // the corrections of columns 2t, 2t + 1, then their 2^−s.
 
   const int warp = threadIdx.x / 32;
   Lane ln;
@@ -483,44 +501,34 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   __syncthreads();
   LKW_GEMV_MARK(kMarkXLanded);
   if constexpr (is_f16<kMode>()) {
-    // BEGIN SOLUTION: the largest |x| of each row m < M over the slice, as BF16 bits (every thread over a share of the chunks, __reduce_max_sync, lane 0 atomicMax into x_top[m]); __syncthreads. Each row's 2^s: s = 142 − e (e its exponent field, at least 1; s clamped to [−113, 126]). Then four lanes per (row m < M, group), each over four of its 16-byte chunks (the groups rounded up to a multiple of 8, so that whole warps shuffle): convert each chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 4 lanes; the first lane writes −1032·Σones − 72·Σsixteens to elements (m & 1) and 2 + (m & 1) of float4 [group·4 + m/2]. Columns m ≥ M get 0.
-    uint32_t* x_top = reinterpret_cast<uint32_t*>(x_inv + 8);
-    if (threadIdx.x < 8) x_top[threadIdx.x] = 0;
-    __syncthreads();
-    for (int m = 0; m < p.m; ++m) {
-      uint32_t top = 0;  // NaN and Inf included: their bits are the largest
-      for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
-        const uint4 v = x_sh[x_chunk(m, cc, row_chunks)];
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) top = max(top, max(words[q] & 0x7fffu, (words[q] >> 16) & 0x7fffu));
-      }
-      top = __reduce_max_sync(0xffffffffu, top);
-      if (ln.lane == 0 && top != 0) atomicMax(x_top + m, top);
-    }
-    __syncthreads();
-    if (threadIdx.x < 8) {  // 2^s with |x|·2^s < 2^16, inside FP16's range; 2^−s for the output
-      const int e = max(int(x_top[threadIdx.x] >> 7), 1);
-      const int shift = min(max(142 - e, -113), 126);
-      x_pow[threadIdx.x] = __uint_as_float(uint32_t(127 + shift) << 23);
-      x_inv[threadIdx.x] = __uint_as_float(uint32_t(127 - shift) << 23);
-    }
+    // BEGIN SOLUTION: four lanes per (row m < M, group of 128), each over four of the group's 16-byte chunks (the groups rounded up to a multiple of 8, so that whole warps shuffle): the group's largest |x| as BF16 bits (two shuffles); its 2^s: s = 142 − e (e the exponent field, at least 1; s clamped to [−113, 126]); convert each chunk in place to FP16 of x·2^s, stored as pairs 0, 2, 1, 3; Σ the FP16 values of pairs 0, 2 (ones) and 1, 3 (sixteens) in FP32, shuffle-add over the 4 lanes; the first lane writes the correction −1032·Σones − 72·Σsixteens and 2^−s into float4 [group·4] (m = 0: {c, 0, 2^−s, 0}, lanes 1..3 of the four their float4s as zeros; m = 1: its .y and .w).
     const int groups = p.k_split / 128, quarter = threadIdx.x % 4;
-    for (int idx = threadIdx.x; idx < groups * 16; idx += blockDim.x)  // columns past M: 0
-      if (2 * ((idx % 16) / 4) + (idx & 1) >= p.m) xsum_sh[idx] = 0.0f;  // [group][t][e]: 2t + (e & 1)
-    __syncthreads();
-    // Four lanes per group (as v4's Σx pass below), the groups rounded up to a multiple of 8 so
-    // that every warp's 32 lanes run the loop and its shuffles together.
     const int groups_8 = (groups + 7) & ~7;
     for (int m = 0; m < p.m; ++m) {
-      const float pw = x_pow[m];
       for (int gl = threadIdx.x / 4; gl < groups_8; gl += blockDim.x / 4) {
+        uint4 v[4] = {};
+        uint32_t top = 0;  // NaN and Inf included: their bits are the largest
+        if (gl < groups) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            v[c] = x_sh[x_chunk(m, 16 * gl + 4 * c + quarter, row_chunks)];
+            const uint32_t words[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) top = max(top, max(words[q] & 0x7fffu, (words[q] >> 16) & 0x7fffu));
+          }
+        }
+        top = max(top, __shfl_xor_sync(0xffffffffu, top, 1));
+        top = max(top, __shfl_xor_sync(0xffffffffu, top, 2));
+        // 2^s with the group's |x|·2^s < 2^16, inside FP16's range; 2^−s for its sums.
+        const int e = max(int(top >> 7), 1);
+        const int shift = min(max(142 - e, -113), 126);
+        const float pw = __uint_as_float(uint32_t(127 + shift) << 23);
+        const float inv = __uint_as_float(uint32_t(127 - shift) << 23);
         float ones = 0.0f, sixteens = 0.0f;
         if (gl < groups) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            uint4& chunk = x_sh[x_chunk(m, 16 * gl + 4 * c + quarter, row_chunks)];
-            const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+            const uint32_t in[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
             uint32_t out[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {  // exact: 8 significant bits, inside FP16's exponents
@@ -529,7 +537,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
               const float2 f = __half22float2(h);
               (q % 2 == 0 ? ones : sixteens) += f.x + f.y;  // pairs 0, 2 and 1, 3
             }
-            chunk = make_uint4(out[0], out[2], out[1], out[3]);  // pairs 0, 2 then 1, 3: compute_step
+            x_sh[x_chunk(m, 16 * gl + 4 * c + quarter, row_chunks)] =
+                make_uint4(out[0], out[2], out[1], out[3]);  // pairs 0, 2 then 1, 3: compute_step
           }
         }
 #pragma unroll
@@ -537,9 +546,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
           ones += __shfl_xor_sync(0xffffffffu, ones, offset);
           sixteens += __shfl_xor_sync(0xffffffffu, sixteens, offset);
         }
-        if (quarter == 0 && gl < groups) {
-          float* c = xsum_sh + (gl * 4 + m / 2) * 4;
-          c[m & 1] = c[2 + (m & 1)] = -1032.0f * ones - 72.0f * sixteens;
+        if (gl < groups) {  // the same thread writes a group's float4s for every m
+          float4* c4 = reinterpret_cast<float4*>(xsum_sh) + gl * 4 + quarter;
+          const float correction = -1032.0f * ones - 72.0f * sixteens;
+          if (m == 0) {
+            *c4 = quarter == 0 ? make_float4(correction, 0.0f, inv, 0.0f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          } else if (quarter == 0) {
+            c4->y = correction;
+            c4->w = inv;
+          }
         }
       }
     }
@@ -631,10 +646,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     pending_n = 0;
   };
   auto store = [&](int t) {
-    if constexpr (is_f16<kMode>()) {  // back from x·2^s: column 2t + (e & 1)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][e] *= x_inv[min(2 * ln.t + (e & 1), p.m - 1)];
-    }
     if (!kDefer || p.splits == 1) {
       store_tile<kNTiles>(p, acc, t, split, ln.g, ln.t, ln.lane);
       return;
@@ -728,7 +739,7 @@ struct Plan {
 
 template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>()>
 size_t smem_bytes(int64_t m, int64_t k_split) {
-  const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float) + 96
+  const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float)
                                         : size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
   return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
 }
