@@ -623,9 +623,9 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl
 
 // v5_f16_activations' choice of kernel (also what tools/gemv_timeline.cu runs). The FP16 fold up
 // to this M; past it v4's BF16 fold. Each block converts M rows of its slice of x before its first
-// step (a pass for the largest |x|, a pass to convert), time in which the weights' ring stands
-// still after its first stages; with M the conversion grows and the steps do not, and from M = 4
-// the measured time is no better than v4's (the book's results section).
+// step (one pass: per group of 128, its largest |x|, then its conversion), time in which the
+// weights' ring stands still after its first stages; with M the conversion grows and the steps do
+// not, and from M = 4 the measured time is no better than v4's (the book's results section).
 constexpr int64_t kF16MaxM = 2;
 
 enum class V5Path { kFoldF16, kFold, kScaleInA1, kScaleInA2 };

@@ -15,12 +15,13 @@
 // the other four. Four LOP3 and one SHF per word.
 //
 // But the mma multiplies like types: with FP16 weights, x must be FP16 too. BF16 → FP16 is exact
-// for every value with 8 significant bits inside FP16's exponent range, so each block scales its
-// slice of every row of x by a power of two, 2^s with the row's largest |x|·2^s in [2^15, 2^16),
-// and converts it once in shared memory; the output is multiplied by 2^−s, also exact. What FP16
-// cannot hold exactly are values below 2^−17 after scaling, i.e. smaller than 2^−32 of the row's
-// largest: rounded to FP16's subnormal grid, an error below 2^−40 of the largest |x| per element,
-// far under the FP32 sum's own rounding.
+// for every value with 8 significant bits inside FP16's exponent range, so each block scales every
+// group of 128 of its slice of x by a power of two, 2^s with the group's largest |x|·2^s in
+// [2^15, 2^16), and converts it once in shared memory, in one pass that also finds the largest
+// |x| (four lanes per group, two shuffles); each group's sums are multiplied by its 2^−s together
+// with the weight scale, also exact. What FP16 cannot hold exactly are values below 2^−17 after
+// scaling, i.e. smaller than 2^−32 of the group's largest: rounded to FP16's subnormal grid, an
+// error below 2^−40 of the group's largest |x| per element, far under the FP32 sum's own rounding.
 //
 // The fold becomes two chains per group: pairs 0 and 2 of every word (1024 + q, with x pairs 0
 // and 2) and pairs 1 and 3 (1024 + 16q, with x pairs 1 and 3): the k order within the mma is
