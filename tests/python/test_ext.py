@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 ext = pytest.importorskip("lkw._ext", reason="the extension is built by tools/setup.sh")
+# tools/device_check.sh with LKW_CHAPTERS builds only those chapters (and 00, the ceiling)
+ONLY = os.environ.get("LKW_CHAPTERS", "").split()
 
 
 def test_every_chapter_registers_versions_with_sass_promises():
     versions = ext.versions()
     chapters = {v["chapter"] for v in versions}
-    # tools/device_check.sh with LKW_CHAPTERS builds only those chapters (and 00, the ceiling)
-    only = os.environ.get("LKW_CHAPTERS", "").split()
-    assert ({"00_roofline", *only} if only else {"00_roofline", "01_formats", "02_int4_dequant"}) <= chapters
+    assert ({"00_roofline", *ONLY} if ONLY else {"00_roofline", "01_formats", "02_int4_dequant"}) <= chapters
     names = [v["name"] for v in versions]
     assert len(names) == len(set(names)), "a version is registered twice"
     for v in versions:
@@ -27,8 +27,7 @@ def test_every_chapter_registers_versions_with_sass_promises():
 def test_byte_models_count_each_input_once_and_each_output_once():
     words = np.zeros(1000, np.uint32)
     assert ext.model("00_roofline/copy/v1_vec16", [words], [words])["bytes"] == 8000
-    only = os.environ.get("LKW_CHAPTERS", "").split()
-    if only and "02_int4_dequant" not in only:
+    if ONLY and "02_int4_dequant" not in ONLY:
         pytest.skip("02_int4_dequant is not built (LKW_CHAPTERS)")
     packed = np.zeros((16, 64), np.uint32)  # N = 16, K = 512
     scales = np.zeros((16, 4), np.uint16)  # G = 128
