@@ -173,8 +173,11 @@ def close(got: np.ndarray, want: np.ndarray, dtype: str, tolerance: str) -> bool
 def test_fused_quant_golden_tolerance_covers_a_kernels_own_yb(rng, op):
     """A kernel whose yb is off by up to 2 ulps (other summation order, rsqrtf; here rstd is
     moved by up to 64 FP32 ulps, far more than either causes) produces q and scales within the
-    case tolerance of the golden ones."""
-    x, r, w = inputs(rng, t=16, d=4096)
+    case tolerance of the golden ones. 64 rows: a small move of rstd changes yb only where a
+    (row, BF16 mantissa) product lies near a rounding boundary, and with 16 rows no product did
+    for about 1.7% of seeds (5 of 300), which failed the last assertion; with 64 rows the fewest
+    changed elements over 300 seeds was 206."""
+    x, r, w = inputs(rng, t=64, d=4096)
     want = golden.reference(op, [x, r, w], {"eps": 1e-6})
     residual_out = rmsnorm.add_residual(x, r)
     kind = op.rsplit("_", 1)[1]
