@@ -31,6 +31,10 @@
 //   LKW_TIMELINE_READ=1 LKW_TIMELINE_READ_NARROW_ONLY=1 ...  # only the last, nothing else timed
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
 //   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
+//   LKW_TIMELINE_PER_SM=8 ...                            # 8 more marked launches: per launch and block its SM
+//                                                        # and its warps' median and last loop end
+//                                                        # ("persm launch block sm median max warps" lines;
+//                                                        # results/h200/probes/06_per_sm.txt)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,7 +51,7 @@
 
 namespace lkw::gemv::timeline {
 __device__ unsigned long long* g_marks;  // [block][warp][kSlots] nanoseconds, or null
-constexpr int kSlots = 8, kMaxWarps = 16;
+constexpr int kSlots = 9, kMaxWarps = 16;  // slot 8: the SM the warp ran on
 __device__ __forceinline__ void mark(int point) {
   unsigned long long* marks = g_marks;
   if (marks != nullptr && threadIdx.x % 32 == 0) {
@@ -55,6 +59,11 @@ __device__ __forceinline__ void mark(int point) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     const size_t warp = (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kMaxWarps + threadIdx.x / 32;
     marks[warp * kSlots + point] = t;
+    if (point == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      marks[warp * kSlots + 8] = sm + 1;
+    }
   }
 }
 }  // namespace lkw::gemv::timeline
@@ -671,6 +680,34 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     std::sort(spread.begin(), spread.end());
     std::printf("  loop end, last − first warp of a block: median %.2f  p90 %.2f  max %.2f us (%zu blocks)\n",
                 spread[spread.size() / 2], spread[spread.size() * 9 / 10], spread.back(), spread.size());
+  }
+  // LKW_TIMELINE_PER_SM=R: R more marked launches after the flush; per launch and block, the SM it
+  // ran on and its warps' median loop end (warps with work), one line per block.
+  if (const char* reps = std::getenv("LKW_TIMELINE_PER_SM")) {
+    for (int rep = 0; rep < std::atoi(reps); ++rep) {
+      check(cudaMemset(marks_d, 0, slots * 8), "clear marks");
+      check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
+      clock.flush();
+      launch_v5(args(rep + 1), nullptr);
+      check(cudaDeviceSynchronize(), "marked launch");
+      check(cudaMemcpyToSymbol(timeline::g_marks, &off, sizeof(off)), "marks off");
+      check(cudaMemcpy(h.data(), marks_d, slots * 8, cudaMemcpyDeviceToHost), "copy marks");
+      unsigned long long r0 = ~0ull;
+      for (size_t w = 0; w < warps; ++w)
+        if (at(w, pk::kMarkEntry)) r0 = std::min(r0, at(w, pk::kMarkEntry));
+      for (size_t b = 0; b < warps / timeline::kMaxWarps; ++b) {
+        std::vector<double> ends;
+        unsigned long long sm = 0;
+        for (int w = 0; w < timeline::kMaxWarps; ++w) {
+          const size_t ww = b * timeline::kMaxWarps + w;
+          if (at(ww, 8)) sm = at(ww, 8) - 1;
+          if (at(ww, pk::kMarkFirstStage) && at(ww, pk::kMarkLoopEnd)) ends.push_back((at(ww, pk::kMarkLoopEnd) - r0) * 1e-3);
+        }
+        if (ends.empty()) continue;
+        std::sort(ends.begin(), ends.end());
+        std::printf("  persm %d %zu %llu %.2f %.2f %zu\n", rep, b, sm, ends[ends.size() / 2], ends.back(), ends.size());
+      }
+    }
   }
   for (int i = 0; i < sets; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
   cudaFree(x_d), cudaFree(y_d), cudaFree(marks_d);
