@@ -51,7 +51,8 @@
 
 namespace lkw::gemv::timeline {
 __device__ unsigned long long* g_marks;  // [block][warp][kSlots] nanoseconds, or null
-constexpr int kSlots = 9, kMaxWarps = 16;  // slot 8: the SM the warp ran on
+constexpr int kSmSlot = 8;  // after the kernel's marks: the SM the warp ran on (%smid + 1)
+constexpr int kSlots = kSmSlot + 1, kMaxWarps = 16;
 __device__ __forceinline__ void mark(int point) {
   unsigned long long* marks = g_marks;
   if (marks != nullptr && threadIdx.x % 32 == 0) {
@@ -59,10 +60,10 @@ __device__ __forceinline__ void mark(int point) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     const size_t warp = (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kMaxWarps + threadIdx.x / 32;
     marks[warp * kSlots + point] = t;
-    if (point == 0) {
+    if (point == 0) {  // entry
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      marks[warp * kSlots + 8] = sm + 1;
+      marks[warp * kSlots + kSmSlot] = sm + 1;
     }
   }
 }
@@ -78,7 +79,7 @@ namespace {
 using namespace lkw;
 using namespace lkw::gemv;
 namespace pk = lkw::gemv::persistent;
-static_assert(pk::kMarks <= timeline::kSlots, "one slot per mark");
+static_assert(pk::kMarks <= timeline::kSmSlot, "one slot per mark, then the SM's");
 static_assert(pk::kWarps <= timeline::kMaxWarps, "one row per warp");
 
 void check(cudaError_t e, const char* what) {
@@ -598,30 +599,36 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   // Back to back, as in a decoder's stream, over the rotated copies.
   const Times stream_times = clock.back_to_back([&](int i) { launch_v5(args(i), nullptr); });
 
-  // One launch with the marks on.
-  check(cudaMemset(marks_d, 0, slots * 8), "memset marks");
-  check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
-  // LKW_TIMELINE_MARKS_BACK_TO_BACK: the last of three launches back to back (each overwrites
-  // the marks of the one before), no flush.
-  const bool marks_b2b = std::getenv("LKW_TIMELINE_MARKS_BACK_TO_BACK") != nullptr;
-  if (marks_b2b) {
-    for (int i = 0; i < 3; ++i) launch_v5(args(i), nullptr);
-  } else {
-    clock.flush();
-    if (g_warm_code) warm_code(args(2));
-    launch_v5(args(1), nullptr);
-  }
-  check(cudaDeviceSynchronize(), "marked launch");
-  unsigned long long* off = nullptr;
-  check(cudaMemcpyToSymbol(timeline::g_marks, &off, sizeof(off)), "marks off");
+  // Launches with the marks on: `launches` runs them, then the marks are copied into h; returns
+  // the first warp's entry, the origin of every time printed.
   std::vector<unsigned long long> h(slots);
-  check(cudaMemcpy(h.data(), marks_d, slots * 8, cudaMemcpyDeviceToHost), "copy marks");
-
   const size_t warps = slots / timeline::kSlots;
   auto at = [&](size_t w, int mk) { return h[w * timeline::kSlots + mk]; };
-  unsigned long long t0 = ~0ull;
-  for (size_t w = 0; w < warps; ++w)
-    if (at(w, pk::kMarkEntry)) t0 = std::min(t0, at(w, pk::kMarkEntry));
+  auto record = [&](auto&& launches) {
+    check(cudaMemset(marks_d, 0, slots * 8), "memset marks");
+    check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
+    launches();
+    check(cudaDeviceSynchronize(), "marked launch");
+    unsigned long long* off = nullptr;
+    check(cudaMemcpyToSymbol(timeline::g_marks, &off, sizeof(off)), "marks off");
+    check(cudaMemcpy(h.data(), marks_d, slots * 8, cudaMemcpyDeviceToHost), "copy marks");
+    unsigned long long first = ~0ull;
+    for (size_t w = 0; w < warps; ++w)
+      if (at(w, pk::kMarkEntry)) first = std::min(first, at(w, pk::kMarkEntry));
+    return first;
+  };
+  // LKW_TIMELINE_MARKS_BACK_TO_BACK: the last of three launches back to back (each overwrites
+  // the marks of the one before), no flush; else one launch after the flush.
+  const bool marks_b2b = std::getenv("LKW_TIMELINE_MARKS_BACK_TO_BACK") != nullptr;
+  const unsigned long long t0 = record([&] {
+    if (marks_b2b) {
+      for (int i = 0; i < 3; ++i) launch_v5(args(i), nullptr);
+    } else {
+      clock.flush();
+      if (g_warm_code) warm_code(args(2));
+      launch_v5(args(1), nullptr);
+    }
+  });
   const int sms = prop.multiProcessorCount;
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent;
   const int splits = g_kernel == Kernel::kBalanced ? splits_of<true>(m, n, k, sms)
@@ -682,25 +689,19 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                 spread[spread.size() / 2], spread[spread.size() * 9 / 10], spread.back(), spread.size());
   }
   // LKW_TIMELINE_PER_SM=R: R more marked launches after the flush; per launch and block, the SM it
-  // ran on and its warps' median loop end (warps with work), one line per block.
+  // ran on and its working warps' median and last loop end, one line per block.
   if (const char* reps = std::getenv("LKW_TIMELINE_PER_SM")) {
     for (int rep = 0; rep < std::atoi(reps); ++rep) {
-      check(cudaMemset(marks_d, 0, slots * 8), "clear marks");
-      check(cudaMemcpyToSymbol(timeline::g_marks, &marks_d, sizeof(marks_d)), "marks on");
-      clock.flush();
-      launch_v5(args(rep + 1), nullptr);
-      check(cudaDeviceSynchronize(), "marked launch");
-      check(cudaMemcpyToSymbol(timeline::g_marks, &off, sizeof(off)), "marks off");
-      check(cudaMemcpy(h.data(), marks_d, slots * 8, cudaMemcpyDeviceToHost), "copy marks");
-      unsigned long long r0 = ~0ull;
-      for (size_t w = 0; w < warps; ++w)
-        if (at(w, pk::kMarkEntry)) r0 = std::min(r0, at(w, pk::kMarkEntry));
+      const unsigned long long r0 = record([&] {
+        clock.flush();
+        launch_v5(args(rep + 1), nullptr);
+      });
       for (size_t b = 0; b < warps / timeline::kMaxWarps; ++b) {
         std::vector<double> ends;
         unsigned long long sm = 0;
         for (int w = 0; w < timeline::kMaxWarps; ++w) {
           const size_t ww = b * timeline::kMaxWarps + w;
-          if (at(ww, 8)) sm = at(ww, 8) - 1;
+          if (at(ww, timeline::kSmSlot)) sm = at(ww, timeline::kSmSlot) - 1;
           if (at(ww, pk::kMarkFirstStage) && at(ww, pk::kMarkLoopEnd)) ends.push_back((at(ww, pk::kMarkLoopEnd) - r0) * 1e-3);
         }
         if (ends.empty()) continue;
