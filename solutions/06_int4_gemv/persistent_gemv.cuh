@@ -10,7 +10,9 @@
 // launches v7's kernels as programmatic dependents (Params::pdl).
 #pragma once
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <type_traits>
 
 #include "02_int4_dequant/dequant.cuh"
@@ -88,6 +90,7 @@ struct Params {
   int64_t n;
   int half_cuts;                // kBalanced: runs cut at half tiles (v7), else at any step (v6)
   int pdl;                      // launched as a programmatic dependent (v8): weights before x
+  int lean_sums;                // the fold's Σx pass over the rows of x only (v9), not all 8
 };
 
 // Programmatic dependent launch (sm_90): a kernel launched with the stream attribute may start
@@ -570,12 +573,17 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     // and it was measured slower (the book's v4 section gives the runs). Rows past M
     // get 0 (their columns are never stored). The pairs (a multiple of 8) and blockDim / 4 (a
     // multiple of 8) keep every warp's 32 lanes in the loop together, as the shuffles need.
-    const int pairs = (p.k_split / 128) * 8 * kNTiles;
-    const int quarter = threadIdx.x % 4;
-    for (int idx = threadIdx.x / 4; idx < pairs; idx += blockDim.x / 4) {
-      const int gl = idx / (8 * kNTiles), m = idx % (8 * kNTiles);
+    //
+    // lean_sums (v9): the pass walks every column 8j + 2t of the mma's B, rows of x past M
+    // included, eight (group, row) pairs per group where M = 1 has one: at M = 1 and a whole row
+    // of 28672 (S = 1) that is 14 rounds of four lanes' loads and shuffles, 3.9 µs before the
+    // first step (tools/gemv_timeline). With lean_sums the rows past M are zeroed by plain stores
+    // and the pairs are only (group, m < M), rounded up to whole warps.
+    const int groups = p.k_split / 128, quarter = threadIdx.x % 4;
+    // Σx of group gl, row m of x (4 lanes), into xsum_sh[idx]; `on` false: shuffles only.
+    auto group_sum = [&](int gl, int m, int idx, bool on) {
       float sum_lo = 0.0f, sum_hi = 0.0f;
-      if (m < p.m) {
+      if (on && m < p.m) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const uint4 v = x_sh[x_chunk(m, 16 * gl + 4 * c + quarter, row_chunks)];
@@ -586,7 +594,25 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       float sum = sum_lo + sum_hi;
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (quarter == 0) xsum_sh[idx] = sum;
+      if (on && quarter == 0) xsum_sh[idx] = sum;
+    };
+    if (p.lean_sums) {
+      // lean_sums (v9): the loop below walks every column 8j + 2t of the mma's B, rows of x past
+      // M included: eight (group, row) pairs per group where M = 1 has one; at M = 1 and a whole
+      // row of 28672 (S = 1) that is 14 rounds of four lanes' loads and shuffles, 3.9 µs before
+      // the first step (tools/gemv_timeline). Here the columns past M are zeroed by plain stores
+      // and only the rows of x are summed, row by row over the groups (rounded up to a multiple
+      // of 8, whole warps).
+      for (int idx = threadIdx.x; idx < groups * 8 * kNTiles; idx += blockDim.x)
+        if (idx % (8 * kNTiles) >= p.m) xsum_sh[idx] = 0.0f;
+      const int groups_8 = (groups + 7) & ~7;
+      for (int m = 0; m < p.m; ++m)
+        for (int gl = threadIdx.x / 4; gl < groups_8; gl += blockDim.x / 4)
+          group_sum(gl, m, gl * 8 * kNTiles + m, gl < groups);
+    } else {
+      const int pairs = groups * 8 * kNTiles;
+      for (int idx = threadIdx.x / 4; idx < pairs; idx += blockDim.x / 4)
+        group_sum(idx / (8 * kNTiles), idx % (8 * kNTiles), idx, true);
     }
     __syncthreads();
   }
@@ -749,15 +775,17 @@ inline int g_force_splits = 0;
 
 // The smallest S whose x slice fits beside the ring, then the model's choice from there:
 // plan_splits for v4 to v6, plan_rounds for v7's shallow ring.
+// force > 0: that S (v9's S = 1), where it fits, instead of the model's.
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
-Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit) {
+Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64_t force = 0) {
   const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
   auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
   int64_t s = 1;
   while (s < iters && smem_bytes<kNTiles, kMode, kStages>(m, per_split(s)) > smem_limit) ++s;
   const int64_t s_max = std::min<int64_t>({iters, kMaxSplits, sms});
-  if (g_force_splits > 0)
-    s = std::max<int64_t>(s, std::min<int64_t>(g_force_splits, iters));
+  if (force == 0) force = g_force_splits;
+  if (force > 0)
+    s = std::max<int64_t>(s, std::min<int64_t>(force, iters));
   else if (kStages == kShallowStages)
     s = plan_rounds(tiles, iters, sms, kWarps, s, s_max, m);
   else
@@ -777,17 +805,40 @@ inline size_t smem_optin() {
   return bytes;
 }
 
+// Raises a kernel's dynamic shared memory limit to `bytes`, once per kernel address. The key is
+// the address, not the template instantiation: a template kernel used from several translation
+// units (v4 to v9 share these) may have one host-side address per unit, each registered with its
+// own copy of the device code, and the attribute holds only for the copy it was set on. (With a
+// static per instantiation, v9's launches of v8's kernels went out with the default 48 KB limit
+// and failed with "invalid argument" once v8 had set it on its own copy.)
+inline cudaError_t allow_shared_memory(const void* kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::unordered_set<const void*> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count(kernel)) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e == cudaSuccess) done.insert(kernel);
+  return e;
+}
+
 // pdl: launched as a programmatic dependent of the kernel before it in the stream (v8; sm_90 and
-// later, elsewhere an ordinary launch).
+// later, elsewhere an ordinary launch). v9's options: the lean Σx pass, S forced (0: the plan's),
+// and the balanced kernel's runs cut at any step (v6's even shares) instead of v7's half tiles.
+struct Options {
+  bool pdl = false;
+  bool lean_sums = false;
+  int force_splits = 0;
+  bool even_cuts = false;
+};
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
-Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
+Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
+  const bool pdl = o.pdl;
   auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages>;
   const size_t limit = smem_optin();
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+  const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
     return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
-  const Plan plan = plan_for<kNTiles, kMode, kBalanced, kStages>(a.m, a.n, a.k, sm_count(), limit);
+  const Plan plan = plan_for<kNTiles, kMode, kBalanced, kStages>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
   if (plan.smem > limit)
     return error(Code::kInvalidArgument,
                  std::string(op.name) + ": M × 256 of x does not fit in shared memory");
@@ -798,7 +849,7 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl
   Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
            int(plan.k_split), plan.splits, log2_of(a.group), int(tiles),
            int(tiles / per_split), int(tiles % per_split), a.n,
-           kBalanced && kStages == kShallowStages ? 1 : 0, 0};
+           kBalanced && kStages == kShallowStages && !o.even_cuts ? 1 : 0, 0, o.lean_sums ? 1 : 0};
   if (plan.splits > 1) {
     Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
@@ -826,6 +877,13 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
   if (e != cudaSuccess) return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(e));
   return last_launch_status(op.name);
+}
+
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
+Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
+  Options o;
+  o.pdl = pdl;
+  return launch<kNTiles, kMode, kBalanced, kStages>(op, a, stream, o);
 }
 
 // v5_f16_activations' choice of kernel (also what tools/gemv_timeline.cu runs). The FP16 fold up
@@ -913,6 +971,26 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
     return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value>(kOp, a, stream, pdl);
   });
+}
+
+// v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; at M = 1
+// S = 1 where the whole row of x fits beside the ring (else the shallow ring's plan, as at M = 2);
+// at S = 1 the balanced kernel with the block's steps cut evenly, whole tiles at S > 1 (the
+// split-K finish through the workspace, as v8). Elsewhere v8 (v9_block_split_k.cu says why).
+template <const GemvOp& kOp>
+Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m > 2 || a.group != 128) return launch_shallow<kOp>(a, stream, /*pdl=*/true);
+  Options o;
+  o.pdl = true;
+  o.lean_sums = true;
+  o.even_cuts = true;
+  const int sms = sm_count();
+  const size_t limit = smem_optin();
+  if (a.m == 1 && plan_for<1, kFold, true, kShallowStages>(a.m, a.n, a.k, sms, limit, 1).splits == 1)
+    o.force_splits = 1;
+  const Plan plan = plan_for<1, kFold, true, kShallowStages>(a.m, a.n, a.k, sms, limit, o.force_splits);
+  if (plan.splits == 1) return launch<1, kFold, true, kShallowStages>(kOp, a, stream, o);
+  return launch<1, kFold, false, kShallowStages>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent
