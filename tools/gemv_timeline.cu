@@ -15,12 +15,13 @@
 // chapter's tolerance, reference/lkw/gemv.py). With the marks off (a null pointer) the kernel
 // tests one global pointer per mark and is otherwise the version's kernel. Each kernel is also
 // timed back to back (20 launches between two events over rotated copies of the weights, no
-// flush), and v7's kernel once more as v8 runs it (a programmatic dependent launch), and so is
+// flush), and v7's kernel once more as v8 runs it (a programmatic dependent launch), then v9's
+// choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1), and so is
 // an empty kernel of the same shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsd": v5 v6 v7 v8)
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdn": v5 v6 v7 v8 v9)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
 //                                                        # warp step, in bursts of 128 to 1024 bytes per row,
@@ -370,7 +371,7 @@ const char* path_name(int64_t m, int group) {
 // v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
-enum class Kernel { kWhole, kBalanced, kShallow, kDependent };
+enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit };
 Kernel g_kernel = Kernel::kWhole;
 template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
@@ -378,6 +379,7 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
     case Kernel::kBalanced: return pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream);
     case Kernel::kShallow: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream);
     case Kernel::kDependent: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream, true);
+    case Kernel::kBlockSplit: return pk::launch_block_split<kInt4iGemv>(a, stream);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -631,20 +633,33 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   });
   const int sms = prop.multiProcessorCount;
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent;
+  // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
+  const bool v9_own = g_kernel == Kernel::kBlockSplit && m <= 2;
+  auto v9_splits = [&] {
+    using F = pk::Plan (*)(int64_t, int64_t, int64_t, int, size_t, int64_t);
+    const F plan = pk::plan_for<1, pk::kFold, true, pk::kShallowStages>;
+    const int64_t force = m == 1 && plan(m, n, k, sms, pk::smem_optin(), 1).splits == 1 ? 1 : 0;
+    return plan(m, n, k, sms, pk::smem_optin(), force).splits;
+  };
   const int splits = g_kernel == Kernel::kBalanced ? splits_of<true>(m, n, k, sms)
-                     : shallow                     ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
-                                                   : splits_of<false>(m, n, k, sms);
+                     : v9_own                      ? v9_splits()
+                     : shallow || g_kernel == Kernel::kBlockSplit
+                         ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
+                         : splits_of<false>(m, n, k, sms);
   const bool v6_balanced = v6_picks_balanced(args(0));
-  const bool v6_runs = !shallow && (g_kernel == Kernel::kBalanced) == v6_balanced;
-  const char* halves = shallow && v7_picks_halves(args(0)) ? ", half tiles" : "";
+  const bool v6_runs = !shallow && g_kernel != Kernel::kBlockSplit && (g_kernel == Kernel::kBalanced) == v6_balanced;
+  const char* halves = v9_own ? (splits == 1 ? ", even cuts" : "")
+                      : (shallow || g_kernel == Kernel::kBlockSplit) && v7_picks_halves(args(0)) ? ", half tiles"
+                                                                                               : "";
   std::printf("\nM = %lld, N = %lld, K = %lld (%s%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f); "
               "back to back over %d copies %.2f us per launch (median of %zu batches, %.2f .. %.2f)\n",
               (long long)m, (long long)n, (long long)k,
               g_kernel == Kernel::kBalanced    ? "balanced steps"
               : g_kernel == Kernel::kShallow   ? "shallow ring (v7)"
               : g_kernel == Kernel::kDependent ? "shallow ring as a dependent launch (v8)"
+              : g_kernel == Kernel::kBlockSplit ? "K split in the block (v9)"
                                                : "whole tiles (v5)",
-              halves, path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
+              halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
               stream_times.lo, stream_times.hi);
   std::printf("  marks of the recorded launch%s, us from the first warp's entry (warps that reached them)\n",
@@ -740,18 +755,19 @@ int main(int argc, char** argv) {
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
   if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
-  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsd" (v5 v6 v7 v8)
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdn" (v5 v6 v7 v8 v9)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7) and v7 as a dependent launch (v8), INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8) and v9's K split in the block, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
-    for (const Kernel kernel : {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent}) {
-      if (kinds && !std::strchr(kinds, "wbsd"[int(kernel)])) continue;
+    for (const Kernel kernel :
+         {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit}) {
+      if (kinds && !std::strchr(kinds, "wbsdn"[int(kernel)])) continue;
       g_kernel = kernel;
       run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
     }

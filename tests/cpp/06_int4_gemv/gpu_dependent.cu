@@ -5,9 +5,12 @@
 // link must equal, bit for bit, what v7 (the same kernel, launched plainly, a sync after each)
 // gives for that link's x. A v8 that read y1 before the first GEMV had written it would see the
 // previous link's y1. Shapes where v8 runs its split-K workspace (S > 1) and where it does not.
+// v9 (also a dependent launch, with its own fold and cuts) is checked the same way against
+// itself launched with a sync after each link, at M = 1 and 2 (its own paths) and 8 (v8's).
 // Without a device the test skips.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <random>
 #include <string>
@@ -64,13 +67,11 @@ std::vector<uint16_t> to_host(const DeviceBuffer& b) {
   return h;
 }
 
-TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
-  const int arch = device_arch();
-  if (arch < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  const Version &v7 = version("v7_shallow_ring"), &v8 = version("v8_dependent_launch");
-  std::mt19937 rng(test::random_seed("chapter 06 dependent launch"));
-  // (M, N1 = K2, K1, N2): S = 1 at both links; long K (split-K) at the second; M with two n-tiles.
-  const int64_t shapes[][4] = {{1, 4096, 4096, 14336}, {8, 14336, 4096, 4096}, {16, 4096, 14336, 4096}};
+// (M, N1 = K2, K1, N2) per shape; `plain` gives the expected y2 of each x (a sync after each
+// launch), `dependent` runs the links back to back.
+void check_chain(const Version& plain, const Version& dependent, const std::vector<std::array<int64_t, 4>>& shapes,
+                 const char* seed) {
+  std::mt19937 rng(test::random_seed(seed));
   for (const auto& s : shapes) {
     const int64_t m = s[0], n1 = s[1], k1 = s[2], n2 = s[3];
     const Gemv g1 = random_gemv(rng, n1, k1), g2 = random_gemv(rng, n2, n1);
@@ -82,18 +83,18 @@ TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
       LKW_CUDA_CHECK(cudaMemcpy(b.data(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     }
     DeviceBuffer y1(m * n1 * 2), y2(m * n2 * 2);
-    // The expected y2 of each x: v7, a sync after each launch.
+    // The expected y2 of each x: `plain`, a sync after each launch.
     std::vector<uint16_t> want[2];
     for (int i = 0; i < 2; ++i) {
       LKW_CUDA_CHECK(cudaMemset(y2.data(), 0xff, y2.bytes()));
-      ASSERT_TRUE(v7.launch(args_of(g1, x[i].data(), y1.data(), m), nullptr).ok());
+      ASSERT_TRUE(plain.launch(args_of(g1, x[i].data(), y1.data(), m), nullptr).ok());
       LKW_CUDA_CHECK(cudaDeviceSynchronize());
-      ASSERT_TRUE(v7.launch(args_of(g2, y1.data(), y2.data(), m), nullptr).ok());
+      ASSERT_TRUE(plain.launch(args_of(g2, y1.data(), y2.data(), m), nullptr).ok());
       LKW_CUDA_CHECK(cudaDeviceSynchronize());
       want[i] = to_host(y2);
     }
     ASSERT_NE(want[0], want[1]) << "the two inputs must give different outputs";
-    // v8: links queued back to back; each link's y2 kept in its own buffer.
+    // `dependent`: links queued back to back; each link's y2 kept in its own buffer.
     const int links = 12;
     std::vector<DeviceBuffer> out;
     for (int l = 0; l < links; ++l) {
@@ -102,14 +103,32 @@ TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
     }
     LKW_CUDA_CHECK(cudaDeviceSynchronize());
     for (int l = 0; l < links; ++l) {
-      ASSERT_TRUE(v8.launch(args_of(g1, x[l % 2].data(), y1.data(), m), nullptr).ok());
-      ASSERT_TRUE(v8.launch(args_of(g2, y1.data(), out[l].data(), m), nullptr).ok());
+      ASSERT_TRUE(dependent.launch(args_of(g1, x[l % 2].data(), y1.data(), m), nullptr).ok());
+      ASSERT_TRUE(dependent.launch(args_of(g2, y1.data(), out[l].data(), m), nullptr).ok());
     }
     LKW_CUDA_CHECK(cudaDeviceSynchronize());
     for (int l = 0; l < links; ++l)
-      EXPECT_EQ(to_host(out[l]), want[l % 2]) << "M = " << m << ", N1 = " << n1 << ", K1 = " << k1
-                                               << ", N2 = " << n2 << ": link " << l;
+      EXPECT_EQ(to_host(out[l]), want[l % 2]) << dependent.id << ", M = " << m << ", N1 = " << n1
+                                               << ", K1 = " << k1 << ", N2 = " << n2 << ": link " << l;
   }
+}
+
+TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v8 against v7 (the same kernel launched plainly): S = 1 at both links; long K (split-K) at
+  // the second; M with two n-tiles.
+  check_chain(version("v7_shallow_ring"), version("v8_dependent_launch"),
+              {{1, 4096, 4096, 14336}, {8, 14336, 4096, 4096}, {16, 4096, 14336, 4096}},
+              "chapter 06 dependent launch");
+}
+
+TEST(DependentLaunch, V9ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v9 against itself with a sync after each launch: M = 1 (S = 1, the whole row, both links),
+  // M = 2 at long K (v8's S > 1 with the lean fold) and at short K (S = 1, even cuts), M = 8 (v8).
+  const Version& v9 = version("v9_block_split_k");
+  check_chain(v9, v9, {{1, 4096, 4096, 14336}, {2, 4096, 14336, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}},
+              "chapter 06 dependent launch, v9");
 }
 
 }  // namespace
