@@ -428,12 +428,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     // and it was measured slower (the book's v4 section gives the runs). Rows past M
     // get 0 (their columns are never stored). The pairs (a multiple of 8) and blockDim / 4 (a
     // multiple of 8) keep every warp's 32 lanes in the loop together, as the shuffles need.
-    //
-    // lean_sums (v9): the pass walks every column 8j + 2t of the mma's B, rows of x past M
-    // included, eight (group, row) pairs per group where M = 1 has one: at M = 1 and a whole row
-    // of 28672 (S = 1) that is 14 rounds of four lanes' loads and shuffles, 3.9 µs before the
-    // first step (tools/gemv_timeline). With lean_sums the rows past M are zeroed by plain stores
-    // and the pairs are only (group, m < M), rounded up to whole warps.
     const int groups = p.k_split / 128, quarter = threadIdx.x % 4;
     // Σx of group gl, row m of x (4 lanes), into xsum_sh[idx]; `on` false: shuffles only.
     auto group_sum = [&](int gl, int m, int idx, bool on) {
@@ -452,8 +446,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       if (on && quarter == 0) xsum_sh[idx] = sum;
     };
     if (p.lean_sums) {
-      // lean_sums (v9): the loop below walks every column 8j + 2t of the mma's B, rows of x past
-      // M included: eight (group, row) pairs per group where M = 1 has one; at M = 1 and a whole
+      // lean_sums (v9): v4's loop (the other branch) walks every column 8j + 2t of the mma's B,
+      // rows of x past M included: eight (group, row) pairs per group where M = 1 has one; at M = 1 and a whole
       // row of 28672 (S = 1) that is 14 rounds of four lanes' loads and shuffles, 3.9 µs before
       // the first step (tools/gemv_timeline). Here the columns past M are zeroed by plain stores
       // and only the rows of x are summed, row by row over the groups (rounded up to a multiple

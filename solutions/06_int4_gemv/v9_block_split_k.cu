@@ -23,10 +23,10 @@
 // steps, 28 steps per warp, as with S = 4), each tile's pieces summed in shared memory after the
 // block's barrier. The price is x: each block now stages the whole row (56 KB at K = 28672) and
 // v5's FP16 conversion of it took 1.9 µs instead of 0.8 (two rounds of the pass instead of one);
-// v8's time went only from 35.9–36.2 to 35.5–35.8 µs. The BF16 fold (v4) needs no conversion,
+// S = 1 alone gained 0.3–0.7 µs. The BF16 fold (v4) needs no conversion,
 // only Σx per group, but its pass walked all eight columns of the mma's B for every group, the
 // seven past M included, and took 3.9 µs at S = 1. With Params::lean_sums it walks only the rows
-// of x (the rest zeroed): 1.2 µs at S = 1, 0.55 at S = 4 (0.8 for the FP16 conversion there).
+// of x (the rest zeroed): 1.0–1.2 µs at S = 1, 0.55 at S = 4 (0.8 for the FP16 conversion there).
 //
 // The tool's times (v8, and v9's configuration built through the probe patch's macros, as
 // dependent launches back to back; one launch after the flush in brackets; same run, M, shape):
@@ -40,9 +40,14 @@
 // (v7's half tiles: 35.64 µs at M = 2, 28672 × 8192, with the lean BF16 fold). Past M = 2, and at
 // G other than 128, v9 is v8.
 //
-// Expect: back to back faster than v8 at M ≤ 2 where v8 splits K across blocks, most at long K;
-// one launch at a time still slower than v7 at most shapes (x waits behind the ring, as v8). The
-// same DRAM bytes. SASS: v8's, with the BF16 fold's mma (HMMA.16816.F32.BF16) and no FP16 one.
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T12:36:58Z, commit 015e0fa) has v9
+// back to back below v8 at all 12 shapes with M ≤ 2, by 0.30 to 2.09 µs: 33.26 against 33.94 µs
+// at 28672 × 8192 (85.7% of the copy ceiling), 34.46 against 34.98 at 8192 × 28672 (82.7%).
+//
+// Expect: back to back faster than v8 at every shape with M ≤ 2, most where v8 splits K across
+// blocks at M = 1; one launch at a time still slower than v7 at most shapes (x waits behind the
+// ring, as v8). The same DRAM bytes. SASS: v8's, with the BF16 fold's mma (HMMA.16816.F32.BF16)
+// for v9's own kernels.
 #include "persistent_gemv.cuh"
 
 namespace lkw::gemv {

@@ -147,20 +147,23 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
         vs = by_shape[f"m={m},n=8192,k=28672,g=128"]
         assert vs["v7_shallow_ring"]["time_us"] < 0.95 * vs["v6_balanced_steps"]["time_us"]
     # Back to back (every version and peer of this op timed both ways, every copy's output
-    # checked after): v8's promise, faster than v7 at every M on the 70B shapes and the fastest
-    # nearly everywhere; still faster than PyTorch's INT4 kernel; the M = 8 goal holds too.
+    # checked after): v8's promise, faster than v7 at every M on the 70B shapes; v8 or v9 the
+    # fastest nearly everywhere, and v9's promise, faster than v8 at every shape with M <= 2 (its
+    # own paths; past M = 2 it runs v8); still faster than PyTorch's INT4 kernel; the M = 8 goal.
     b2b = [r for r in rows if r.get("back_to_back_us") is not None]
     assert b2b and all(r["back_to_back_correct"] for r in b2b)
-    fastest_v8 = 0
+    fastest_v8_v9 = 0
     for shape, vs in by_shape.items():
         versions = [r for r in vs.values() if r["kind"] == "version"]
         best = min(versions, key=lambda r: r["back_to_back_us"])
-        fastest_v8 += best["version"] == "v8_dependent_launch"
+        fastest_v8_v9 += best["version"] in ("v8_dependent_launch", "v9_block_split_k")
         assert vs["torch_int4pack_mm"]["back_to_back_us"] > best["back_to_back_us"], shape
+        if shape.startswith(("m=1,", "m=2,")) and "v9_block_split_k" in vs:
+            assert vs["v9_block_split_k"]["back_to_back_us"] < vs["v8_dependent_launch"]["back_to_back_us"], shape
         if ",n=28672," in shape or ",k=28672," in shape:
             assert vs["v8_dependent_launch"]["back_to_back_us"] < vs["v7_shallow_ring"]["back_to_back_us"], shape
             # ... and one launch at a time after the flush, slower (x waits behind the ring).
             assert vs["v8_dependent_launch"]["time_us"] > vs["v7_shallow_ring"]["time_us"], shape
         if shape in ("m=8,n=28672,k=8192,g=128", "m=8,n=8192,k=28672,g=128"):
             assert vs["cublas"]["back_to_back_us"] / best["back_to_back_us"] >= 2.5, shape
-    assert fastest_v8 >= 25
+    assert fastest_v8_v9 >= 25
