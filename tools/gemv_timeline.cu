@@ -635,14 +635,9 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = g_kernel == Kernel::kBlockSplit && m <= 2;
-  auto v9_splits = [&] {
-    using F = pk::Plan (*)(int64_t, int64_t, int64_t, int, size_t, int64_t);
-    const F plan = pk::plan_for<1, pk::kFold, true, pk::kShallowStages>;
-    const int64_t force = m == 1 && plan(m, n, k, sms, pk::smem_optin(), 1).splits == 1 ? 1 : 0;
-    return plan(m, n, k, sms, pk::smem_optin(), force).splits;
-  };
+  int v9_force = 0;
   const int splits = g_kernel == Kernel::kBalanced ? splits_of<true>(m, n, k, sms)
-                     : v9_own                      ? v9_splits()
+                     : v9_own                      ? pk::block_split_plan(m, n, k, &v9_force).splits
                      : shallow || g_kernel == Kernel::kBlockSplit
                          ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
                          : splits_of<false>(m, n, k, sms);

@@ -971,6 +971,14 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
 // S = 1 where the whole row of x fits beside the ring (else the shallow ring's plan, as at M = 2);
 // at S = 1 the balanced kernel with the block's steps cut evenly, whole tiles at S > 1 (the
 // split-K finish through the workspace, as v8). Elsewhere v8 (v9_block_split_k.cu says why).
+// v9's plan (BF16 fold, shallow ring): S = 1 at M = 1 where the whole row of x fits beside the
+// ring (*force = 1), else the shallow ring's own (*force = 0).
+inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force) {
+  const int sms = sm_count();
+  const size_t limit = smem_optin();
+  *force = m == 1 && plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1 ? 1 : 0;
+  return plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, *force);
+}
 template <const GemvOp& kOp>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   if (a.m > 2 || a.group != 128) return launch_shallow<kOp>(a, stream, /*pdl=*/true);
@@ -978,12 +986,8 @@ Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   o.pdl = true;
   o.lean_sums = true;
   o.even_cuts = true;
-  const int sms = sm_count();
-  const size_t limit = smem_optin();
-  if (a.m == 1 && plan_for<1, kFold, true, kShallowStages>(a.m, a.n, a.k, sms, limit, 1).splits == 1)
-    o.force_splits = 1;
-  const Plan plan = plan_for<1, kFold, true, kShallowStages>(a.m, a.n, a.k, sms, limit, o.force_splits);
-  if (plan.splits == 1) return launch<1, kFold, true, kShallowStages>(kOp, a, stream, o);
+  if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
+    return launch<1, kFold, true, kShallowStages>(kOp, a, stream, o);
   return launch<1, kFold, false, kShallowStages>(kOp, a, stream, o);
 }
 
