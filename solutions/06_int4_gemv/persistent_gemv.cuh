@@ -592,11 +592,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     };
     if (p.lean_sums) {
       // lean_sums (v9): v4's loop (the other branch) walks every column 8j + 2t of the mma's B,
-      // rows of x past M included: eight (group, row) pairs per group where M = 1 has one; at M = 1 and a whole
-      // row of 28672 (S = 1) that is 14 rounds of four lanes' loads and shuffles, 3.9 µs before
-      // the first step (tools/gemv_timeline). Here the columns past M are zeroed by plain stores
-      // and only the rows of x are summed, row by row over the groups (rounded up to a multiple
-      // of 8, whole warps).
+      // rows of x past M included: eight (group, row) pairs per group where M = 1 has one; at
+      // M = 1 and a whole row of 28672 (S = 1) that is 14 rounds of four lanes' loads and
+      // shuffles, 3.9 µs before the first step (tools/gemv_timeline). Here the columns past M
+      // are zeroed by plain stores and only the rows of x are summed, row by row over the groups
+      // (rounded up to a multiple of 8, whole warps).
       for (int idx = threadIdx.x; idx < groups * 8 * kNTiles; idx += blockDim.x)
         if (idx % (8 * kNTiles) >= p.m) xsum_sh[idx] = 0.0f;
       const int groups_8 = (groups + 7) & ~7;
@@ -967,10 +967,6 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
   });
 }
 
-// v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; at M = 1
-// S = 1 where the whole row of x fits beside the ring (else the shallow ring's plan, as at M = 2);
-// at S = 1 the balanced kernel with the block's steps cut evenly, whole tiles at S > 1 (the
-// split-K finish through the workspace, as v8). Elsewhere v8 (v9_block_split_k.cu says why).
 // v9's plan (BF16 fold, shallow ring): S = 1 at M = 1 where the whole row of x fits beside the
 // ring (*force = 1), else the shallow ring's own (*force = 0).
 inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force) {
@@ -979,6 +975,10 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force) {
   *force = m == 1 && plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1 ? 1 : 0;
   return plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, *force);
 }
+// v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; at M = 1
+// S = 1 where the whole row of x fits beside the ring (else the shallow ring's plan, as at M = 2);
+// at S = 1 the balanced kernel with the block's steps cut evenly, whole tiles at S > 1 (the
+// split-K finish through the workspace, as v8). Elsewhere v8 (v9_block_split_k.cu says why).
 template <const GemvOp& kOp>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   if (a.m > 2 || a.group != 128) return launch_shallow<kOp>(a, stream, /*pdl=*/true);
