@@ -632,20 +632,21 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     }
   });
   const int sms = prop.multiProcessorCount;
-  const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent;
+  // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
+  const bool shallow =
+      g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || g_kernel == Kernel::kBlockSplit;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = g_kernel == Kernel::kBlockSplit && m <= 2;
   int v9_force = 0;
   const int splits = g_kernel == Kernel::kBalanced ? splits_of<true>(m, n, k, sms)
                      : v9_own                      ? pk::block_split_plan(m, n, k, &v9_force).splits
-                     : shallow || g_kernel == Kernel::kBlockSplit
-                         ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
-                         : splits_of<false>(m, n, k, sms);
+                     : shallow                     ? splits_of<false, pk::kShallowStages>(m, n, k, sms)
+                                                   : splits_of<false>(m, n, k, sms);
   const bool v6_balanced = v6_picks_balanced(args(0));
-  const bool v6_runs = !shallow && g_kernel != Kernel::kBlockSplit && (g_kernel == Kernel::kBalanced) == v6_balanced;
-  const char* halves = v9_own ? (splits == 1 ? ", even cuts" : "")
-                      : (shallow || g_kernel == Kernel::kBlockSplit) && v7_picks_halves(args(0)) ? ", half tiles"
-                                                                                               : "";
+  const bool v6_runs = !shallow && (g_kernel == Kernel::kBalanced) == v6_balanced;
+  const char* halves = v9_own                              ? (splits == 1 ? ", even cuts" : "")
+                      : shallow && v7_picks_halves(args(0)) ? ", half tiles"
+                                                            : "";
   std::printf("\nM = %lld, N = %lld, K = %lld (%s%s: %s, S = %d%s): %.2f us median of %zu launches (%.2f .. %.2f); "
               "back to back over %d copies %.2f us per launch (median of %zu batches, %.2f .. %.2f)\n",
               (long long)m, (long long)n, (long long)k,
