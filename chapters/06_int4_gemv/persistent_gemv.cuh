@@ -403,6 +403,29 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   for (int s = 0; s < kStages - 1; ++s) copy_next(s);
   LKW_GEMV_MARK(kMarkRingIssued);
 
+  // What the steps need that x does not: set here, while the weights' first stage is on its way
+  // (and, launched as a dependent, before the wait), not after x has landed.
+  // The lane's x fragments: row 8j + g (row 0 past M), chunk 4t + i of a step (compute_step).
+  ComputeLane<kNTiles> cl;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    const int row = 8 * j + ln.g < p.m ? 8 * j + ln.g : 0;
+    const int m2 = ln.t >= 2 ? 2 : 0;
+    cl.x[j][0] = x_sh + row * (row_chunks + 1) + 4 * ln.t + m2;
+    cl.x[j][1] = x_sh + row * (row_chunks + 1) + 4 * ln.t - m2;
+  }
+  auto start_tile = [&](int tile) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int first =
+          int((clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n) * ln.groups) & 1);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) cl.scale_at[r][u] = (ln.g + 8 * r) * kScaleWords * 2 + first + ln.go[u];
+    }
+  };
+  int tile = tile0, it = it0;
+  start_tile(tile);
+
   // x has landed (its group is older than the ring's; v8: younger, so all copies are waited for);
   // then Σx per group and row for the fold.
   if (p.pdl) {
@@ -449,15 +472,39 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       // lean_sums (v9): v4's loop (the other branch) walks every column 8j + 2t of the mma's B,
       // rows of x past M included: eight (group, row) pairs per group where M = 1 has one; at
       // M = 1 and a whole row of 28672 (S = 1) that is 14 rounds of four lanes' loads and
-      // shuffles, 3.9 µs before the first step (tools/gemv_timeline). Here the columns past M
-      // are zeroed by plain stores and only the rows of x are summed, row by row over the groups
-      // (rounded up to a multiple of 8, whole warps).
-      for (int idx = threadIdx.x; idx < groups * 8 * kNTiles; idx += blockDim.x)
-        if (idx % (8 * kNTiles) >= p.m) xsum_sh[idx] = 0.0f;
-      const int groups_8 = (groups + 7) & ~7;
-      for (int m = 0; m < p.m; ++m)
-        for (int gl = threadIdx.x / 4; gl < groups_8; gl += blockDim.x / 4)
-          group_sum(gl, m, gl * 8 * kNTiles + m, gl < groups);
+      // shuffles, 3.9 µs before the first step (tools/gemv_timeline). Here only the rows of x
+      // are summed, and by the tensor cores: with A holding x and B one-hot (B[k][n] = 1 for
+      // n = m, else 0), an mma's D[i][n] is the sum of row i of A in column m and 0 in the others,
+      // whatever the order of A's elements along the row. A warp takes 16 groups at once, group
+      // 16q + g in A's row g and 16q + g + 8 in row g + 8: lane (g, t) holds four of each group's
+      // 16 chunks (4c + t), two words of a chunk per mma (A's a0, a2 of row g, a1, a3 of row
+      // g + 8), eight mma per row of x in two chains. Lane (g, t) then holds columns 2t, 2t + 1
+      // of both groups, Σx of row m in column m and 0 in the columns past M, and stores them as
+      // they are: no zeroing pass. (Against the same sums in FP32 adds, four lanes per group:
+      // 0.3 µs less back to back at M = 1, 8192 × 28672, where the pass covers 224 groups;
+      // results/h200/probes/06_prologue.txt.)
+      static_assert(kNTiles == 1, "the fold runs at M <= 8");
+      const int sixteens = (groups + 15) / 16;
+      for (int q = warp; q < sixteens; q += warps) {
+        const int lo = 16 * q + ln.g, hi = lo + 8;
+        float d[2][4] = {};
+        for (int m = 0; m < p.m; ++m) {
+          const uint32_t b = ln.g == m ? 0x3f803f80u : 0u;  // B's column g: BF16 1.0 twice, or 0
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            const uint4 va = lo < groups ? x_sh[x_chunk(m, 16 * lo + 4 * c + ln.t, row_chunks)] : zero;
+            const uint4 vb = hi < groups ? x_sh[x_chunk(m, 16 * hi + 4 * c + ln.t, row_chunks)] : zero;
+            const uint32_t a0[4] = {va.x, vb.x, va.y, vb.y}, a1[4] = {va.z, vb.z, va.w, vb.w};
+            mma_bf16_16816(d[c % 2], a0, b, b);
+            mma_bf16_16816(d[c % 2], a1, b, b);
+          }
+        }
+        if (lo < groups)
+          *reinterpret_cast<float2*>(xsum_sh + lo * 8 + 2 * ln.t) = make_float2(d[0][0] + d[1][0], d[0][1] + d[1][1]);
+        if (hi < groups)
+          *reinterpret_cast<float2*>(xsum_sh + hi * 8 + 2 * ln.t) = make_float2(d[0][2] + d[1][2], d[0][3] + d[1][3]);
+      }
     } else {
       const int pairs = groups * 8 * kNTiles;
       for (int idx = threadIdx.x / 4; idx < pairs; idx += blockDim.x / 4)
@@ -466,28 +513,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     __syncthreads();
   }
 
-  // The lane's x fragments: row 8j + g (row 0 past M), chunk 4t + i of a step (compute_step).
-  ComputeLane<kNTiles> cl;
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-    const int row = 8 * j + ln.g < p.m ? 8 * j + ln.g : 0;
-    const int m2 = ln.t >= 2 ? 2 : 0;
-    cl.x[j][0] = x_sh + row * (row_chunks + 1) + 4 * ln.t + m2;
-    cl.x[j][1] = x_sh + row * (row_chunks + 1) + 4 * ln.t - m2;
-  }
-  auto start_tile = [&](int tile) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int first =
-          int((clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n) * ln.groups) & 1);
-#pragma unroll
-      for (int u = 0; u < 2; ++u) cl.scale_at[r][u] = (ln.g + 8 * r) * kScaleWords * 2 + first + ln.go[u];
-    }
-  };
   LKW_GEMV_MARK(kMarkPrologueDone);
   float acc[kNTiles][4] = {};
-  int tile = tile0, it = it0;
-  start_tile(tile);
   // kBalanced: part_from is the step at which this warp's part of the current tile starts. A part
   // from step 0 to the end is a whole tile, stored; a part that starts after step 0 (only the
   // run's first can) is kept in `head` for the warp that holds the tile's start; a part from
