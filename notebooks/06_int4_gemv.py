@@ -145,7 +145,7 @@ if data:
 # - `v9` is `v8` at M ≤ 2 with its two ends reworked: at M = 1 each block holds the whole row of
 #   x and its tiles' K split is summed in shared memory (no split-K finish through global memory,
 #   about 2 µs at the end of the kernel at 8192 × 28672), and the BF16 fold's Σx pass runs over
-#   the rows of x only. Past M = 2 it is `v8`; back to back it is below `v8` at every shape at
+#   the rows of x only, on the tensor cores (x in A, a one-hot B). Past M = 2 it is `v8`; back to back it is below `v8` at every shape at
 #   M ≤ 2 in the recorded run.
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
