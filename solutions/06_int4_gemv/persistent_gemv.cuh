@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
       // n = m, else 0), an mma's D[i][n] is the sum of row i of A in column m and 0 in the others,
       // whatever the order of A's elements along the row. A warp takes 16 groups at once, group
       // 16q + g in A's row g and 16q + g + 8 in row g + 8: lane (g, t) holds four of each group's
-      // 16 chunks (4c + t), two words of a chunk per mma (A's a0, a2 of row g, a1, a3 of row
+      // 16 chunks (4c' + t, below), two words of a chunk per mma (A's a0, a2 of row g, a1, a3 of row
       // g + 8), eight mma per row of x in two chains. Lane (g, t) then holds columns 2t, 2t + 1
       // of both groups, Σx of row m in column m and 0 in the columns past M, and stores them as
       // they are: no zeroing pass. (Against the same sums in FP32 adds, four lanes per group:
@@ -635,11 +635,17 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
         float d[2][4] = {};
         for (int m = 0; m < p.m; ++m) {
           const uint32_t b = ln.g == m ? 0x3f803f80u : 0u;  // B's column g: BF16 1.0 twice, or 0
+          // Chunk 4c' + t of each group, c' = c ^ (g & 1): the lanes of odd g take the other half
+          // of each 256-byte group row, so that a load's 32 chunks fall on all eight 16-byte bank
+          // groups (with c' = c on four: two wavefronts a load instead of one; the pass reads the
+          // whole slice, 56 KB at K = 28672, and is bound by it).
+          const int flip = ln.g & 1;
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             const uint4 zero = make_uint4(0, 0, 0, 0);
-            const uint4 va = lo < groups ? x_sh[x_chunk(m, 16 * lo + 4 * c + ln.t, row_chunks)] : zero;
-            const uint4 vb = hi < groups ? x_sh[x_chunk(m, 16 * hi + 4 * c + ln.t, row_chunks)] : zero;
+            const int ca = 16 * lo + 4 * (c ^ flip) + ln.t, cb = 16 * hi + 4 * (c ^ flip) + ln.t;
+            const uint4 va = lo < groups ? x_sh[x_chunk(m, ca, row_chunks)] : zero;
+            const uint4 vb = hi < groups ? x_sh[x_chunk(m, cb, row_chunks)] : zero;
             const uint32_t a0[4] = {va.x, vb.x, va.y, vb.y}, a1[4] = {va.z, vb.z, va.w, vb.w};
             mma_bf16_16816(d[c % 2], a0, b, b);
             mma_bf16_16816(d[c % 2], a1, b, b);
