@@ -42,14 +42,15 @@
 // G other than 128, v9 is v8.
 //
 // The lean pass sums on the tensor cores (persistent_gemv.cuh: x in A, a one-hot B, 16 groups per
-// warp, no zeroing pass), and what the steps need from the tile but not from x is set before the
-// wait: 0.3 µs less back to back at 8192 × 28672, where the pass covers 224 groups; three other
-// ways around the pass were slower (results/h200/probes/06_prologue.txt: summing each step's own
-// groups in the step, v5's FP16 fold at S = 1, x by one bulk copy per row).
+// warp, its loads one wavefront each, no zeroing pass), and what the steps need from the tile but
+// not from x is set before the wait: 0.3 µs less back to back at 8192 × 28672, where the pass
+// covers 224 groups; the other ways around the pass measured were slower
+// (results/h200/probes/06_prologue.txt: summing each step's own groups in the step, v5's FP16 fold
+// at S = 1, x by one bulk copy per row, x loaded into registers by the pass itself).
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T13:44:54Z, commit 5c12292) has v9
-// back to back below v8 at all 12 shapes with M ≤ 2, by 0.46 to 2.35 µs: 32.96 against 33.70 µs
-// at 28672 × 8192 (87.0% of the copy ceiling), 34.18 against 35.11 at 8192 × 28672 (83.9%).
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T14:03:21Z, commit e0601f8) has v9
+// back to back below v8 at all 12 shapes with M ≤ 2, by 0.35 to 2.30 µs: 33.16 against 33.89 µs
+// at 28672 × 8192 (86.1% of the copy ceiling), 34.27 against 35.23 at 8192 × 28672 (83.3%).
 //
 // Expect: back to back faster than v8 at every shape with M ≤ 2, most where v8 splits K across
 // blocks at M = 1; one launch at a time still slower than v7 at most shapes (x waits behind the
