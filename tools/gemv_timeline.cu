@@ -299,6 +299,28 @@ class Clock {
     }
     return summary(t);
   }
+  // In a CUDA graph: 20 launches (launch(i, stream) the i-th) captured once, the graph launched
+  // 12 times, the first two dropped; per launch. Dependent launches keep their programmatic
+  // edges in the graph.
+  Times in_graph(const std::function<void(int, cudaStream_t)>& launch) const {
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+    for (int j = 0; j < 20; ++j) launch(j, s);
+    check(cudaStreamEndCapture(s, &graph), "end capture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    std::vector<float> t;
+    for (int b = 0; b < 12; ++b) {
+      const float us = timed([&] { check(cudaGraphLaunch(exec, 0), "graph launch"); });
+      if (b >= 2) t.push_back(us / 20);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    return summary(t);
+  }
 
  private:
   template <class F>
@@ -351,6 +373,23 @@ void launch_overhead(const cudaDeviceProp& prop) {
         .median;
   };
   const float b2b = back_to_back(false), b2b_dependent = back_to_back(true);
+  auto graph = [&](bool dependent) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(prop.multiProcessorCount);
+    config.blockDim = dim3(pk::kWarps * 32);
+    config.dynamicSmemBytes = smem;
+    config.attrs = &attr;
+    config.numAttrs = dependent ? 1 : 0;
+    return clock.in_graph([&](int, cudaStream_t s) {
+      config.stream = s;
+      check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch");
+    }).median;
+  };
+  std::printf("# the empty kernel in a CUDA graph of 20 launches: %.2f us per launch, %.2f us as dependent launches\n",
+              graph(false), graph(true));
   std::printf("# an empty kernel of %d blocks × %d threads after the flush, median of 25: %.2f us with no "
               "shared memory, %.2f us with %d KB per block, %.2f us with the flush asking for the same carve-out; "
               "back to back (%d KB per block) %.2f us per launch, %.2f us as dependent launches\n",
@@ -658,6 +697,9 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
               stream_times.lo, stream_times.hi);
+  const Times graph_times = clock.in_graph([&](int i, cudaStream_t s) { launch_v5(args(i), s); });
+  std::printf("  in a CUDA graph of 20 launches: %.2f us per launch (median of %zu graph launches, %.2f .. %.2f)\n",
+              graph_times.median, graph_times.count, graph_times.lo, graph_times.hi);
   std::printf("  marks of the recorded launch%s, us from the first warp's entry (warps that reached them)\n",
               marks_b2b ? " (the last of three back to back)" : "");
   const char* names[pk::kMarks] = {"entry", "x issued", "ring issued", "x landed", "prologue done",

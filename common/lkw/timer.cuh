@@ -2,7 +2,8 @@
 // Between launches the L2 is flushed (a read of twice its size), unless the caller rotates
 // over enough input sets that nothing it reads can still sit in L2. Or back to back
 // (time_back_to_back): batches of launches with nothing between them, as a decoder's stream runs
-// its kernels, events around each batch; the caller rotates the input sets.
+// its kernels, events around each batch; the caller rotates the input sets. Or in a CUDA graph
+// (time_in_graph): a batch captured once, the graph launched again and again.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -116,6 +117,66 @@ class Timer {
       cudaEventDestroy(start[i]);
       cudaEventDestroy(stop[i]);
     }
+    return summarize(us);
+  }
+
+  // In a CUDA graph, as a decoder that captures its step runs: `batch` launches (launch(i, s)
+  // picks input set i and launches on stream s) captured once into a graph, the graph launched
+  // `iters` times with events around each, on a stream of its own; Timing holds the per-launch
+  // time of each graph launch. `warmup` launches run on that stream before the capture (a version
+  // sets its attributes and workspaces there, outside the graph), and the graph runs twice before
+  // it is timed. Dependent launches keep their programmatic edges as graph edges.
+  Timing time_in_graph(const std::function<Status(int, cudaStream_t)>& launch, int warmup, int iters,
+                       int batch) {
+    cudaStream_t s = nullptr;
+    LKW_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<cudaEvent_t> start(iters), stop(iters);
+    auto release = [&] {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      for (int i = 0; i < iters; ++i) {
+        if (start[i]) cudaEventDestroy(start[i]);
+        if (stop[i]) cudaEventDestroy(stop[i]);
+      }
+      cudaStreamDestroy(s);
+    };
+    std::vector<double> us(iters);
+    try {
+      for (int i = 0; i < warmup; ++i) LKW_STATUS_CHECK(launch(i, s));
+      LKW_CUDA_CHECK(cudaStreamSynchronize(s));
+      LKW_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        for (int i = 0; i < batch; ++i) LKW_STATUS_CHECK(launch(i, s));
+      } catch (...) {
+        cudaStreamEndCapture(s, &graph);  // leave the stream usable; the partial graph is dropped
+        throw;
+      }
+      LKW_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      LKW_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      LKW_CUDA_CHECK(cudaGraphUpload(exec, s));
+      for (int i = 0; i < 2; ++i) LKW_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      for (int i = 0; i < iters; ++i) {
+        LKW_CUDA_CHECK(cudaEventCreate(&start[i]));
+        LKW_CUDA_CHECK(cudaEventCreate(&stop[i]));
+      }
+      for (int i = 0; i < iters; ++i) {
+        LKW_CUDA_CHECK(cudaEventRecord(start[i], s));
+        LKW_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        LKW_CUDA_CHECK(cudaEventRecord(stop[i], s));
+      }
+      LKW_CUDA_CHECK(cudaStreamSynchronize(s));
+      for (int i = 0; i < iters; ++i) {
+        float ms = 0;
+        LKW_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+        us[i] = 1000.0 * ms / batch;
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+    release();
     return summarize(us);
   }
 

@@ -176,18 +176,21 @@ NB_MODULE(_ext, m) {
   m.def("time",
         [](const std::string& name, const std::vector<ArgSet>& arg_sets,
            const std::map<std::string, double>& params, const std::vector<std::string>& dtypes,
-           int warmup, int iters, bool flush_l2, int batch) {
+           int warmup, int iters, bool flush_l2, int batch, bool graph) {
           const lkw::Version& v = find(name);
           if (arg_sets.empty()) throw nb::value_error("time needs at least one argument set");
           if (batch < 0) throw nb::value_error("time: batch must be 0 (one launch per pair of events) or more");
+          if (graph && batch == 0) throw nb::value_error("time: a graph holds a batch of launches (batch > 0)");
           std::vector<lkw::Args> sets;
           for (const ArgSet& s : arg_sets) sets.push_back(to_args(s.first, s.second, params, dtypes, true));
           lkw::ext::TimeResult t;
           {
             nb::gil_scoped_release release;
             auto launch = [&](int i) { return v.launch(sets[i % sets.size()], nullptr); };
-            t = batch > 0 ? lkw::ext::time_back_to_back(launch, warmup, iters, batch)
-                          : lkw::ext::time_launches(launch, warmup, iters, flush_l2);
+            auto launch_on = [&](int i, cudaStream_t stream) { return v.launch(sets[i % sets.size()], stream); };
+            t = graph       ? lkw::ext::time_in_graph(launch_on, warmup, iters, batch)
+                : batch > 0 ? lkw::ext::time_back_to_back(launch, warmup, iters, batch)
+                            : lkw::ext::time_launches(launch, warmup, iters, flush_l2);
           }
           nb::dict d;
           d["median_us"] = t.median_us;
@@ -198,9 +201,10 @@ NB_MODULE(_ext, m) {
         },
         "name"_a, "arg_sets"_a, "params"_a = std::map<std::string, double>{},
         "dtypes"_a = std::vector<std::string>{}, "warmup"_a = 5, "iters"_a = 50,
-        "flush_l2"_a = true, "batch"_a = 0,
+        "flush_l2"_a = true, "batch"_a = 0, "graph"_a = false,
         "Median time of many launches (CUDA events), rotating over the (inputs, outputs) sets; "
-        "batch > 0: `iters` batches of `batch` launches back to back, the median per launch.");
+        "batch > 0: `iters` batches of `batch` launches back to back, the median per launch; "
+        "graph: the batch captured once in a CUDA graph, `iters` launches of the graph.");
 
   // Host buffers come as addresses (numpy: arr.ctypes.data), not through DLPack: the harness's
   // comparison only needs the bits, and it avoids one more import path for host memory.

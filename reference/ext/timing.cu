@@ -28,6 +28,12 @@ TimeResult time_back_to_back(const std::function<Status(int)>& launch, int warmu
   return {t.median_us, t.min_us, t.max_us, t.iters};
 }
 
+TimeResult time_in_graph(const std::function<Status(int, cudaStream_t)>& launch, int warmup, int iters,
+                         int batch) {
+  const Timing t = timer().time_in_graph(launch, warmup, iters, batch);
+  return {t.median_us, t.min_us, t.max_us, t.iters};
+}
+
 DeviceInfo device_info() {
   DeviceInfo info;
   if (!has_device()) return info;

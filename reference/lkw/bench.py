@@ -70,7 +70,9 @@ class Case:
     # The reference gets every row (an op whose result depends on the whole tensor) and cuts itself.
     reference_sees_all: bool = False
     # Also timed back to back (BACK_TO_BACK launches between two events, no flush, the input sets
-    # rotated), as a decoder's stream runs its kernels: the row's back_to_back_us.
+    # rotated), as a decoder's stream runs its kernels: the row's back_to_back_us; and the same
+    # BACK_TO_BACK launches captured in a CUDA graph, as a decoder that captures its step runs
+    # them: the row's graph_us.
     back_to_back: bool = False
 
 
@@ -729,8 +731,29 @@ def _back_to_back(case: Case, name: str, arg_sets, expected, *, warmup: int, log
     if bad:
         log(f"  {name}: WRONG after back-to-back timing in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
         return {"back_to_back_correct": False, "back_to_back_us": None}
-    return {"back_to_back_correct": True, "back_to_back_us": t["median_us"], "back_to_back_min_us": t["min_us"],
-            "back_to_back_max_us": t["max_us"], "back_to_back_batches": t["iters"], "back_to_back_batch": BACK_TO_BACK}
+    row = {"back_to_back_correct": True, "back_to_back_us": t["median_us"], "back_to_back_min_us": t["min_us"],
+           "back_to_back_max_us": t["max_us"], "back_to_back_batches": t["iters"], "back_to_back_batch": BACK_TO_BACK}
+    # The same batch in a CUDA graph (captured once, launched BACK_TO_BACK_BATCHES times), the
+    # outputs poisoned first and checked again after.
+    for _, outs in arg_sets:
+        for o in outs:
+            o.view(torch.uint8).fill_(0xFF)
+    try:
+        g = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
+                       iters=BACK_TO_BACK_BATCHES, batch=BACK_TO_BACK, graph=True)
+    except RuntimeError as e:  # a launch that cannot be captured
+        log(f"  {name}: not timed in a CUDA graph: {str(e).splitlines()[0][:300]}")
+        return row
+    torch.cuda.synchronize()
+    after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
+    bad = [i for i, a in enumerate(after) if not a["pass"]]
+    if bad:
+        log(f"  {name}: WRONG after timing in a CUDA graph in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
+        row.update(graph_correct=False, graph_us=None)
+        return row
+    row.update(graph_correct=True, graph_us=g["median_us"], graph_min_us=g["min_us"], graph_max_us=g["max_us"],
+               graph_launches=g["iters"], graph_batch=BACK_TO_BACK)
+    return row
 
 
 def _peer_back_to_back(case: Case, fns: list[Callable], inputs, expected, model_bytes, *, warmup: int,
@@ -760,9 +783,55 @@ def _peer_back_to_back(case: Case, fns: list[Callable], inputs, expected, model_
     if not check["pass"]:
         log(f"  {case.op} peer: WRONG after back-to-back timing: {check['text'][:300]}")
         return {"back_to_back_correct": False, "back_to_back_us": None}
-    return {"back_to_back_correct": True, "back_to_back_us": _median(us),
-            "back_to_back_min_us": us[0], "back_to_back_max_us": us[-1], "back_to_back_batches": len(us),
-            "back_to_back_batch": BACK_TO_BACK}
+    row = {"back_to_back_correct": True, "back_to_back_us": _median(us),
+           "back_to_back_min_us": us[0], "back_to_back_max_us": us[-1], "back_to_back_batches": len(us),
+           "back_to_back_batch": BACK_TO_BACK}
+    row.update(_peer_in_graph(case, fns, inputs, expected, log=log))
+    return row
+
+
+def _peer_in_graph(case: Case, fns: list[Callable], inputs, expected, *, log=print) -> dict:
+    """A torch peer in a CUDA graph, as the versions (ext's time with graph=True): BACK_TO_BACK
+    calls rotating over the sets captured once (torch.cuda.graph, after warm-up calls on the
+    capture's side stream), the graph replayed BACK_TO_BACK_BATCHES times between events; the
+    last call's outputs, which the graph rewrites on every replay, checked after."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            for i in range(len(fns)):
+                fns[i]()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            for i in range(BACK_TO_BACK):
+                outs = fns[i % len(fns)]()
+    except Exception as e:  # a peer that cannot be captured
+        log(f"  {case.op} peer: not timed in a CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        torch.cuda.synchronize()
+        return {}
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for t in outs:
+        t.view(torch.uint8).fill_(0xFF)
+    graph.replay()
+    graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
+    for b in range(BACK_TO_BACK_BATCHES):
+        starts[b].record()
+        graph.replay()
+        stops[b].record()
+    torch.cuda.synchronize()
+    us = sorted(1000.0 * a.elapsed_time(z) / BACK_TO_BACK for a, z in zip(starts, stops))
+    check = _verify(case, inputs, outs, expected, case.peer_tolerance)
+    del graph
+    if not check["pass"]:
+        log(f"  {case.op} peer: WRONG after timing in a CUDA graph: {check['text'][:300]}")
+        return {"graph_correct": False, "graph_us": None}
+    return {"graph_correct": True, "graph_us": _median(us), "graph_min_us": us[0], "graph_max_us": us[-1],
+            "graph_launches": len(us), "graph_batch": BACK_TO_BACK}
 
 
 def versions_of(chapter: str, op: str) -> list[dict]:
@@ -817,6 +886,9 @@ def _peer_ratios(rows: list[dict]) -> None:
                 if r.get("back_to_back_us") and p.get("back_to_back_us"):
                     entry["back_to_back_us"] = p["back_to_back_us"]
                     entry["back_to_back_ratio"] = p["back_to_back_us"] / r["back_to_back_us"]
+                if r.get("graph_us") and p.get("graph_us"):
+                    entry["graph_us"] = p["graph_us"]
+                    entry["graph_ratio"] = p["graph_us"] / r["graph_us"]
                 r["peers"][p["version"]] = entry
 
 

@@ -130,20 +130,24 @@ def _time(us: float | None) -> str:
 COMPUTE_BOUND_FLOP_PER_BYTE = 10.0
 
 
-# Where a run also timed its rows back to back (chapter 06), a column after "time µs".
+# Where a run also timed its rows back to back, or in a CUDA graph (chapter 06), a column each
+# after "time µs".
 BACK_TO_BACK_COLUMN = "back to back µs"
+GRAPH_COLUMN = "in a CUDA graph µs"
+EXTRA_TIMES = {BACK_TO_BACK_COLUMN: "back_to_back_us", GRAPH_COLUMN: "graph_us"}
 
 
 def columns(data: dict) -> list[str]:
-    """COLUMNS, with the back-to-back time after the time where any row of the run has one."""
-    if not any(r.get("back_to_back_us") is not None for r in data["rows"]):
-        return COLUMNS
+    """COLUMNS, with the back-to-back and in-graph times after the time where any row of the run
+    has one."""
+    extra = [c for c, key in EXTRA_TIMES.items() if any(r.get(key) is not None for r in data["rows"])]
     at = COLUMNS.index("time µs") + 1
-    return COLUMNS[:at] + [BACK_TO_BACK_COLUMN] + COLUMNS[at:]
+    return COLUMNS[:at] + extra + COLUMNS[at:]
 
 
-def _cells(row: dict, back_to_back: bool = False) -> list[str]:
-    """One row as plain strings, in COLUMNS order (columns(data) with back_to_back)."""
+def _cells(row: dict, extra: list[str] | tuple = ()) -> list[str]:
+    """One row as plain strings, in the order of columns(data); `extra` the EXTRA_TIMES columns
+    that has."""
     intensity = (row.get("flops") or 0) / row["model_bytes"] if row.get("model_bytes") else 0
     if row.get("tflops") is not None and intensity > COMPUTE_BOUND_FLOP_PER_BYTE:
         achieved = f"{row['tflops']:.1f} TFLOP/s"
@@ -168,7 +172,7 @@ def _cells(row: dict, back_to_back: bool = False) -> list[str]:
         row.get("summary", ""),
         row.get("shape", ""),
         _time(row.get("time_us")),
-        *([_time(row.get("back_to_back_us"))] if back_to_back else []),
+        *(_time(row.get(EXTRA_TIMES[c])) for c in extra),
         achieved,
         pct_text,
         _num(row.get("pct_same_size_copy"), ".1f"),
@@ -212,7 +216,8 @@ def _notes(data: dict) -> list[str]:
 def text_table(data: dict) -> str:
     """A fixed-width table for notebooks and terminals."""
     cols = columns(data)
-    table = [cols] + [_cells(r, len(cols) > len(COLUMNS)) for r in data["rows"]]
+    extra = [c for c in cols if c in EXTRA_TIMES]
+    table = [cols] + [_cells(r, extra) for r in data["rows"]]
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -229,11 +234,11 @@ def markdown_table(chapter: str) -> str:
     if data is None:
         return missing_message(chapter)
     cols = columns(data)
-    b2b = len(cols) > len(COLUMNS)
+    extra = [c for c in cols if c in EXTRA_TIMES]
     out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(cols) + " |"]
-    out.append("|" + ":--|" * 4 + "--:|" * (6 if b2b else 5) + ":--|")  # names left, numbers right
+    out.append("|" + ":--|" * 4 + "--:|" * (5 + len(extra)) + ":--|")  # names left, numbers right
     for row in data["rows"]:
-        cells = [_md_escape(c) for c in _cells(row, b2b)]
+        cells = [_md_escape(c) for c in _cells(row, extra)]
         cells[0] = f"`{cells[0]}`"
         cells[1] = f"`{row['version']}`" + cells[1][len(row["version"]) :]  # name only in code
         out.append("| " + " | ".join(cells) + " |")
@@ -596,11 +601,14 @@ def example(chapter: str) -> dict:
                                     flops=0, dram_ratio=None if kind == "peer" else 1.01))
                     # Back to back: the launch partly hidden, more for the dependent launch.
                     rows[-1]["back_to_back_us"] = time_us - (3.0 if version.startswith(("v8", "v9")) else 0.5)
+                    # In a CUDA graph: less of the launch again.
+                    rows[-1]["graph_us"] = rows[-1]["back_to_back_us"] - 0.5
         for r in rows:
             if r["kind"] == "version":
                 r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
                                              "back_to_back_us": p["back_to_back_us"],
-                                             "back_to_back_ratio": p["back_to_back_us"] / r["back_to_back_us"]}
+                                             "back_to_back_ratio": p["back_to_back_us"] / r["back_to_back_us"],
+                                             "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
                               for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]
                               and p["op"] in (r["op"], "bf16_gemv")}
     else:

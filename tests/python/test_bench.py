@@ -51,9 +51,15 @@ def test_int4_gemv_rows_are_compared_with_the_cublas_peer_of_their_shape():
 
     rows = [row("int4i_gemv", "v3", "version", "m=1", 40.0), row("bf16_gemv", "cublas", "peer", "m=1", 120.0),
             row("bf16_gemv", "cublas", "peer", "m=8", 125.0), row("int4i_gemv", "torch_matmul", "peer", "m=1", 100.0)]
+    # Back to back and in a CUDA graph where both sides were timed so.
+    rows[0].update(back_to_back_us=32.0, graph_us=30.0)
+    rows[1].update(back_to_back_us=112.0, graph_us=111.0)
+    rows[3].update(back_to_back_us=96.0)
     bench._peer_ratios(rows)
-    assert rows[0]["peers"] == {"cublas": {"time_us": 120.0, "ratio": 3.0},
-                                "torch_matmul": {"time_us": 100.0, "ratio": 2.5}}
+    assert rows[0]["peers"] == {
+        "cublas": {"time_us": 120.0, "ratio": 3.0, "back_to_back_us": 112.0, "back_to_back_ratio": 3.5,
+                   "graph_us": 111.0, "graph_ratio": 3.7},
+        "torch_matmul": {"time_us": 100.0, "ratio": 2.5, "back_to_back_us": 96.0, "back_to_back_ratio": 3.0}}
 
 
 def test_per_output_tolerances_split_on_slashes():
