@@ -7,9 +7,8 @@
 //   kFold, kScaleInA, kZeroPoints   v4 (and v5 away from G = 128, M ≤ 2)
 //   kFoldF16                        v5 at G = 128, M ≤ 2: x in FP16, the FP16 magic unpack
 // and by kBalanced: whole tiles per warp (v4, v5) or the block's steps shared evenly (v6, with
-// v5's choice of mode); by kStages: four stages (three with two n-tiles), two (v7, v8) or three
-// with one n-tile (v9's own kernels). v8 launches v7's kernels as programmatic dependents
-// (Params::pdl).
+// v5's choice of mode); by kStages: four stages (three with two n-tiles) or two (v7, v8). v8
+// launches v7's kernels as programmatic dependents (Params::pdl).
 #pragma once
 #include <algorithm>
 #include <mutex>
@@ -69,14 +68,6 @@ constexpr int stages_for() {
 }
 // v7's ring: one step in flight while the warp computes another (v7_shallow_ring.cu says why).
 constexpr int kShallowStages = 2;
-// v9's ring (its own kernels, one n-tile): two steps in flight (v9_block_split_k.cu says why).
-constexpr int kBlockSplitStages = 3;
-// Planned as v7's ring (mma::plan_rounds), not as v4's deep one: v7's two slots and v9's three
-// with one n-tile (v4 to v6 have four with one n-tile, three with two).
-template <int kNTiles, int kStages>
-constexpr bool shallow_ring() {
-  return kStages == kShallowStages || (kNTiles == 1 && kStages == kBlockSplitStages);
-}
 
 // One stage of a warp's ring: the weights of one step, as v3 ([row r·2 + chunk u][lane]), the
 // scales of the step's groups for its 16 rows and the zero-point words.
@@ -312,8 +303,7 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 
 // kBalanced (v6): the block's steps shared out evenly over its warps instead of whole tiles per
 // warp; the tiles that fall on two or more warps are summed in shared memory after the loop.
-// kStages: the depth of each warp's ring (v4 to v6: stages_for; v7: kShallowStages; v9:
-// kBlockSplitStages).
+// kStages: the depth of each warp's ring (v4 to v6: stages_for; v7: kShallowStages).
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   LKW_GEMV_MARK(kMarkEntry);
@@ -616,7 +606,7 @@ Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64
   if (force == 0) force = g_force_splits;
   if (force > 0)
     s = std::max<int64_t>(s, std::min<int64_t>(force, iters));
-  else if (shallow_ring<kNTiles, kStages>())
+  else if (kStages == kShallowStages)
     s = plan_rounds(tiles, iters, sms, kWarps, s, s_max, m);
   else
     s = plan_splits(tiles, iters, sms, kWarps, s, s_max, kBalanced, m);
@@ -679,7 +669,7 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options 
   Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
            int(plan.k_split), plan.splits, log2_of(a.group), int(tiles),
            int(tiles / per_split), int(tiles % per_split), a.n,
-           kBalanced && shallow_ring<kNTiles, kStages>() && !o.even_cuts ? 1 : 0, 0, o.lean_sums ? 1 : 0};
+           kBalanced && kStages == kShallowStages && !o.even_cuts ? 1 : 0, 0, o.lean_sums ? 1 : 0};
   if (plan.splits > 1) {
     Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
@@ -803,13 +793,13 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
   });
 }
 
-// v9's plan (BF16 fold, its three-slot ring): S = 1 at M = 1 where the whole row of x fits beside the
+// v9's plan (BF16 fold, shallow ring): S = 1 at M = 1 where the whole row of x fits beside the
 // ring (*force = 1), else the shallow ring's own (*force = 0).
 inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force) {
   const int sms = sm_count();
   const size_t limit = smem_optin();
-  *force = m == 1 && plan_for<1, kFold, true, kBlockSplitStages>(m, n, k, sms, limit, 1).splits == 1 ? 1 : 0;
-  return plan_for<1, kFold, true, kBlockSplitStages>(m, n, k, sms, limit, *force);
+  *force = m == 1 && plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1 ? 1 : 0;
+  return plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, *force);
 }
 // v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; at M = 1
 // S = 1 where the whole row of x fits beside the ring (else the shallow ring's plan, as at M = 2);
@@ -823,8 +813,8 @@ Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   o.lean_sums = true;
   o.even_cuts = true;
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kBlockSplitStages>(kOp, a, stream, o);
-  return launch<1, kFold, false, kBlockSplitStages>(kOp, a, stream, o);
+    return launch<1, kFold, true, kShallowStages>(kOp, a, stream, o);
+  return launch<1, kFold, false, kShallowStages>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

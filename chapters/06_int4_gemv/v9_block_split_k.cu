@@ -2,7 +2,7 @@
 // v9_block_split_k — v8 at M ≤ 2 with two changes at the kernel's ends: at M = 1 the K split
 // kept inside the block (its pieces summed in shared memory, none through the global
 // workspace), and the BF16 fold with a Σx pass over the rows of x only, in place of v5's FP16
-// conversion of x; and one in between: each warp's ring has three slots, two steps in flight.
+// conversion of x.
 //
 // Since v8: at 8192 × 28672 (M = 1) v8's plan splits K in S = 4 across blocks, and each tile's
 // four partial sums meet in the global workspace: a store, a __threadfence, an atomic count, and
@@ -48,16 +48,6 @@
 // (results/h200/probes/06_prologue.txt: summing each step's own groups in the step, v5's FP16 fold
 // at S = 1, x by one bulk copy per row, x loaded into registers by the pass itself).
 //
-// v9's own kernels give each warp's ring three slots (kBlockSplitStages), two steps in flight
-// where v7 and v8 have one. The copies issued before the wait then hold two steps per warp, and
-// a warp whose copy comes back late has the next one already on its way. tools/gemv_timeline
-// (H200, 2026-12-01, commit 1dabe1a with the slots made 3; three rounds, two against three slots, us):
-//   M = 1, 28672 × 8192   back to back 33.92–34.07 → 33.73–33.90   in a CUDA graph 33.18–33.49 → 32.95–33.03
-//   M = 1, 8192 × 28672   back to back 34.86–35.14 → 34.67–34.76   in a CUDA graph 34.42–34.59 → 33.99–34.22
-//   M = 2, 28672 × 8192   back to back 35.02–35.12 → 34.71–34.93   in a CUDA graph 34.38–34.52 → 34.16–34.20
-// (one launch after the flush, where v7 serves, 0–0.6 µs slower). v7 and v8 keep two slots: a third
-// measured no better for them one launch at a time (results/h200/probes/06_tile_order.txt, part 5).
-//
 // The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T14:03:21Z, commit e0601f8) has v9
 // back to back below v8 at all 12 shapes with M ≤ 2, by 0.35 to 2.30 µs: 33.16 against 33.89 µs
 // at 28672 × 8192 (86.1% of the copy ceiling), 34.27 against 35.23 at 8192 × 28672 (83.3%).
@@ -65,7 +55,7 @@
 // Expect: back to back faster than v8 at every shape with M ≤ 2, most where v8 splits K across
 // blocks at M = 1; one launch at a time still slower than v7 at most shapes (x waits behind the
 // ring, as v8). The same DRAM bytes. SASS: v8's, with the BF16 fold's mma (HMMA.16816.F32.BF16)
-// for v9's own kernels (three slots: ...ELi3EE).
+// for v9's own kernels.
 #include "persistent_gemv.cuh"
 
 namespace lkw::gemv {
@@ -82,17 +72,17 @@ Status gemv_v9(const GemvArgs& a, cudaStream_t stream) {
   return launch_block_split<kOp>(a, stream);  // persistent_gemv.cuh
 }
 
-// v9's own kernels: the BF16 fold (mode 0), one n-tile, three stages, balanced or whole tiles. The
+// v9's own kernels: the BF16 fold (mode 0), one n-tile, two stages, balanced or whole tiles. The
 // first part, "persistent_kernel", is what the bench matches against the profiled (demangled) name.
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ILi1ELi0E*ELi3EE", {"sm_90a"},
+  return {{"persistent_kernel*ILi1ELi0E*ELi2EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS", "HMMA.16816.F32.BF16", "LOP3"}, {"I2F", "I2FP", "LDG.E.128"}, true,
-           "the BF16 fold with the three-slot ring as a dependent launch: griddepcontrol (ACQBULK, PREEXIT), "
+           "the BF16 fold with the shallow ring as a dependent launch: griddepcontrol (ACQBULK, PREEXIT), "
            "cp.async, BF16 mma, LOP3 unpack, no integer→float convert"}};
 }
 
 constexpr const char* kSummary =
-    "v8 with the K split kept in the block at M = 1, the BF16 fold's lean Σx pass and a three-slot ring at M ≤ 2";
+    "v8 with the K split kept in the block at M = 1 and the BF16 fold's lean Σx pass at M ≤ 2";
 const Register kRegistered{
     gemv_version(kInt4iGemv, "v9_block_split_k", kSummary, gemv_v9<kInt4iGemv>, facts())};
 
