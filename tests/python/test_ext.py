@@ -49,6 +49,33 @@ def test_bad_calls_raise_value_errors():
         ext.model("00_roofline/copy/v1_vec16", [a], [a], dtypes=["uint32", "float7"])
     with pytest.raises(ValueError, match="C-contiguous"):
         ext.model("00_roofline/copy/v1_vec16", [np.zeros((8, 8), np.uint32)[:, ::2]], [a])
+    with pytest.raises(ValueError, match="a graph holds a batch"):
+        ext.time("00_roofline/copy/v1_vec16", [([a], [a.copy()])], batch=0, graph=True)
+
+
+def test_timing_in_a_cuda_graph_keeps_the_outputs_and_survives_a_failed_capture():
+    """ext.time(graph=True): the batch captured once and replayed writes what plain launches
+    write; a launch that fails inside the capture raises and leaves the timer usable."""
+    torch = pytest.importorskip("torch", reason="device arrays come from torch")
+    if not ext.device()["present"] or not torch.cuda.is_available():
+        pytest.skip("no GPU: timing in a CUDA graph needs one")
+    name = "00_roofline/copy/v1_vec16"
+    n = (1 << 20) + 4
+    src = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device="cuda")
+    sets = [([src], [torch.full_like(src, -1)]) for _ in range(3)]
+    t = ext.time(name, sets, warmup=2, iters=5, batch=6, graph=True)
+    torch.cuda.synchronize()
+    assert t["iters"] == 5 and 0 < t["min_us"] <= t["median_us"] <= t["max_us"]
+    for _, (dst,) in sets:
+        assert torch.equal(dst, src)
+    bad = [([src], [torch.empty(n // 2, dtype=torch.int32, device="cuda")])]  # output too short
+    with pytest.raises(RuntimeError):
+        ext.time(name, bad, warmup=0, iters=2, batch=2, graph=True)  # fails inside the capture
+    for _, (dst,) in sets:
+        dst.fill_(-1)
+    t = ext.time(name, sets, warmup=0, iters=2, batch=3, graph=True)
+    torch.cuda.synchronize()
+    assert t["iters"] == 2 and all(torch.equal(dst, src) for _, (dst,) in sets)
 
 
 def test_the_device_query_answers_without_a_gpu():
