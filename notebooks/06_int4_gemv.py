@@ -70,7 +70,7 @@ def parse(shape):
 
 def speedups(data, n, k, key="time_us"):
     """{name: [(M, cuBLAS time / its time)]} at one (N, K), for the versions and torch peers;
-    key="back_to_back_us" compares the back-to-back times."""
+    key="back_to_back_us" compares the back-to-back times, key="graph_us" those in a CUDA graph."""
     cublas = {parse(r["shape"])["m"]: r[key] for r in data["rows"]
               if r["op"] == "bf16_gemv" and r.get(key) and parse(r["shape"])["n"] == n
               and parse(r["shape"])["k"] == k}
@@ -88,8 +88,9 @@ def speedups(data, n, k, key="time_us"):
 # One panel per weight shape: the speed-up over cuBLAS BF16 at each M, every version and peer, and
 # the bound's ideal curve (dashed). Where a version falls away from the dashed line, it stopped
 # being bound by bytes. The first row compares one launch at a time (L2 flushed before each); the
-# second, where the run has it, the same launches back to back, as a decoder's stream runs them
-# (both timed the same way for cuBLAS and the peers).
+# second, where the run has it, the same launches back to back, as a decoder's stream runs them;
+# the third, where the run has it, those launches captured once in a CUDA graph and replayed, as a
+# decoder that captures its step runs them (each timed the same way for cuBLAS and the peers).
 
 
 # %%
@@ -111,12 +112,12 @@ def panels(data, key, title, axes):
 
 if data:
     shapes = {(parse(r["shape"])["n"], parse(r["shape"])["k"]) for r in data["rows"]}
-    b2b = any(r.get("back_to_back_us") for r in data["rows"])
-    fig, axes = plt.subplots(2 if b2b else 1, len(shapes), figsize=(5.5 * len(shapes), 8 if b2b else 4),
-                             squeeze=False)
-    panels(data, "time_us", "one launch", axes[0])
-    if b2b:
-        panels(data, "back_to_back_us", "back to back", axes[1])
+    ways = [(key, title) for key, title in [("time_us", "one launch"), ("back_to_back_us", "back to back"),
+                                            ("graph_us", "in a CUDA graph")]
+            if any(r.get(key) for r in data["rows"])]
+    fig, axes = plt.subplots(len(ways), len(shapes), figsize=(5.5 * len(shapes), 4 * len(ways)), squeeze=False)
+    for row, (key, title) in zip(axes, ways):
+        panels(data, key, title, row)
     plt.tight_layout()
     plt.show()
 
@@ -147,6 +148,9 @@ if data:
 #   about 2 µs at the end of the kernel at 8192 × 28672), and the BF16 fold's Σx pass runs over
 #   the rows of x only, on the tensor cores (x in A, a one-hot B). Past M = 2 it is `v8`; back to back it is below `v8` at every shape at
 #   M ≤ 2 in the recorded run.
+# - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
+#   comes close to `v8` there, and `v9` gains a little over its back-to-back time, about as much
+#   as cuBLAS does, so the ratios hardly move (the book's section "In a CUDA graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 

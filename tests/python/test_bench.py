@@ -173,3 +173,15 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
         if shape in ("m=8,n=28672,k=8192,g=128", "m=8,n=8192,k=28672,g=128"):
             assert vs["cublas"]["back_to_back_us"] / best["back_to_back_us"] >= 2.5, shape
     assert fastest_v8_v9 >= 25
+    # In a CUDA graph (the same launches captured once): every version and peer timed so and
+    # checked after; v9 still faster than v8 at M <= 2 (its dependent launch still pays in a
+    # graph), PyTorch's INT4 kernel still slower, the M = 8 goal still met.
+    graphed = [r for r in rows if r.get("graph_us") is not None]
+    assert len(graphed) == len(b2b) and all(r["graph_correct"] for r in graphed)
+    for shape, vs in by_shape.items():
+        best = min((r for r in vs.values() if r["kind"] == "version"), key=lambda r: r["graph_us"])
+        assert vs["torch_int4pack_mm"]["graph_us"] > best["graph_us"], shape
+        if shape.startswith(("m=1,", "m=2,")):
+            assert vs["v9_block_split_k"]["graph_us"] < vs["v8_dependent_launch"]["graph_us"], shape
+        if shape in ("m=8,n=28672,k=8192,g=128", "m=8,n=8192,k=28672,g=128"):
+            assert vs["cublas"]["graph_us"] / best["graph_us"] >= 2.5, shape
