@@ -358,36 +358,27 @@ void launch_overhead(const cudaDeviceProp& prop) {
   const float same = time(smem);
   check(cudaFuncSetAttribute(flush_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              int(cudaSharedmemCarveoutDefault)), "carveout");
-  // Back to back: plain launches and launches as programmatic dependents.
-  auto back_to_back = [&](bool dependent) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(prop.multiProcessorCount);
-    config.blockDim = dim3(pk::kWarps * 32);
-    config.dynamicSmemBytes = smem;
-    config.attrs = &attr;
+  // Back to back and in a CUDA graph: plain launches and launches as programmatic dependents.
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(prop.multiProcessorCount);
+  config.blockDim = dim3(pk::kWarps * 32);
+  config.dynamicSmemBytes = smem;
+  config.attrs = &attr;
+  auto launch_empty = [&](bool dependent, cudaStream_t s) {
     config.numAttrs = dependent ? 1 : 0;
-    return clock.back_to_back([&](int) { check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch"); })
-        .median;
+    config.stream = s;
+    check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch");
+  };
+  auto back_to_back = [&](bool dependent) {
+    return clock.back_to_back([&](int) { launch_empty(dependent, nullptr); }).median;
+  };
+  auto graph = [&](bool dependent) {
+    return clock.in_graph([&](int, cudaStream_t s) { launch_empty(dependent, s); }).median;
   };
   const float b2b = back_to_back(false), b2b_dependent = back_to_back(true);
-  auto graph = [&](bool dependent) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(prop.multiProcessorCount);
-    config.blockDim = dim3(pk::kWarps * 32);
-    config.dynamicSmemBytes = smem;
-    config.attrs = &attr;
-    config.numAttrs = dependent ? 1 : 0;
-    return clock.in_graph([&](int, cudaStream_t s) {
-      config.stream = s;
-      check(cudaLaunchKernelEx(&config, empty_kernel), "empty launch");
-    }).median;
-  };
   std::printf("# the empty kernel in a CUDA graph of 20 launches: %.2f us per launch, %.2f us as dependent launches\n",
               graph(false), graph(true));
   std::printf("# an empty kernel of %d blocks × %d threads after the flush, median of 25: %.2f us with no "

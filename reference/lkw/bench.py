@@ -716,43 +716,41 @@ def measure_torch_peer(case: Case, chapter: str, peer: str, fn: Callable, inputs
 
 
 def _back_to_back(case: Case, name: str, arg_sets, expected, *, warmup: int, log=print) -> dict:
-    """Time a version back to back over the rotated sets (outputs poisoned first), then check every
-    set's output again: the row's back_to_back_* fields, or back_to_back_correct False."""
+    """Time a version back to back over the rotated sets, then the same batch captured in a CUDA
+    graph; before each the outputs are poisoned, after each every set's output is checked again.
+    The row's back_to_back_* and graph_* fields, or *_correct False where a check failed (a version
+    that cannot be captured keeps its back-to-back fields only)."""
     import torch
 
-    for _, outs in arg_sets:
-        for t in outs:
-            t.view(torch.uint8).fill_(0xFF)
-    t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
-                   iters=BACK_TO_BACK_BATCHES, batch=BACK_TO_BACK)
-    torch.cuda.synchronize()
-    after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
-    bad = [i for i, a in enumerate(after) if not a["pass"]]
-    if bad:
-        log(f"  {name}: WRONG after back-to-back timing in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
+    def timed(what: str, graph: bool) -> dict | None:
+        for _, outs in arg_sets:
+            for o in outs:
+                o.view(torch.uint8).fill_(0xFF)
+        t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
+                       iters=BACK_TO_BACK_BATCHES, batch=BACK_TO_BACK, graph=graph)
+        torch.cuda.synchronize()
+        after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
+        bad = [i for i, a in enumerate(after) if not a["pass"]]
+        if bad:
+            log(f"  {name}: WRONG after timing {what} in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
+            return None
+        return t
+
+    t = timed("back to back", graph=False)
+    if t is None:
         return {"back_to_back_correct": False, "back_to_back_us": None}
     row = {"back_to_back_correct": True, "back_to_back_us": t["median_us"], "back_to_back_min_us": t["min_us"],
            "back_to_back_max_us": t["max_us"], "back_to_back_batches": t["iters"], "back_to_back_batch": BACK_TO_BACK}
-    # The same batch in a CUDA graph (captured once, launched BACK_TO_BACK_BATCHES times), the
-    # outputs poisoned first and checked again after.
-    for _, outs in arg_sets:
-        for o in outs:
-            o.view(torch.uint8).fill_(0xFF)
     try:
-        g = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
-                       iters=BACK_TO_BACK_BATCHES, batch=BACK_TO_BACK, graph=True)
+        g = timed("in a CUDA graph", graph=True)
     except RuntimeError as e:  # a launch that cannot be captured
         log(f"  {name}: not timed in a CUDA graph: {str(e).splitlines()[0][:300]}")
         return row
-    torch.cuda.synchronize()
-    after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
-    bad = [i for i, a in enumerate(after) if not a["pass"]]
-    if bad:
-        log(f"  {name}: WRONG after timing in a CUDA graph in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
+    if g is None:
         row.update(graph_correct=False, graph_us=None)
-        return row
-    row.update(graph_correct=True, graph_us=g["median_us"], graph_min_us=g["min_us"], graph_max_us=g["max_us"],
-               graph_launches=g["iters"], graph_batch=BACK_TO_BACK)
+    else:
+        row.update(graph_correct=True, graph_us=g["median_us"], graph_min_us=g["min_us"], graph_max_us=g["max_us"],
+                   graph_launches=g["iters"], graph_batch=BACK_TO_BACK)
     return row
 
 
@@ -760,7 +758,8 @@ def _peer_back_to_back(case: Case, fns: list[Callable], inputs, expected, model_
                        log=print) -> dict:
     """A torch peer back to back: BACK_TO_BACK calls between two events, rotating over one callable
     per input set, the median per call of BACK_TO_BACK_BATCHES batches; the last call's outputs
-    checked against the reference (the sets are clones of set 0)."""
+    checked against the reference (the sets are clones of set 0). Then in a CUDA graph
+    (_peer_in_graph)."""
     import torch
 
     calls = 0
