@@ -3,6 +3,8 @@
 // Here rows of x live around 2^100, around 2^−100 (products still FP32 normals), or spread over
 // 2^±40 within the row, and every G = 128 version of int4i_gemv at M = 1 and 2 must still match a
 // float64 reference within the chapter's tolerance (reference/lkw/gemv.py's formula, here in C++).
+// K = 4096 and 32768: v9 holds the whole row in the block (S = 1) where M·K ≤ 28672 and splits K
+// across blocks past it, so both of its paths see every range at both M.
 // Fresh random inputs each run (LKW_SEED repeats one). Without a device the tests skip.
 //
 // Each word repeats one nibble eight times, so the reference needs no interleave table: whatever
@@ -60,51 +62,54 @@ TEST_P(ActivationRangeGolden, MatchesFloat64Reference) {
   if (arch < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   if (arch < v.min_arch) GTEST_SKIP() << "device is sm_" << arch << ", version needs sm_" << v.min_arch;
   std::mt19937 rng(test::random_seed("chapter 06 range checks"));
-  const int64_t n = 80, k = 4096, g = 128;
-  for (const Rows rows : {Rows::kHuge, Rows::kTiny, Rows::kWide}) {
-    for (const int64_t m : {1, 2}) {
-      const std::vector<uint16_t> x = activations(rng, rows, m, k);
-      std::vector<uint32_t> words(n * k / 8);
-      std::vector<int> q(words.size());
-      for (size_t i = 0; i < words.size(); ++i) {
-        q[i] = int(rng() % 16);
-        words[i] = 0x11111111u * uint32_t(q[i]);
-      }
-      std::vector<uint16_t> scales(n * k / g);
-      std::uniform_real_distribution<double> log_scale(-8, -2);
-      for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
-      // The float64 reference and gemv.py's tolerance: RTOL 1.6e-2, ATOL from the walk of
-      // BF16-rounded weights and the FP32 accumulation of sum |x w|.
-      std::vector<uint16_t> y(m * n);
-      double walk = 0, total = 0;
-      for (int64_t r = 0; r < m; ++r) {
-        for (int64_t c = 0; c < n; ++c) {
-          double sum = 0, sq = 0, abs_sum = 0;
-          for (int64_t kk = 0; kk < k; ++kk) {
-            const double w = double(bf16_bits_to_f32(scales[c * (k / g) + kk / g])) * (q[(c * k + kk) / 8] - 8);
-            const double p = double(bf16_bits_to_f32(x[r * k + kk])) * w;
-            sum += p;
-            sq += p * p;
-            abs_sum += std::fabs(p);
-          }
-          y[r * n + c] = bf16_of(sum);
-          walk = std::max(walk, std::sqrt(sq));
-          total = std::max(total, abs_sum);
+  const int64_t n = 80, g = 128;
+  for (const int64_t k : {4096, 32768}) {
+    for (const Rows rows : {Rows::kHuge, Rows::kTiny, Rows::kWide}) {
+      for (const int64_t m : {1, 2}) {
+        const std::vector<uint16_t> x = activations(rng, rows, m, k);
+        std::vector<uint32_t> words(n * k / 8);
+        std::vector<int> q(words.size());
+        for (size_t i = 0; i < words.size(); ++i) {
+          q[i] = int(rng() % 16);
+          words[i] = 0x11111111u * uint32_t(q[i]);
         }
+        std::vector<uint16_t> scales(n * k / g);
+        std::uniform_real_distribution<double> log_scale(-8, -2);
+        for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
+        // The float64 reference and gemv.py's tolerance: RTOL 1.6e-2, ATOL from the walk of
+        // BF16-rounded weights and the FP32 accumulation of sum |x w|.
+        std::vector<uint16_t> y(m * n);
+        double walk = 0, total = 0;
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t c = 0; c < n; ++c) {
+            double sum = 0, sq = 0, abs_sum = 0;
+            for (int64_t kk = 0; kk < k; ++kk) {
+              const double w = double(bf16_bits_to_f32(scales[c * (k / g) + kk / g])) *
+                               (q[(c * k + kk) / 8] - 8);
+              const double p = double(bf16_bits_to_f32(x[r * k + kk])) * w;
+              sum += p;
+              sq += p * p;
+              abs_sum += std::fabs(p);
+            }
+            y[r * n + c] = bf16_of(sum);
+            walk = std::max(walk, std::sqrt(sq));
+            total = std::max(total, abs_sum);
+          }
+        }
+        const double atol = 14 * std::exp2(-9) * walk + 8 * std::sqrt(double(k)) * std::exp2(-24) * total;
+        test::Case c;
+        c.id = std::string(rows == Rows::kHuge ? "huge" : rows == Rows::kTiny ? "tiny" : "wide") +
+               "_m" + std::to_string(m) + "_k" + std::to_string(k);
+        c.op = v.op;
+        c.tols = {Tolerance::close(1.6e-2, atol)};
+        test::CaseData d;
+        d.inputs.push_back(test::host_tensor(DType::kBF16, {m, k}, x));
+        d.inputs.push_back(test::host_tensor(DType::kU32, {n, k / 8}, words));
+        d.inputs.push_back(test::host_tensor(DType::kBF16, {n, k / g}, scales));
+        d.expected.push_back(test::host_tensor(DType::kBF16, {m, n}, y));
+        const test::RunResult r = test::run_on_gpu(v, c, d, 0xFF);
+        EXPECT_TRUE(r.pass()) << v.name() << " on " << c.id << ": " << r.str();
       }
-      const double atol = 14 * std::exp2(-9) * walk + 8 * std::sqrt(double(k)) * std::exp2(-24) * total;
-      test::Case c;
-      c.id = std::string(rows == Rows::kHuge ? "huge" : rows == Rows::kTiny ? "tiny" : "wide") +
-             "_m" + std::to_string(m);
-      c.op = v.op;
-      c.tols = {Tolerance::close(1.6e-2, atol)};
-      test::CaseData d;
-      d.inputs.push_back(test::host_tensor(DType::kBF16, {m, k}, x));
-      d.inputs.push_back(test::host_tensor(DType::kU32, {n, k / 8}, words));
-      d.inputs.push_back(test::host_tensor(DType::kBF16, {n, k / g}, scales));
-      d.expected.push_back(test::host_tensor(DType::kBF16, {m, n}, y));
-      const test::RunResult r = test::run_on_gpu(v, c, d, 0xFF);
-      EXPECT_TRUE(r.pass()) << v.name() << " on " << c.id << ": " << r.str();
     }
   }
 }
