@@ -793,25 +793,25 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
   });
 }
 
-// v9's plan (BF16 fold, shallow ring): S = 1 where x's M rows, whole, hold at most
-// kWholeRowElems elements and fit beside the ring (*force = 1), else the shallow ring's own
-// (*force = 0). 28672 elements (56 KB) is the longest slice measured to pay: M = 1 at K = 28672,
-// M = 2 at K = 14336; at M = 2 and K = 28672 S = 1 was 1.3 µs slower than the plan's S = 4
-// (v9_block_split_k.cu).
-constexpr int64_t kWholeRowElems = 28672;
+// v9's plan (BF16 fold, shallow ring): S = 1 where the whole row of x fits beside the ring, at
+// M = 1 at any K and at M = 2 up to K = kWholeRowMaxK2 (*force = 1); else the shallow ring's own
+// (*force = 0). M = 2's bound is the bench's (results/h200/probes/06_m2_whole_row.txt): S = 1 was
+// faster at K = 4096 and 8192, slower at K = 14336 and 28672, where two rows of x and their Σx
+// pass cost more than the split-K finish they save.
+constexpr int64_t kWholeRowMaxK2 = 8192;
 inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force) {
   const int sms = sm_count();
   const size_t limit = smem_optin();
-  *force = m * k <= kWholeRowElems &&
+  *force = (m == 1 || k <= kWholeRowMaxK2) &&
                    plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1
                ? 1
                : 0;
   return plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, *force);
 }
-// v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; S = 1
-// where M·K ≤ kWholeRowElems and the rows fit beside the ring (else the shallow ring's plan);
-// at S = 1 the balanced kernel with the block's steps cut evenly, whole tiles at S > 1 (the
-// split-K finish through the workspace, as v8). Elsewhere v8 (v9_block_split_k.cu says why).
+// v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; S as
+// block_split_plan says; at S = 1 the balanced kernel with the block's steps cut evenly, whole
+// tiles at S > 1 (the split-K finish through the workspace, as v8). Elsewhere v8
+// (v9_block_split_k.cu says why).
 template <const GemvOp& kOp>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   if (a.m > 2 || a.group != 128) return launch_shallow<kOp>(a, stream, /*pdl=*/true);

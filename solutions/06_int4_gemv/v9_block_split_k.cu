@@ -1,6 +1,5 @@
-// v9_block_split_k — v8 at M ≤ 2 with two changes at the kernel's ends: where x's rows are short
-// enough (M·K ≤ 28672: every shape of the bench at M = 1, K up to 14336 at M = 2) the K split
-// kept inside the block (its pieces summed in shared memory, none through the global
+// v9_block_split_k — v8 at M ≤ 2 with two changes at the kernel's ends: at M = 1, and at M = 2 up
+// to K = 8192, the K split kept inside the block (its pieces summed in shared memory, none through the global
 // workspace), and the BF16 fold with a Σx pass over the rows of x only, in place of v5's FP16
 // conversion of x.
 //
@@ -36,16 +35,15 @@
 //   M = 1, 4096 × 14336    v8 13.83 (16.26)                  v9 12.75 (15.10)
 //   M = 2, 28672 × 8192    v8 35.69 (37.60)                  v9 35.14 (37.50)
 //   M = 2, 8192 × 28672    v8 37.08 (40.00)                  v9 36.26 (38.85)
-// At M = 2 the rule is the length of x's rows together, M·K ≤ 28672 (56 KB, the longest slice
-// measured to pay at M = 1). tools/gemv_timeline on the H200 (2026-12-01, commit a4016e3, v9 with
-// S forced to 1 against the plan's S; back to back / in a CUDA graph, µs;
-// results/h200/probes/06_m2_whole_row.txt): 4096 × 4096 9.14 / 8.75 (S = 8) → 8.08 / 7.45,
-// 14336 × 4096 14.46 / 13.76 (S = 2) → 12.31 / 11.84, 4096 × 14336 14.17 / 13.71 (S = 8) →
-// 13.63 / 13.13, 8192 × 8192 15.20 / 14.66 (S = 4) → 15.02 / 13.97; but 8192 × 28672, two rows
-// of 28672, 36.55 / 35.88 (S = 4) → 37.85 / 37.27. Where the rows are longer v9 keeps the shallow
-// ring's plan and changes only the fold (and at S = 1, as at 28672 × 8192, cuts the block's steps
-// evenly). Past M = 2, and at G other than 128, v9 is v8 (at M = 4, S = 1 with v4's full pass
-// paid at one shape of four, same file).
+// At M = 2 the whole row pays only at the shorter K (results/h200/probes/06_m2_whole_row.txt).
+// The bench (H200, 2026-12-01T15:37:26Z, commit e88e53f, which took S = 1 up to K = 14336) against
+// the run of 1dabe1a (the plan's S), back to back / in a CUDA graph, µs: 14336 × 4096 14.07 /
+// 13.33 (S = 2) → 12.06 / 11.39, 8192 × 8192 14.58 / 14.01 (S = 4) → 14.45 / 13.65,
+// 4096 × 4096 7.59 / 7.46 (S = 8) → 7.65 / 7.06, but 4096 × 14336 13.03 / 12.73 (S = 8) →
+// 13.56 / 12.98; and at 8192 × 28672 tools/gemv_timeline had S = 1 1.3 µs slower both ways. So
+// v9 takes S = 1 at M = 2 up to K = 8192 (persistent_gemv.cuh, kWholeRowMaxK2) and otherwise
+// keeps the shallow ring's plan, changing only the fold. Past M = 2, and at G other than 128, v9
+// is v8 (at M = 4, S = 1 with v4's full pass paid at one shape of four, same file).
 //
 // The lean pass sums on the tensor cores (persistent_gemv.cuh: x in A, a one-hot B, 16 groups per
 // warp, its loads one wavefront each, no zeroing pass), and what the steps need from the tile but
@@ -91,7 +89,8 @@ std::vector<SassFact> facts() {
 }
 
 constexpr const char* kSummary =
-    "v8 with the K split kept in the block where M·K ≤ 28672 and the BF16 fold's lean Σx pass at M ≤ 2";
+    "v8 with the K split kept in the block at M = 1 (M = 2: K ≤ 8192) and the BF16 fold's lean Σx "
+    "pass at M ≤ 2";
 const Register kRegistered{
     gemv_version(kInt4iGemv, "v9_block_split_k", kSummary, gemv_v9<kInt4iGemv>, facts())};
 

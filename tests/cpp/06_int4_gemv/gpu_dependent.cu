@@ -125,8 +125,8 @@ TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
 TEST(DependentLaunch, V9ChainReadsThePreviousKernelsOutput) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   // v9 against itself with a sync after each launch: M = 1 (S = 1, the whole row, both links),
-  // M = 2 at K = 28672 (M·K past v9's whole row: v8's S > 1 with the lean fold, then S = 1) and at
-  // short K (S = 1, even cuts, both links), M = 8 (v8).
+  // M = 2 with one link at K = 4096 (S = 1, even cuts) and the other past v9's whole row at M = 2
+  // (K = 28672 or 14336: v8's S > 1 with the lean fold), M = 8 (v8).
   const Version& v9 = version("v9_block_split_k");
   check_chain(v9, v9, {{1, 4096, 4096, 14336}, {2, 4096, 28672, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}},
               "chapter 06 dependent launch, v9");

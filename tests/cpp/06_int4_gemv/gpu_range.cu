@@ -3,8 +3,8 @@
 // Here rows of x live around 2^100, around 2^−100 (products still FP32 normals), or spread over
 // 2^±40 within the row, and every G = 128 version of int4i_gemv at M = 1 and 2 must still match a
 // float64 reference within the chapter's tolerance (reference/lkw/gemv.py's formula, here in C++).
-// K = 4096 and 32768: v9 holds the whole row in the block (S = 1) where M·K ≤ 28672 and splits K
-// across blocks past it, so both of its paths see every range at both M.
+// K = 4096 and 32768: v9 holds the whole row in the block (S = 1) at M = 1 and at M = 2 up to
+// K = 8192, and splits K across blocks at M = 2 past it, so both of its paths see every range.
 // Fresh random inputs each run (LKW_SEED repeats one). Without a device the tests skip.
 //
 // Each word repeats one nibble eight times, so the reference needs no interleave table: whatever
