@@ -81,6 +81,19 @@ def test_bench_cases_of_chapters_03_and_04_name_every_tensor_of_their_op():
             assert ("torch_compile" in c.torch_peers) == (t > bench.ACT_SAMPLE_ROWS)
 
 
+def test_several_profiled_launches_of_a_version_give_their_median():
+    csv_text = ncu_csv([
+        ("copy_v0_scalar_kernel", 1000, 0), ("flush_l2_kernel<0>", 120_000, 10),
+        ("copy_v0_scalar_kernel", 1400, 0), ("flush_l2_kernel<0>", 120_000, 10),  # the outlier
+        ("copy_v0_scalar_kernel", 1020, 0), ("flush_l2_kernel<0>", 120_000, 10),
+        ("copy_v1_vec16_kernel", 500, 500), ("flush_l2_kernel<0>", 120_000, 0),
+    ])
+    v0 = launch("a/copy/v0", "copy_v0_scalar_kernel")
+    order = [v0, dict(v0), dict(v0), launch("a/copy/v1", "copy_v1_vec16_kernel")]
+    got = bench.parse_ncu(csv_text, order, log=lambda *_: None)
+    assert got == {("a/copy/v0", "n=1"): 1030.0, ("a/copy/v1", "n=1"): 1000.0}
+
+
 def test_a_kernel_order_mismatch_drops_the_measurement_instead_of_misattributing_it():
     csv_text = ncu_csv([("copy_v1_vec16_kernel", 1, 1), ("flush_l2_kernel<0>", 1, 1)])
     messages = []
