@@ -143,11 +143,12 @@ if data:
 #   kernel before finishes, with the weights' first copies already on their way, and only x waits
 #   for the kernel before. It is slower one launch at a time (x after the ring) and the fastest in
 #   the back-to-back row almost everywhere; compare its curve with `v7`'s in the two rows.
-# - `v9` is `v8` at M ≤ 2 with its two ends reworked: at M = 1 each block holds the whole row of
-#   x and its tiles' K split is summed in shared memory (no split-K finish through global memory,
-#   about 2 µs at the end of the kernel at 8192 × 28672), and the BF16 fold's Σx pass runs over
-#   the rows of x only, on the tensor cores (x in A, a one-hot B). Past M = 2 it is `v8`; back to back it is below `v8` at every shape at
-#   M ≤ 2 in the recorded run.
+# - `v9` is `v8` at M ≤ 2 with its two ends reworked: at M = 1 (and at M = 2 up to K = 8192) each
+#   block holds the whole row of x and its tiles' K split is summed in shared memory (no split-K
+#   finish through global memory, about 2 µs at the end of the kernel at 8192 × 28672), and the
+#   BF16 fold's Σx pass runs over the rows of x only, on the tensor cores (x in A, a one-hot B).
+#   Past M = 2 it is `v8`; back to back and in a graph it is below `v8` at every shape at M ≤ 2 in
+#   the recorded run, most at 14336 × 4096, M = 2, where `v8` splits K in two.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
 #   comes close to `v8` there, and `v9` gains a little over its back-to-back time, about as much
 #   as cuBLAS does, so the ratios hardly move (the book's section "In a CUDA graph").

@@ -52,12 +52,13 @@
 // (results/h200/probes/06_prologue.txt: summing each step's own groups in the step, v5's FP16 fold
 // at S = 1, x by one bulk copy per row, x loaded into registers by the pass itself).
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T14:36:02Z, commit 1dabe1a) has v9
-// back to back below v8 at all 12 shapes with M ≤ 2, by 0.31 to 2.22 µs: 33.32 against 34.10 µs
-// at 28672 × 8192 (85.5% of the copy ceiling), 34.36 against 35.42 at 8192 × 28672 (82.9%); in a
-// CUDA graph 32.86 against 33.71 µs (86.7%) and 34.01 against 34.83 (83.7%). As an ordinary launch
-// v9 was 0.4–1.3 µs slower in a graph too (results/h200/probes/06_graph.txt), and three ring slots
-// instead of two gained too little at too few shapes to keep (the same file).
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T15:48:04Z, commit af27eee) has v9
+// below v8 at all 12 shapes with M ≤ 2, by 0.52 to 2.35 µs back to back and 0.64 to 2.36 µs in a
+// CUDA graph: 33.50 against 34.02 µs back to back at 28672 × 8192 (84.97% of the copy ceiling),
+// 34.24 against 35.31 at 8192 × 28672 (83.1%); in a graph 32.94 against 33.97 µs (86.4%) and 33.82
+// against 34.61 (84.2%). As an ordinary launch v9 was 0.4–1.3 µs slower in a graph too
+// (results/h200/probes/06_graph.txt), and three ring slots instead of two gained too little at too
+// few shapes to keep (the same file).
 //
 // Expect: back to back faster than v8 at every shape with M ≤ 2, most where v8 splits K across
 // blocks at M = 1; one launch at a time still slower than v7 at most shapes (x waits behind the
