@@ -1005,10 +1005,12 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
 // (*force = 0). M = 2's bound is the bench's (results/h200/probes/06_m2_whole_row.txt): S = 1 was
 // faster at K = 4096 and 8192, slower at K = 14336 and 28672, where two rows of x and their Σx
 // pass cost more than the split-K finish they save.
+// (sms and limit: the device's unless given, as by the host tests.)
 constexpr int64_t kWholeRowMaxK2 = 8192;
-inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force) {
-  const int sms = sm_count();
-  const size_t limit = smem_optin();
+inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sms = 0,
+                             size_t limit = 0) {
+  if (sms == 0) sms = sm_count();
+  if (limit == 0) limit = smem_optin();
   *force = (m == 1 || k <= kWholeRowMaxK2) &&
                    plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1
                ? 1

@@ -217,6 +217,30 @@ TEST(HostPlan, ShallowRingPlansWholeRounds) {
   EXPECT_GE(mma::plan_rounds(1792, 32, 132, 16, 5, 32, 1), 5);  // s_min is a floor
 }
 
+// v9's plan on the H200 (132 SMs, 227 KB of shared memory per block): the whole row of x in the
+// block (S = 1) at M = 1 wherever it fits, at M = 2 up to K = 8192; past that the shallow ring's S.
+TEST(HostPlan, V9HoldsTheWholeRowWhereItPays) {
+  const size_t h200_smem = 227 * 1024;
+  auto plan = [&](int64_t m, int64_t n, int64_t k, int* force) {
+    return persistent::block_split_plan(m, n, k, force, 132, h200_smem);
+  };
+  int force = -1;
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}}) {
+    EXPECT_EQ(plan(1, n, k, &force).splits, 1) << n << " x " << k;
+    EXPECT_EQ(force, 1);
+    const persistent::Plan two = plan(2, n, k, &force);
+    EXPECT_EQ(force, k <= persistent::kWholeRowMaxK2 ? 1 : 0) << n << " x " << k;
+    if (k <= persistent::kWholeRowMaxK2) EXPECT_EQ(two.splits, 1) << n << " x " << k;
+  }
+  EXPECT_GT(plan(2, 4096, 14336, &force).splits, 1);  // the shallow ring's S = 8
+  EXPECT_GT(plan(2, 8192, 28672, &force).splits, 1);  // S = 4
+  EXPECT_EQ(plan(2, 14336, 4096, &force).splits, 1);  // the plan's S was 2
+  // A row too long to fit beside the ring at M = 1: the plan's own S.
+  EXPECT_GT(plan(1, 4096, 131072, &force).splits, 1);
+  EXPECT_EQ(force, 0);
+}
+
 // The balanced kernel's runs: v6 cuts at any step, v7 at half tiles. Every run boundary is a
 // step of the block, the runs cover its T·iters steps in order, and with half tiles each
 // scheduler's (warp mod 4) share is within one half of the others'.
