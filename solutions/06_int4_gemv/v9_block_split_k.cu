@@ -1,7 +1,7 @@
 // v9_block_split_k — v8 at M ≤ 2 with two changes at the kernel's ends: at M = 1, and at M = 2 up
-// to K = 8192, the K split kept inside the block (its pieces summed in shared memory, none through the global
-// workspace), and the BF16 fold with a Σx pass over the rows of x only, in place of v5's FP16
-// conversion of x.
+// to K = 8192, the K split kept inside the block (its pieces summed in shared memory, none
+// through the global workspace), and the BF16 fold with a Σx pass over the rows of x only, in
+// place of v5's FP16 conversion of x.
 //
 // Since v8: at 8192 × 28672 (M = 1) v8's plan splits K in S = 4 across blocks, and each tile's
 // four partial sums meet in the global workspace: a store, a __threadfence, an atomic count, and
