@@ -150,8 +150,9 @@ if data:
 #   Past M = 2 it is `v8`; back to back and in a graph it is below `v8` at every shape at M ≤ 2 in
 #   the recorded run, most at 14336 × 4096, M = 2, where `v8` splits K in two.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` gains a little over its back-to-back time, about as much
-#   as cuBLAS does, so the ratios hardly move (the book's section "In a CUDA graph").
+#   comes close to `v8` there, and `v9` gains a little over its back-to-back time, about the same
+#   share of its time as cuBLAS does, so the ratios hardly move (the book's section "In a CUDA
+#   graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 
