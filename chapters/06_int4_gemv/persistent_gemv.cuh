@@ -124,6 +124,16 @@ __host__ __device__ __forceinline__ unsigned run_start(unsigned v, unsigned tile
   return (h / 2) * iters + (h % 2) * (iters / 2);
 }
 
+// kRotate (v10): the step at which tile `tile`'s walk along K starts, in [0, iters): the tile times
+// 2^16 / φ (Fibonacci hashing), its low 16 bits scaled to [0, iters) by a multiply and a shift (no
+// division: the SASS check holds the kernel to no I2F). Consecutive tiles start far apart and the
+// starts spread evenly over the row. The walk visits steps start, start + 1, ... iters − 1, 0, 1, ...
+// start − 1, so that warps reading at the same moment read at different offsets of their rows
+// (v10_rotated_walk.cu says why that matters).
+__host__ __device__ __forceinline__ int walk_start(unsigned tile, unsigned iters) {
+  return int(((tile * 40503u) & 0xffffu) * iters >> 16);
+}
+
 // 4-byte cp.async through L1 (.ca: the only kind that takes 4 bytes), `bytes` of them read
 // (0, 2 or 4), the rest zero-filled.
 __device__ __forceinline__ void cp_async_4(void* dst_sh, const void* src_gl, int bytes) {
@@ -303,8 +313,11 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 
 // kBalanced (v6): the block's steps shared out evenly over its warps instead of whole tiles per
 // warp; the tiles that fall on two or more warps are summed in shared memory after the loop.
-// kStages: the depth of each warp's ring (v4 to v6: stages_for; v7: kShallowStages).
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
+// kStages: the depth of each warp's ring (v4 to v6: stages_for; v7: kShallowStages). kRotate (v10):
+// every tile's walk along K starts at walk_start(tile) and wraps around; the runs, the tiles' parts
+// and their sums are as without it, only the step each logical step reads is rotated.
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          bool kRotate = false>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
@@ -385,16 +398,25 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   }
   constexpr bool kZp = kMode == kZeroPoints;
   constexpr int kPasses = passes_for<kMode>();
+  // kRotate: logical step i of a tile whose walk starts at `start` reads step i + start, less iters
+  // past the end (both below iters); without it, step i.
+  auto rotated = [&](int i, int start) {
+    if constexpr (!kRotate) return i;
+    const int r = i + start;
+    return r >= ln.iters ? r - ln.iters : r;
+  };
   int copy_tile = tile0, copy_it = it0, copies_left = count;  // the next step to copy
+  int copy_start = kRotate ? walk_start(unsigned(tile0), unsigned(ln.iters)) : 0;
   CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, tile0);
   auto copy_next = [&](int s) {
     if (copies_left > 0 && copy_tile < p.tiles) {
-      copy_step<kZp, kPasses>(my_ring[s % kStages], p, ln, ct, copy_it);
+      copy_step<kZp, kPasses>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
       --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
         copy_tile += stride;
         ct = copy_tile_of<kZp, kPasses>(p, ln, copy_tile);
+        if constexpr (kRotate) copy_start = walk_start(unsigned(copy_tile), unsigned(ln.iters));
       }
     }
     cp_async_commit();  // always, so that the group count stays in step
@@ -424,6 +446,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     }
   };
   int tile = tile0, it = it0;
+  // kRotate: where the current tile's walk starts (copy_start may already be the next tile's: the
+  // stages issued above can cross into it)
+  int tile_start = kRotate ? walk_start(unsigned(tile0), unsigned(ln.iters)) : 0;
   start_tile(tile);
 
   // x has landed (its group is older than the ring's; v8: younger, so all copies are waited for);
@@ -565,7 +590,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     else pending2 = t;
     ++pending_n;
   };
-  // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages; after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile), it = 0. (about 36 lines)
+  // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages at step rotated(it, tile_start); after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile; kRotate: its tile_start), it = 0. (about 37 lines)
   LKW_GEMV_MARK(kMarkLoopEnd);
   cp_async_wait<0>();  // nothing left in flight when the block exits (or reuses the ring)
   if constexpr (kBalanced) {
@@ -650,10 +675,11 @@ struct Options {
   int force_splits = 0;
   bool even_cuts = false;
 };
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          bool kRotate = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   const bool pdl = o.pdl;
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages>;
+  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate>;
   const size_t limit = smem_optin();
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
@@ -813,8 +839,9 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; S as
 // block_split_plan says; at S = 1 the balanced kernel with the block's steps cut evenly, whole
 // tiles at S > 1 (the split-K finish through the workspace, as v8). Elsewhere v8
-// (v9_block_split_k.cu says why).
-template <const GemvOp& kOp>
+// (v9_block_split_k.cu says why). kRotate (v10): the same kernels with every tile's walk along K
+// rotated (walk_start).
+template <const GemvOp& kOp, bool kRotate = false>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   if (a.m > 2 || a.group != 128) return launch_shallow<kOp>(a, stream, /*pdl=*/true);
   Options o;
@@ -822,8 +849,8 @@ Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   o.lean_sums = true;
   o.even_cuts = true;
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kShallowStages>(kOp, a, stream, o);
-  return launch<1, kFold, false, kShallowStages>(kOp, a, stream, o);
+    return launch<1, kFold, true, kShallowStages, kRotate>(kOp, a, stream, o);
+  return launch<1, kFold, false, kShallowStages, kRotate>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

@@ -132,5 +132,13 @@ TEST(DependentLaunch, V9ChainReadsThePreviousKernelsOutput) {
               "chapter 06 dependent launch, v9");
 }
 
+TEST(DependentLaunch, V10ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v10 (v9's kernels with the walk rotated) against itself, at v9's links.
+  const Version& v10 = version("v10_rotated_walk");
+  check_chain(v10, v10, {{1, 4096, 4096, 14336}, {2, 4096, 28672, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}},
+              "chapter 06 dependent launch, v10");
+}
+
 }  // namespace
 }  // namespace lkw::gemv

@@ -1,0 +1,60 @@
+// v10_rotated_walk — v9 with every tile's walk along K rotated: the same kernels, the same steps,
+// the same bytes, asked of the DRAM in a different order.
+//
+// Since v9: at 8192 × 28672 (M = 1, S = 1) each block holds four tiles of 112 steps and each of
+// its 16 warps a quarter of one, 28 steps. All warps start together and keep nearly the same
+// pace, so at any moment the 2112 warps read 128-byte pieces at the same four offsets of 2048
+// rows, rows 14336 bytes apart: addresses that agree in their low bits. At 28672 × 8192 the rows
+// are 4096 bytes apart and the warps' runs cross tiles, but every tile's walk still starts at
+// step 0. A GPU spreads addresses over its memory channels and banks by a hash of their bits;
+// thousands of requests that share their low bits load that hash unevenly, and some channels
+// queue while others wait. The timeline tool's read-only kernels had shown it first: the weights
+// read in v7's pattern of 16 rows × 128 bytes per warp step took 34.0–34.6 µs after the flush,
+// front to back 29.2–29.5 (results/h200/probes/06_row_bursts.txt).
+//
+// Here each tile's walk starts at walk_start(tile) (persistent_gemv.cuh: the tile times 2^16/φ,
+// its low 16 bits scaled to [0, iters) by a multiply and a shift) and wraps around. Nothing else
+// moves: a warp's run, the tiles' parts, their sums, the workspace; each logical step reads step
+// (i + start) mod iters, one add, one compare and one select per copy and per step. Tried first
+// on v9 with tools/gemv_timeline (results/h200/probes/06_rotated_walk.txt, H200, 2026-12-01):
+// back to back 0.74–0.76 µs faster at 8192 × 28672, 0.51–0.73 at 28672 × 8192, 1.1–1.2 µs at
+// 8192 × 8192; one launch after the flush 0.9–1.6 µs at the 70B shapes. Rotating only the runs
+// that lie inside one tile (the rest of 28672 × 8192's runs cross a tile) gained about as much at
+// 8192 × 28672 and less at 28672 × 8192. A rotation of v8's walk had been measured before, 0.4–0.6 µs
+// faster back to back at 8192 × 28672 and slower at M = 8 (06_tile_order.txt part 3); v10 keeps to
+// v9's kernels (M ≤ 2, G = 128) and is v8 elsewhere, as v9.
+//
+// Expect: faster than v9 back to back and in a graph at the shapes where v9 runs its own kernels,
+// most where the warps' runs line up (8192 × 28672, 8192 × 8192); the same DRAM bytes; as v9 one
+// launch at a time (x waits behind the ring). SASS: v9's, for v10's own (rotated) kernels.
+#include "persistent_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+using namespace persistent;
+
+template <const GemvOp& kOp>
+Status gemv_v10(const GemvArgs& a, cudaStream_t stream) {
+  static_assert(!kOp.zero_points, "v10 runs v7's kernels, which run without zero points");
+  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
+  if (s.ok()) s = validate_gemv(kOp, a, 16);
+  if (!s.ok()) return s;
+  return launch_block_split<kOp, /*kRotate=*/true>(a, stream);  // persistent_gemv.cuh
+}
+
+// v10's own kernels: v9's with the rotated walk (the last template argument, ...ELb1EE).
+std::vector<SassFact> facts() {
+  return {{"persistent_kernel*ILi1ELi0E*ELi2ELb1EE", {"sm_90a"},
+           {"ACQBULK", "PREEXIT", "LDGSTS", "HMMA.16816.F32.BF16", "LOP3"}, {"I2F", "I2FP", "LDG.E.128"}, true,
+           "v9's kernels with the walk rotated: griddepcontrol (ACQBULK, PREEXIT), cp.async, BF16 mma, "
+           "LOP3 unpack, no integer→float convert (the rotation's scaling is a multiply and a shift)"}};
+}
+
+constexpr const char* kSummary = "v9 with every tile's walk along K rotated (a hash of the tile), so that "
+                                 "the warps reading at the same moment read at different offsets of their rows";
+const Register kRegistered{
+    gemv_version(kInt4iGemv, "v10_rotated_walk", kSummary, gemv_v10<kInt4iGemv>, facts())};
+
+}  // namespace
+}  // namespace lkw::gemv
