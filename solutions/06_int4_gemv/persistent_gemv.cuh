@@ -124,16 +124,18 @@ __host__ __device__ __forceinline__ unsigned run_start(unsigned v, unsigned tile
 }
 
 // kRotate (v10): the step at which tile `tile`'s walk along K starts, in [0, iters): the tile times
-// 2^16 / φ (Fibonacci hashing), its low 16 bits scaled to [0, iters / 2) by a multiply and a shift
-// (no division: the SASS check holds the kernel to no I2F), doubled. Consecutive tiles start far
-// apart and the starts spread evenly over the row. The walk visits steps start, start + 1, ...
-// iters − 1, 0, 1, ... start − 1, so that warps reading at the same moment read at different
-// offsets of their rows (v10_rotated_walk.cu says why that matters). Even: a step reads 128 bytes
-// of each row, and the copies' L2::256B hint brings in the aligned 256 bytes, two steps; an odd
-// start would split one such pair between the walk's first step and its last, and the DRAM would
-// read it twice (measured: 1.6% more bytes than v9 at the 70B shapes with odd starts allowed).
+// 2^16 / φ (Fibonacci hashing), its low 16 bits scaled to [0, iters) by a multiply and a shift (no
+// division: the SASS check holds the kernel to no I2F). Consecutive tiles start far apart and the
+// starts spread evenly over the row. The walk visits steps start, start + 1, ... iters − 1, 0, 1, ...
+// start − 1, so that warps reading at the same moment read at different offsets of their rows
+// (v10_rotated_walk.cu says why that matters). Odd starts included, on purpose: a step reads 128
+// bytes of a row and the copies' L2::256B hint brings in the aligned 256, two steps, so an odd
+// start splits one such pair between the walk's first step and its last (about 1.6% more DRAM
+// bytes than v9 at the 70B shapes); with the starts made even the bytes fell back to v9's, and the
+// time with them (the bench of commit cca4c62, results/h200/history/). That points at the pairs:
+// with any start, about half the tiles fetch theirs on the other steps of the walk.
 __host__ __device__ __forceinline__ int walk_start(unsigned tile, unsigned iters) {
-  return 2 * int(((tile * 40503u) & 0xffffu) * (iters / 2) >> 16);
+  return int(((tile * 40503u) & 0xffffu) * iters >> 16);
 }
 
 // 4-byte cp.async through L1 (.ca: the only kind that takes 4 bytes), `bytes` of them read
