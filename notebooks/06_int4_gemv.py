@@ -149,10 +149,15 @@ if data:
 #   BF16 fold's Σx pass runs over the rows of x only, on the tensor cores (x in A, a one-hot B).
 #   Past M = 2 it is `v8`; back to back and in a graph it is below `v8` at every shape at M ≤ 2 in
 #   the recorded run, most at 14336 × 4096, M = 2, where `v8` splits K in two.
+# - `v10` is `v9` with every tile's walk along K rotated by a hash of the tile, so that the warps
+#   reading at the same moment read at different offsets of their rows: the same bytes, asked of
+#   the DRAM in another order. Back to back and in a graph it is below `v9` where the warps' runs
+#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.3 to 1.1 µs) and within a few tenths
+#   elsewhere; compare the two curves at M = 1 and 2.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` gains a little over its back-to-back time, about the same
-#   share of its time as cuBLAS does, so the ratios hardly move (the book's section "In a CUDA
-#   graph").
+#   comes close to `v8` there, and `v9` and `v10` gain a little over their back-to-back time,
+#   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
+#   section "In a CUDA graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
 #   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
 

@@ -21,7 +21,8 @@
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnr": v5 v6 v7 v8 v9 v10)
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnr": v5 v6 v7 v8 v9 v10;
+//                                                        # time v10 in a build with -DLKW_TIMELINE_NO_MARKS)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
 //                                                        # warp step, in bursts of 128 to 1024 bytes per row,
@@ -70,7 +71,12 @@ __device__ __forceinline__ void mark(int point) {
 }
 }  // namespace lkw::gemv::timeline
 
+// -DLKW_TIMELINE_NO_MARKS compiles the marks out (the kernels exactly as the bench builds them; the
+// marks' lines are then meaningless): with them in, v10's balanced kernel spills 4 bytes, which
+// costs it time the bench's build does not pay.
+#ifndef LKW_TIMELINE_NO_MARKS
 #define LKW_GEMV_MARK(point) ::lkw::gemv::timeline::mark(point)
+#endif
 #include "06_int4_gemv/persistent_gemv.cuh"
 #include "01_formats/formats_bits.cuh"
 #include "lkw/numeric.h"
