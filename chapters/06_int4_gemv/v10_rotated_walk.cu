@@ -25,9 +25,26 @@
 // faster back to back at 8192 × 28672 and slower at M = 8 (06_tile_order.txt part 3); v10 keeps to
 // v9's kernels (M ≤ 2, G = 128) and is v8 elsewhere, as v9.
 //
-// Expect: faster than v9 back to back and in a graph at the shapes where v9 runs its own kernels,
-// most where the warps' runs line up (8192 × 28672, 8192 × 8192); the same DRAM bytes; as v9 one
-// launch at a time (x waits behind the ring). SASS: v9's, for v10's own (rotated) kernels.
+// The starts are odd or even. A step reads 128 bytes of each row and the copies' L2::256B hint
+// fetches the aligned 256, two steps; a walk that starts at an odd step splits one pair between
+// its first step and its last, and the DRAM reads it twice (2.6% and 2.9% over the byte model at
+// the 70B shapes, against v9's 1.0% and 1.3%). Starting every walk at an even step (commit cca4c62,
+// results/h200/history/06_int4_gemv_cca4c62_even_starts.json) put the bytes back and took the gain
+// away: 33.21 against v9's 33.29 µs back to back at 28672 × 8192, 34.25 against 34.25 at
+// 8192 × 28672. One reading (not shown directly by the timeline): with every start even, every walk
+// asks the DRAM for a new pair on the same steps; with the parity mixed, about half of them ask on
+// the others. v10 keeps the odd starts.
+//
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T19:33:27Z, commit 0d20c3f), against
+// v9 in the same run at M = 1: back to back 32.65 against 33.34 µs at 28672 × 8192 (87.5% of the
+// copy ceiling), 33.64 against 34.27 at 8192 × 28672 (84.9%); in a CUDA graph 32.04 against 32.95
+// (89.2%) and 33.18 against 33.87 (86.1%); 1.13 µs less back to back at 8192 × 8192. Where the
+// runs do not line up (4096 × 4096, 4096 × 14336, 14336 × 4096) within 0.22 µs of v9 either way.
+//
+// Expect: faster than v9 back to back and in a graph at the shapes where the warps' runs line up
+// (the 70B shapes and 8192 × 8192, M ≤ 2), within a few tenths elsewhere; DRAM bytes within 2% of
+// v9's; as v9 one launch at a time (x waits behind the ring). SASS: v9's, for v10's own (rotated)
+// kernels.
 #include "persistent_gemv.cuh"
 
 namespace lkw::gemv {

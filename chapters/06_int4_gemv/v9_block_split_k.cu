@@ -53,7 +53,7 @@
 // (results/h200/probes/06_prologue.txt: summing each step's own groups in the step, v5's FP16 fold
 // at S = 1, x by one bulk copy per row, x loaded into registers by the pass itself).
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T15:48:04Z, commit af27eee) has v9
+// The bench (results/h200/history/06_int4_gemv_af27eee.json: H200, 2026-12-01T15:48:04Z) has v9
 // below v8 at all 12 shapes with M ≤ 2, by 0.52 to 2.35 µs back to back and 0.64 to 2.36 µs in a
 // CUDA graph: 33.50 against 34.02 µs back to back at 28672 × 8192 (84.97% of the copy ceiling),
 // 34.24 against 35.31 at 8192 × 28672 (83.1%); in a graph 32.94 against 33.97 µs (86.4%) and 33.82
