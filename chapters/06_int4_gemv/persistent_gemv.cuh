@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     else pending2 = t;
     ++pending_n;
   };
-  // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages at step rotated(it, tile_start); after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile; kRotate: its tile_start), it = 0. (about 37 lines)
+  // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages at step rotated(it, tile_start); after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile; kRotate: its tile_start), it = 0. (about 38 lines)
   LKW_GEMV_MARK(kMarkLoopEnd);
   cp_async_wait<0>();  // nothing left in flight when the block exits (or reuses the ring)
   if constexpr (kBalanced) {

@@ -747,7 +747,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     cp_async_wait<kStages - 1>();
     __syncwarp();
     if (s == 0) LKW_GEMV_MARK(kMarkFirstStage);
-    compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, rotated(it, tile_start), acc);
+    compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, rotated(it, tile_start),
+                                 acc);
     ++it;
     if (it == ln.iters || (kBalanced && s + 1 == count)) {
       if constexpr (kBalanced) {

@@ -68,7 +68,8 @@ Status gemv_v7(const GemvArgs& a, cudaStream_t stream) {
   return launch_shallow<kOp>(a, stream);  // v5's choice of mode, two stages, plan_rounds
 }
 
-// The first fact names v7's kernels only (two stages: ...ELi2ELb0EE, whole or half tiles, the walk not rotated).
+// The first fact names v7's kernels only (two stages, the walk not rotated: ...ELi2ELb0EE, whole
+// or half tiles).
 std::vector<SassFact> facts() {
   return {{"persistent_kernel*ELi2ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
