@@ -58,9 +58,7 @@ using namespace persistent;
 template <const GemvOp& kOp>
 Status gemv_v6(const GemvArgs& a, cudaStream_t stream) {
   static_assert(!kOp.zero_points, "v6 balances v5's kernels, which run without zero points");
-  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
-  if (s.ok()) s = validate_gemv(kOp, a, 16);
-  if (!s.ok()) return s;
+  if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
   return launch_v5_modes<kOp, true>(a, stream);  // v5's choice of mode; balanced where it pays
 }
 

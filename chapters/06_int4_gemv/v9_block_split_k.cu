@@ -75,9 +75,7 @@ using namespace persistent;
 template <const GemvOp& kOp>
 Status gemv_v9(const GemvArgs& a, cudaStream_t stream) {
   static_assert(!kOp.zero_points, "v9 runs v7's kernels, which run without zero points");
-  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
-  if (s.ok()) s = validate_gemv(kOp, a, 16);
-  if (!s.ok()) return s;
+  if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
   return launch_block_split<kOp>(a, stream);  // persistent_gemv.cuh
 }
 

@@ -854,6 +854,14 @@ Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64
   return {k_split, splits, smem_bytes<kNTiles, kMode, kStages>(m, k_split)};
 }
 
+// The arguments every persistent version (v4 to v10) refuses before launching: the scales are
+// copied in 4-byte words, the weights in 16-byte chunks (validate_gemv's alignment of 16).
+inline Status validate_persistent(const GemvOp& op, const GemvArgs& a) {
+  Status s = Check().aligned(a.scales, 4, "scales").status();
+  if (s.ok()) s = validate_gemv(op, a, 16);
+  return s;
+}
+
 inline size_t smem_optin() {
   static const size_t bytes = [] {
     int dev = 0, b = 0;

@@ -56,9 +56,7 @@ using namespace persistent;
 
 template <const GemvOp& kOp>
 Status gemv_v4(const GemvArgs& a, cudaStream_t stream) {
-  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
-  if (s.ok()) s = validate_gemv(kOp, a, 16);
-  if (!s.ok()) return s;
+  if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
   const bool two_tiles = a.m > 8;
   if constexpr (kOp.zero_points) {
     return two_tiles ? launch<2, kZeroPoints>(kOp, a, stream)

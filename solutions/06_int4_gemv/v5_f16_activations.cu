@@ -48,9 +48,7 @@ using namespace persistent;
 template <const GemvOp& kOp>
 Status gemv_v5(const GemvArgs& a, cudaStream_t stream) {
   static_assert(!kOp.zero_points, "v5 changes only the fold, which runs without zero points");
-  Status s = Check().aligned(a.scales, 4, "scales").status();  // copied in 4-byte words
-  if (s.ok()) s = validate_gemv(kOp, a, 16);
-  if (!s.ok()) return s;
+  if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
   return launch_v5_modes<kOp>(a, stream);  // the FP16 fold at G = 128, M ≤ kF16MaxM; else v4's
 }
 
