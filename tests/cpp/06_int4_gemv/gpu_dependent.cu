@@ -122,22 +122,24 @@ TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
               "chapter 06 dependent launch");
 }
 
+// v9's links: M = 1 (S = 1, the whole row, both links), M = 2 with one link at K = 4096 (S = 1, even
+// cuts) and the other past v9's whole row at M = 2 (K = 28672 or 14336: v8's S > 1 with the lean
+// fold), M = 8 (v8).
+const std::vector<std::array<int64_t, 4>> kBlockSplitLinks = {
+    {1, 4096, 4096, 14336}, {2, 4096, 28672, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}};
+
 TEST(DependentLaunch, V9ChainReadsThePreviousKernelsOutput) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v9 against itself with a sync after each launch: M = 1 (S = 1, the whole row, both links),
-  // M = 2 with one link at K = 4096 (S = 1, even cuts) and the other past v9's whole row at M = 2
-  // (K = 28672 or 14336: v8's S > 1 with the lean fold), M = 8 (v8).
+  // v9 against itself with a sync after each launch.
   const Version& v9 = version("v9_block_split_k");
-  check_chain(v9, v9, {{1, 4096, 4096, 14336}, {2, 4096, 28672, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}},
-              "chapter 06 dependent launch, v9");
+  check_chain(v9, v9, kBlockSplitLinks, "chapter 06 dependent launch, v9");
 }
 
 TEST(DependentLaunch, V10ChainReadsThePreviousKernelsOutput) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   // v10 (v9's kernels with the walk rotated) against itself, at v9's links.
   const Version& v10 = version("v10_rotated_walk");
-  check_chain(v10, v10, {{1, 4096, 4096, 14336}, {2, 4096, 28672, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}},
-              "chapter 06 dependent launch, v10");
+  check_chain(v10, v10, kBlockSplitLinks, "chapter 06 dependent launch, v10");
 }
 
 }  // namespace
