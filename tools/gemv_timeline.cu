@@ -16,12 +16,13 @@
 // tests one global pointer per mark and is otherwise the version's kernel. Each kernel is also
 // timed back to back (20 launches between two events over rotated copies of the weights, no
 // flush), and v7's kernel once more as v8 runs it (a programmatic dependent launch), then v9's
-// choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1) and v10's
-// (the same with every tile's walk rotated), and so is an empty kernel of the same shape.
+// choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1), v10's
+// (the same with every tile's walk rotated) and v11's (the same with 128-byte line copies), and so
+// is an empty kernel of the same shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnr": v5 v6 v7 v8 v9 v10;
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrl": v5 to v11;
 //                                                        # time v10 in a build with -DLKW_TIMELINE_NO_MARKS)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
@@ -407,7 +408,7 @@ const char* path_name(int64_t m, int group) {
 // v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
-enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated };
+enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines };
 Kernel g_kernel = Kernel::kWhole;
 template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
@@ -417,6 +418,7 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
     case Kernel::kDependent: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream, true);
     case Kernel::kBlockSplit: return pk::launch_block_split<kInt4iGemv>(a, stream);
     case Kernel::kRotated: return pk::launch_block_split<kInt4iGemv, true>(a, stream);
+    case Kernel::kLines: return pk::launch_block_split<kInt4iGemv, false, 128>(a, stream);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -670,7 +672,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   });
   const int sms = prop.multiProcessorCount;
   // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
-  const bool block_split = g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated;  // v9, v10
+  const bool block_split =
+      g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines;  // v9 to v11
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || block_split;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = block_split && m <= 2;
@@ -692,6 +695,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               : g_kernel == Kernel::kDependent ? "shallow ring as a dependent launch (v8)"
               : g_kernel == Kernel::kBlockSplit ? "K split in the block (v9)"
               : g_kernel == Kernel::kRotated    ? "v9 with the walk rotated (v10)"
+              : g_kernel == Kernel::kLines      ? "v9 with 128-byte line copies (v11)"
                                                : "whole tiles (v5)",
               halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
@@ -792,20 +796,20 @@ int main(int argc, char** argv) {
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
   if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
-  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnr" (v5 v6 v7 v8 v9 v10)
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrl" (v5 to v11)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block and v10's rotated walk, INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk and v11's 128-byte line copies, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
     for (const Kernel kernel :
          {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit,
-          Kernel::kRotated}) {
-      if (kinds && !std::strchr(kinds, "wbsdnr"[int(kernel)])) continue;
+          Kernel::kRotated, Kernel::kLines}) {
+      if (kinds && !std::strchr(kinds, "wbsdnrl"[int(kernel)])) continue;
       g_kernel = kernel;
       run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
     }

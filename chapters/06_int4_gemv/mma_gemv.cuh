@@ -27,14 +27,24 @@ __host__ __device__ __forceinline__ int64_t tile_partials(int splits, int m) {
 // cp.async.cg.shared.global, 16 bytes: a global→shared copy that holds no register while it is
 // in flight and bypasses L1 (.cg: the weights are read once). With plain loads the next
 // iterations' weights would sit in registers, and ptxas, to shorten their lives, sinks such
-// prefetches to the end of the loop body, where they no longer overlap anything. .L2::256B lets
-// L2 fetch the whole 256-byte pair of lines from DRAM at once: the block reads both anyway.
+// prefetches to the end of the loop body, where they no longer overlap anything. kPrefetch is the
+// L2 prefetch size the copy asks for on a miss: 256 (v3 to v10), the whole 256-byte pair of lines
+// at once, since the warp reads both anyway; 128 (v11), the copy's own line only
+// (v11_line_prefetch.cu says why the smaller one is faster).
 // `valid` false copies 0 bytes and zero-fills the 16 (the K tail), reading nothing.
+template <int kPrefetch = 256>
 __device__ __forceinline__ void cp_async_16(void* dst_sh, const void* src_gl, bool valid) {
+  static_assert(kPrefetch == 256 || kPrefetch == 128, "an L2 prefetch of 256 or 128 bytes");
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_gl),
-               "r"(valid ? 16 : 0)
-               : "memory");
+  if constexpr (kPrefetch == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_gl),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_gl),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  }
 }
 // Closes the group of copies issued since the last commit; wait<n> returns once at most n groups
 // are still in flight (the lane's own copies: each lane reads back only what it copied itself).

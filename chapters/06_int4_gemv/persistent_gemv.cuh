@@ -243,7 +243,7 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
 // The copies of step `it` of a tile into a stage: each lane its four weight chunks (as v3), the
 // scale words of the 16 rows (128/G + 1 aligned 4-byte words per row around the step's 256/G
 // scales, shared out over the lanes), the zero-point word of each row (lanes 0..15).
-template <bool kZp, int kPasses>
+template <bool kZp, int kPasses, int kPrefetch>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
@@ -320,9 +320,11 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 // warp; the tiles that fall on two or more warps are summed in shared memory after the loop.
 // kStages: the depth of each warp's ring (v4 to v6: stages_for; v7: kShallowStages). kRotate (v10):
 // every tile's walk along K starts at walk_start(tile) and wraps around; the runs, the tiles' parts
-// and their sums are as without it, only the step each logical step reads is rotated.
+// and their sums are as without it, only the step each logical step reads is rotated. kPrefetch:
+// the L2 prefetch size of every 16-byte copy, weights and x (mma::cp_async_16): 256 bytes (v4 to
+// v10) or 128 (v11).
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false>
+          bool kRotate = false, int kPrefetch = 256>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
@@ -370,7 +372,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     for (int r = 0; r < p.m; ++r) {
       for (int cc = threadIdx.x; cc < row_chunks; cc += blockDim.x) {
         const bool valid = 8 * cc < ln.k_len;
-        cp_async_16(x_sh + x_chunk(r, cc, row_chunks),
+        cp_async_16<kPrefetch>(x_sh + x_chunk(r, cc, row_chunks),
                     p.x + int64_t(r) * p.k + (valid ? ln.k_begin + 8 * cc : 0), valid);
       }
     }
@@ -415,7 +417,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, tile0);
   auto copy_next = [&](int s) {
     if (copies_left > 0 && copy_tile < p.tiles) {
-      copy_step<kZp, kPasses>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
+      copy_step<kZp, kPasses, kPrefetch>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
       --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
@@ -689,10 +691,10 @@ struct Options {
   bool even_cuts = false;
 };
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false>
+          bool kRotate = false, int kPrefetch = 256>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   const bool pdl = o.pdl;
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate>;
+  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch>;
   const size_t limit = smem_optin();
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
@@ -738,11 +740,12 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options 
   return last_launch_status(op.name);
 }
 
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          int kPrefetch = 256>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
-  return launch<kNTiles, kMode, kBalanced, kStages>(op, a, stream, o);
+  return launch<kNTiles, kMode, kBalanced, kStages, false, kPrefetch>(op, a, stream, o);
 }
 
 // v5_f16_activations' choice of kernel (also what tools/gemv_timeline.cu runs). The FP16 fold up
@@ -817,18 +820,19 @@ bool v7_halves(const GemvArgs& a) {
   return plan.splits == 1 && per_block % kWarps != 0;
 }
 
-template <int kNTiles, int kMode>
+template <int kNTiles, int kMode, int kPrefetch = 256>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
-  if (v7_halves<kNTiles, kMode>(a)) return launch<kNTiles, kMode, true, kShallowStages>(op, a, stream, pdl);
-  return launch<kNTiles, kMode, false, kShallowStages>(op, a, stream, pdl);
+  if (v7_halves<kNTiles, kMode>(a))
+    return launch<kNTiles, kMode, true, kShallowStages, kPrefetch>(op, a, stream, pdl);
+  return launch<kNTiles, kMode, false, kShallowStages, kPrefetch>(op, a, stream, pdl);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
-// v8: the same, launched as a programmatic dependent (pdl).
-template <const GemvOp& kOp>
+// v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies.
+template <const GemvOp& kOp, int kPrefetch = 256>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value>(kOp, a, stream, pdl);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch>(kOp, a, stream, pdl);
   });
 }
 
@@ -853,17 +857,18 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // block_split_plan says; at S = 1 the balanced kernel with the block's steps cut evenly, whole
 // tiles at S > 1 (the split-K finish through the workspace, as v8). Elsewhere v8
 // (v9_block_split_k.cu says why). kRotate (v10): the same kernels with every tile's walk along K
-// rotated (walk_start).
-template <const GemvOp& kOp, bool kRotate = false>
+// rotated (walk_start). kPrefetch (v11): the same kernels, v8's included, with every copy asking
+// L2 for its own 128-byte line.
+template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
-  if (a.m > 2 || a.group != 128) return launch_shallow<kOp>(a, stream, /*pdl=*/true);
+  if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch>(a, stream, /*pdl=*/true);
   Options o;
   o.pdl = true;
   o.lean_sums = true;
   o.even_cuts = true;
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kShallowStages, kRotate>(kOp, a, stream, o);
-  return launch<1, kFold, false, kShallowStages, kRotate>(kOp, a, stream, o);
+    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch>(kOp, a, stream, o);
+  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

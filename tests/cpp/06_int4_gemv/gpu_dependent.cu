@@ -142,5 +142,12 @@ TEST(DependentLaunch, V10ChainReadsThePreviousKernelsOutput) {
   check_chain(v10, v10, kBlockSplitLinks, "chapter 06 dependent launch, v10");
 }
 
+TEST(DependentLaunch, V11ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v11 (v9's and v8's kernels with 128-byte copies) against itself, at v9's links (v8's at M = 8).
+  const Version& v11 = version("v11_line_prefetch");
+  check_chain(v11, v11, kBlockSplitLinks, "chapter 06 dependent launch, v11");
+}
+
 }  // namespace
 }  // namespace lkw::gemv

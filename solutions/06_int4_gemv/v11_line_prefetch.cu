@@ -1,0 +1,67 @@
+// v11_line_prefetch — v9's kernels (v8's past M = 2) with every 16-byte copy asking L2 for its own
+// 128-byte line on a miss, where v3 to v10 ask for the aligned 256-byte pair. v10's rotation is
+// not kept.
+//
+// Since v10: v3 chose .L2::256B because a warp reads both lines of every pair, one step after the
+// other, and one DRAM request for 256 bytes seemed better than two for 128. But a warp asks for a
+// new pair only every second step, and all its neighbours, started together and keeping nearly
+// the same pace, ask on the same steps: the DRAM sees a burst of requests for 256 bytes per row,
+// then a step with almost none. v10's rotation had found the symptom: a walk that starts at an
+// odd step asks for its pairs on the other steps, and with the parity mixed over the tiles the
+// requests spread out; with every start even the gain was gone (v10_rotated_walk.cu). Asking for
+// 128 bytes per copy removes the cause: every step of every warp asks for its own lines, and the
+// requests come as evenly as the steps.
+//
+// Tried first with tools/gemv_timeline (results/h200/probes/06_line_prefetch.txt, H200,
+// 2026-12-01, the prefetch size switched by a macro; back to back, µs): at M = 1, v9's kernels
+// with 128-byte lines took 32.19 against 33.00 at 28672 × 8192 and 33.11–33.17 against 34.12–34.17
+// at 8192 × 28672, below v10's 32.66–32.84 and 33.55–33.59; rotated as well they were no faster
+// (32.63–32.66 and 33.21–33.23). v8's kernels gained as much past M = 2 (M = 8 at 8192 × 28672:
+// 38.29–38.34 against 41.15–41.54), v7's one launch at a time too. No prefetch size at all (L2
+// fetches 32-byte sectors as the lanes ask) was slower than either at the 70B shapes; 64 bytes
+// between the two; the scales' 4-byte copies with a 128- or 256-byte prefetch within the runs'
+// spread.
+//
+// So v11 is v9's choice of kernel (the lean BF16 fold, the K split kept in the block at M ≤ 2 and
+// G = 128; v8 elsewhere) with kPrefetch = 128 in every copy of the weights and of x
+// (persistent_gemv.cuh, mma::cp_async_16). The same bytes as the model asks; the same SASS but
+// for the copies' LTC128B.
+//
+// Expect: faster than v9 and v10 back to back and in a graph at every shape at M ≤ 2, and than v8
+// past M = 2; DRAM bytes as v9's (no pair split by a rotated walk). SASS: LDGSTS.E.BYPASS.LTC128B
+// for the weights and x, no LTC256B, and v9's griddepcontrol, BF16 mma and LOP3 unpack.
+#include "persistent_gemv.cuh"
+
+namespace lkw::gemv {
+namespace {
+
+using namespace persistent;
+
+template <const GemvOp& kOp>
+Status gemv_v11(const GemvArgs& a, cudaStream_t stream) {
+  static_assert(!kOp.zero_points, "v11 runs v7's kernels, which run without zero points");
+  if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
+  return launch_block_split<kOp, /*kRotate=*/false, /*kPrefetch=*/128>(a, stream);  // persistent_gemv.cuh
+}
+
+// v11's kernels: every instantiation with the 128-byte prefetch (the last template argument,
+// ...ELi128EE); the second fact its BF16 fold at M ≤ 2 (v9's kernels).
+std::vector<SassFact> facts() {
+  return {{"persistent_kernel*ELi2ELb0ELi128EE", {"sm_90a"},
+           {"ACQBULK", "PREEXIT", "LDGSTS.E.BYPASS.LTC128B.128", "HMMA", "LOP3"},
+           {"LDGSTS.E.BYPASS.LTC256B", "I2F", "I2FP", "LDG.E.128"}, true,
+           "v8's and v9's kernels with every 16-byte copy asking for its own 128-byte line "
+           "(LDGSTS...LTC128B, none with LTC256B), griddepcontrol (ACQBULK, PREEXIT), mma.sync, "
+           "LOP3 unpack, no integer→float convert"},
+          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
+           "the BF16 fold of v9's kernels (M ≤ 2, G = 128)"}};
+}
+
+constexpr const char* kSummary = "v9 (v8 past M = 2) with every copy asking L2 for its own 128-byte line "
+                                 "instead of the 256-byte pair, so that the warps' DRAM requests come as "
+                                 "evenly as their steps";
+const Register kRegistered{
+    gemv_version(kInt4iGemv, "v11_line_prefetch", kSummary, gemv_v11<kInt4iGemv>, facts())};
+
+}  // namespace
+}  // namespace lkw::gemv
