@@ -34,11 +34,15 @@
 // asks the DRAM for a new pair on the same steps; with the parity mixed, about half of them ask on
 // the others. v10 keeps the odd starts.
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T19:33:27Z, commit 0d20c3f), against
-// v9 in the same run at M = 1: back to back 32.65 against 33.34 µs at 28672 × 8192 (87.5% of the
-// copy ceiling), 33.64 against 34.27 at 8192 × 28672 (84.9%); in a CUDA graph 32.04 against 32.95
-// (89.2%) and 33.18 against 33.87 (86.1%); 1.13 µs less back to back at 8192 × 8192. Where the
-// runs do not line up (4096 × 4096, 4096 × 14336, 14336 × 4096) within 0.22 µs of v9 either way.
+// The bench (results/h200/history/06_int4_gemv_0d20c3f.json: H200, 2026-12-01T19:33:27Z, commit
+// 0d20c3f), against v9 in the same run at M = 1: back to back 32.65 against 33.34 µs at
+// 28672 × 8192 (87.5% of the copy ceiling), 33.64 against 34.27 at 8192 × 28672 (84.9%); in a CUDA
+// graph 32.04 against 32.95 (89.2%) and 33.18 against 33.87 (86.1%); 1.13 µs less back to back at
+// 8192 × 8192. Where the runs do not line up (4096 × 4096, 4096 × 14336, 14336 × 4096) within
+// 0.22 µs of v9 either way.
+//
+// v11_line_prefetch found the cause: the 256-byte pairs themselves. With 128-byte copies v9's
+// kernels need no rotation and are faster than v10 (v11_line_prefetch.cu).
 //
 // Expect: faster than v9 back to back and in a graph at the shapes where the warps' runs line up
 // (the 70B shapes and 8192 × 8192, M ≤ 2), within a few tenths elsewhere; DRAM bytes within 2% of

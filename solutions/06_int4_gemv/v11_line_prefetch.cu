@@ -14,22 +14,33 @@
 //
 // Tried first with tools/gemv_timeline (results/h200/probes/06_line_prefetch.txt, H200,
 // 2026-12-01, the prefetch size switched by a macro; back to back, µs): at M = 1, v9's kernels
-// with 128-byte lines took 32.19 against 33.00 at 28672 × 8192 and 33.11–33.17 against 34.12–34.17
-// at 8192 × 28672, below v10's 32.66–32.84 and 33.55–33.59; rotated as well they were no faster
-// (32.63–32.66 and 33.21–33.23). v8's kernels gained as much past M = 2 (M = 8 at 8192 × 28672:
-// 38.29–38.34 against 41.15–41.54), v7's one launch at a time too. No prefetch size at all (L2
-// fetches 32-byte sectors as the lanes ask) was slower than either at the 70B shapes; 64 bytes
-// between the two; the scales' 4-byte copies with a 128- or 256-byte prefetch within the runs'
-// spread.
+// with 128-byte lines took 32.19 against 32.98–33.00 at 28672 × 8192 and 33.11–33.17 against
+// 34.12–34.17 at 8192 × 28672, below v10's 32.66–32.84 and 33.55–33.59; rotated as well they were
+// no faster (32.63–32.66 and 33.21–33.23). v8's kernels gained more past M = 2 (M = 8 at
+// 8192 × 28672: 38.29–38.34 against 41.15–41.54), v7's one launch at a time too. No prefetch size
+// at all (L2 fetches the 32-byte sectors the lanes ask for) was slower than 128 bytes at every
+// shape of the first run, 64 bytes slower than 128 nearly everywhere; the scales' 4-byte copies
+// with a 128- or 256-byte prefetch were within the runs' spread.
 //
 // So v11 is v9's choice of kernel (the lean BF16 fold, the K split kept in the block at M ≤ 2 and
 // G = 128; v8 elsewhere) with kPrefetch = 128 in every copy of the weights and of x
 // (persistent_gemv.cuh, mma::cp_async_16). The same bytes as the model asks; the same SASS but
 // for the copies' LTC128B.
 //
-// Expect: faster than v9 and v10 back to back and in a graph at every shape at M ≤ 2, and than v8
-// past M = 2; DRAM bytes as v9's (no pair split by a rotated walk). SASS: LDGSTS.E.BYPASS.LTC128B
-// for the weights and x, no LTC256B, and v9's griddepcontrol, BF16 mma and LOP3 unpack.
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T21:03:47Z, commit 0ddd984), M = 1,
+// back to back against v10 and v9 in the same run: 32.38 against 32.47 and 33.14 µs at
+// 28672 × 8192 (88.4% of the copy ceiling), 33.24 against 33.62 and 34.18 at 8192 × 28672
+// (86.1%); in a CUDA graph 31.77 (90.1%) and 32.69 µs (87.6%); one launch after the flush 36.72 and
+// 37.25 µs. Faster than v10 at 10 of the 12 shapes with M ≤ 2 back to back (by 0.09 to 0.63 µs;
+// at 4096 × 4096, 8 MB of weights, 0.13 and 0.04 µs slower) and at all 12 in a graph; faster
+// than v8 at all 18 shapes past M = 2, both ways, by up to 3.09 µs (M = 8, 8192 × 28672: 37.56
+// against 40.65). DRAM bytes as v9's at the 70B shapes (0.9% and 1.2% over the model at M = 1;
+// v9 0.9% and 1.4%, v10 2.6% and 3.1%), 0.2–4.0% over at every shape.
+//
+// Expect: faster than v9 and v10 back to back and in a graph where the rows are long (at
+// 4096 × 4096 within a few tenths of v10), and than v8 past M = 2; DRAM bytes as v9's (no pair
+// split by a rotated walk). SASS: LDGSTS.E.BYPASS.LTC128B for the weights and x, no LTC256B, and
+// v9's griddepcontrol, BF16 mma and LOP3 unpack.
 #include "persistent_gemv.cuh"
 
 namespace lkw::gemv {

@@ -160,7 +160,7 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
         assert vs["torch_int4pack_mm"]["time_us"] > best["time_us"], shape
         if shape in ("m=8,n=28672,k=8192,g=128", "m=8,n=8192,k=28672,g=128"):
             assert vs["cublas"]["time_us"] / best["time_us"] >= 2.5, shape  # the M = 8 goal
-            assert best["version"] == "v7_shallow_ring", shape
+            assert best["version"] in ("v7_shallow_ring", "v11_line_prefetch"), shape
     # v7's promise: most of its gain at M = 8 and 16 where K is long.
     for m in (8, 16):
         vs = by_shape[f"m={m},n=8192,k=28672,g=128"]
@@ -170,8 +170,9 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
     # fastest nearly everywhere, and v9's promise, faster than v8 at every shape with M <= 2 (its
     # own paths; past M = 2 it runs v8); v10's, faster than v9 where the warps' runs line up
     # (M <= 2 at the 70B shapes and 8192 x 8192) and nowhere more than 0.3 us slower at M <= 2;
-    # v11's, faster than v10 at every shape with M <= 2 and than v8 past it (the same kernels with
-    # 128-byte copies); still faster than PyTorch's INT4 kernel; the M = 8 goal.
+    # v11's, faster than v10 where the rows are long (every shape with M <= 2 but 4096 x 4096, and
+    # there within 0.2 us) and than v8 past M = 2 (the same kernels with 128-byte copies); still
+    # faster than PyTorch's INT4 kernel; the M = 8 goal.
     b2b = [r for r in rows if r.get("back_to_back_us") is not None]
     assert b2b and all(r["back_to_back_correct"] for r in b2b)
     fastest_dependent = 0
@@ -189,7 +190,8 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
             assert vs["v10_rotated_walk"]["back_to_back_us"] < vs["v9_block_split_k"]["back_to_back_us"], shape
         if "v11_line_prefetch" in vs:
             rival = "v10_rotated_walk" if shape.startswith(("m=1,", "m=2,")) else "v8_dependent_launch"
-            assert vs["v11_line_prefetch"]["back_to_back_us"] < vs[rival]["back_to_back_us"], shape
+            slack = 0.2 if ",n=4096,k=4096," in shape and rival == "v10_rotated_walk" else 0.0
+            assert vs["v11_line_prefetch"]["back_to_back_us"] < vs[rival]["back_to_back_us"] + slack, shape
         if ",n=28672," in shape or ",k=28672," in shape:
             assert vs["v8_dependent_launch"]["back_to_back_us"] < vs["v7_shallow_ring"]["back_to_back_us"], shape
             # ... and one launch at a time after the flush, slower (x waits behind the ring).
