@@ -33,6 +33,7 @@
 //                                                        # steps in flight (results/h200/probes/06_long_rows.txt)
 //   LKW_TIMELINE_READ=1 LKW_TIMELINE_READ_NARROW_ONLY=1 ...  # only the last, nothing else timed
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
+//   (built with -DLKW_TIMELINE_V7_LINES: kind s runs v7's kernel with v11's 128-byte copies)
 //   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
 //   LKW_TIMELINE_PER_SM=8 ...                            # 8 more marked launches: per launch and block its SM
 //                                                        # and its warps' median and last loop end
@@ -414,7 +415,11 @@ template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
   switch (g_kernel) {
     case Kernel::kBalanced: return pk::launch<kNTiles, kMode, true>(kInt4iGemv, a, stream);
+#ifdef LKW_TIMELINE_V7_LINES  // v7's kernel with v11's 128-byte copies (kind s only)
+    case Kernel::kShallow: return pk::launch_v7_mode<kNTiles, kMode, 128>(kInt4iGemv, a, stream);
+#else
     case Kernel::kShallow: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream);
+#endif
     case Kernel::kDependent: return pk::launch_v7_mode<kNTiles, kMode>(kInt4iGemv, a, stream, true);
     case Kernel::kBlockSplit: return pk::launch_block_split<kInt4iGemv>(a, stream);
     case Kernel::kRotated: return pk::launch_block_split<kInt4iGemv, true>(a, stream);
