@@ -740,12 +740,11 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options 
   return last_launch_status(op.name);
 }
 
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          int kPrefetch = 256>
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
-  return launch<kNTiles, kMode, kBalanced, kStages, false, kPrefetch>(op, a, stream, o);
+  return launch<kNTiles, kMode, kBalanced, kStages>(op, a, stream, o);
 }
 
 // v5_f16_activations' choice of kernel (also what tools/gemv_timeline.cu runs). The FP16 fold up
@@ -822,9 +821,11 @@ bool v7_halves(const GemvArgs& a) {
 
 template <int kNTiles, int kMode, int kPrefetch = 256>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
+  Options o;
+  o.pdl = pdl;
   if (v7_halves<kNTiles, kMode>(a))
-    return launch<kNTiles, kMode, true, kShallowStages, kPrefetch>(op, a, stream, pdl);
-  return launch<kNTiles, kMode, false, kShallowStages, kPrefetch>(op, a, stream, pdl);
+    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch>(op, a, stream, o);
+  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch>(op, a, stream, o);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
