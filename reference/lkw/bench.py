@@ -478,7 +478,8 @@ def int4_gemv_cases() -> list[Case]:
     (shape strings identical across ops, so peers match up). Inputs: x ~ N(0, 1), random words,
     scales |N(0, 1)| * 0.01 + 1e-3. The reference computes GEMV_SAMPLE_ROWS columns of y from
     that many weight rows (y is [M, N]: the bench's row sampling would cut x, so the reference
-    sees every input and cuts W itself). int4i_gemv carries the torch peers."""
+    sees every input and cuts W itself; int4t_gemv's tiled words cut at whole tiles of 16 rows are
+    the tiled layout of those rows). int4i_gemv carries the torch peers."""
     from lkw import gemv, golden
 
     g = 128
@@ -491,7 +492,10 @@ def int4_gemv_cases() -> list[Case]:
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             if op == "bf16_gemv":
                 return [x, (torch.randn(n, k, **dev) * 0.05).to(torch.bfloat16)], [y]
-            words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, **dev)
+            wshape = (n, k // 8)
+            if op == "int4t_gemv":  # random words are random in any order: the padded shape only
+                wshape = (-(-n // gemv.TILE_ROWS) * gemv.TILE_ROWS, -(-k // 256) * gemv.STEP_WORDS)
+            words = torch.randint(-(2**31), 2**31 - 1, wshape, dtype=torch.int32, **dev)
             scales = (torch.randn(n, k // g, **dev).abs() * 0.01 + 1e-3).to(torch.bfloat16)
             inputs = [x, words, scales]
             if op == "int4i_zp_gemv":
@@ -870,7 +874,7 @@ def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, wa
 
 # Peers measured under an op of their own: the INT4 GEMVs are compared with cuBLAS on BF16
 # weights (op bf16_gemv), at the same shape string.
-PEER_OPS = {op: ("bf16_gemv",) for op in ("int4_gemv", "int4i_gemv", "int4i_zp_gemv")}
+PEER_OPS = {op: ("bf16_gemv",) for op in ("int4_gemv", "int4i_gemv", "int4i_zp_gemv", "int4t_gemv")}
 
 
 def _peer_ratios(rows: list[dict]) -> None:

@@ -3,7 +3,9 @@
 Layouts (stored bits, as the golden files hold them; chapter 02's packing, lkw.int4):
 
 - x: BF16 bits uint16 [M, K]; y: BF16 bits uint16 [M, N].
-- weights: uint32 [N, K/8], natural order (int4_gemv) or interleaved (int4i_gemv, int4i_zp_gemv).
+- weights: uint32 [N, K/8], natural order (int4_gemv) or interleaved (int4i_gemv, int4i_zp_gemv);
+  int4t_gemv: int4i_gemv's words in the tiled layout of v12, uint32 [ceil(N/16)*16, ceil(K/256)*32]
+  holding [tile of 16 rows][step of 32 words][row in the tile][word in the step] (tile_weights).
 - scales: BF16 bits [N, K/G], G = K / scales.shape[1] in {32, 64, 128}.
 - zero points (int4i_zp_gemv): 4-bit, uint32 [N, K/G/8], natural order along the groups.
 
@@ -85,6 +87,47 @@ def int4i_gemv(x: np.ndarray, packed: np.ndarray, scales: np.ndarray) -> np.ndar
 def int4i_zp_gemv(x, packed, scales, zeros) -> np.ndarray:
     """y = x . (q * s - zs)^T, zs = bf16(z * s): interleaved weights, 4-bit zero points."""
     return gemv(x, w_hat(packed, scales, zeros, interleaved=True))
+
+
+TILE_ROWS = 16  # rows per tile of the tiled layout
+STEP_WORDS = 32  # words per row and step (256 k)
+
+
+def tile_weights(words: np.ndarray, fill: np.ndarray | None = None) -> np.ndarray:
+    """int4i_gemv's words [N, K/8] in int4t_gemv's tiled layout [ceil(N/16)*16, ceil(K/256)*32]:
+    word j of row r at flat index ((r // 16 * steps + j // 32) * 16 + r % 16) * 32 + j % 32, steps =
+    ceil(K/256). The padding (rows past N, words past K/8) is zero, or taken from `fill` (an array
+    of the padded shape) so that a test can make it anything at all."""
+    w = np.asarray(words, np.uint32)
+    n, kw = w.shape
+    tiles, steps = -(-n // TILE_ROWS), -(-kw // STEP_WORDS)
+    padded = (
+        np.zeros((tiles * TILE_ROWS, steps * STEP_WORDS), np.uint32)
+        if fill is None
+        else np.array(fill, np.uint32).reshape(tiles * TILE_ROWS, steps * STEP_WORDS)
+    )
+    padded[:n, :kw] = w
+    blocks = padded.reshape(tiles, TILE_ROWS, steps, STEP_WORDS).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blocks).reshape(tiles * TILE_ROWS, steps * STEP_WORDS)
+
+
+def untile_weights(tiled: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The inverse of tile_weights: [N, K/8] words out of the tiled layout (padding dropped)."""
+    t = np.asarray(tiled, np.uint32)
+    tiles, steps = -(-n // TILE_ROWS), -(-(k // 8) // STEP_WORDS)
+    if k % 8 or t.shape != (tiles * TILE_ROWS, steps * STEP_WORDS):
+        raise ValueError(
+            f"tiled weights for N = {n}, K = {k} must be [{tiles * TILE_ROWS}, {steps * STEP_WORDS}]"
+            f" words, got {t.shape}"
+        )
+    rows = t.reshape(tiles, steps, TILE_ROWS, STEP_WORDS).transpose(0, 2, 1, 3)
+    return rows.reshape(tiles * TILE_ROWS, steps * STEP_WORDS)[:n, : k // 8]
+
+
+def int4t_gemv(x: np.ndarray, tiled: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """As int4i_gemv, with the weights in the tiled layout (N from the scales, K from x)."""
+    n, k = np.asarray(scales).shape[0], np.asarray(x).shape[1]
+    return int4i_gemv(x, untile_weights(tiled, n, k), scales)
 
 
 def bf16_gemv(x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -109,6 +109,7 @@ OPS = {
     "int4i_zp_gemv": Op(
         gemv.int4i_zp_gemv, ("bfloat16", "uint32", "bfloat16", "uint32"), ("bfloat16",)
     ),
+    "int4t_gemv": Op(gemv.int4t_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
     "bf16_gemv": Op(gemv.bf16_gemv, ("bfloat16", "bfloat16"), ("bfloat16",)),
 }
 
@@ -546,7 +547,7 @@ def rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
 # ---------------------------------------------------------------------------------------------
 # 06_int4_gemv
 
-GEMV_OPS = ("int4_gemv", "int4i_gemv", "int4i_zp_gemv")
+GEMV_OPS = ("int4_gemv", "int4i_gemv", "int4i_zp_gemv", "int4t_gemv")
 # (M, N, K, G): every M path of the kernels (1 and 2..8: one mma column tile; 9..16: two), odd N
 # and N past one block of rows, every group size (G = 128 scales the FP32 sums in v3, G < 128 the
 # weights), K = 352, 1152 and 4192 not multiples of 256 (the 16-byte versions' K tail, alone and
@@ -593,6 +594,9 @@ def _gemv_case(rng: np.random.Generator, op: str, m: int, n: int, k: int, g: int
         inputs.append(zeros)
     w = gemv.w_hat(words, scales, zeros, interleaved=op != "int4_gemv")
     tol = gemv.tolerance(x, w)
+    if op == "int4t_gemv":  # tiled, the padding random: a kernel that used it would be caught
+        padded = (-(-n // gemv.TILE_ROWS) * gemv.TILE_ROWS, -(-k // 256) * gemv.STEP_WORDS)
+        inputs[1] = gemv.tile_weights(words, rng.integers(0, 2**32, padded, dtype=np.uint32))
     return Case(f"{op}_m{m}_n{n}_k{k}_g{g}", op, tol, inputs, {"group_size": g})
 
 

@@ -9,6 +9,10 @@
 //   int4i_zp_gemv  + zero points uint32 [N, K/G/8] (4 bits, natural order along the groups,
 //                  K/G a multiple of 8): W_hat = q·s − zs with zs = bf16(z·s), rounded once per
 //                  group — chapter 02's contract
+//   int4t_gemv     int4i_gemv's words stored tiled, in the order v12 reads them: uint32
+//                  [⌈N/16⌉·16, ⌈K/256⌉·32] holding [tile of 16 rows][step of 256 k][row][32 words]
+//                  (tiled_word), the padding of both ends unread or multiplied by zero; scales as
+//                  int4i_gemv. lkw.gemv.tile_weights repacks int4i_gemv's words.
 //   bf16_gemv      x bf16 [M, K], W bf16 [N, K]: the cuBLAS peer, the bytes INT4 saves
 // Bytes (the roofline minimum): N·K/2 weights + N·K/G·2 scales (+ N·K/G/2 zero points) + M·K·2
 // + M·N·2. At M = 1 the weights are everything: 28672 × 8192 is 117 MB, 28 µs at 4.17 TB/s.
@@ -44,10 +48,29 @@ constexpr int kMaxM = 16;  // decode batch sizes this chapter is built for
 struct GemvOp {
   const char* name;
   bool zero_points;
+  bool tiled = false;  // the weights in the tiled layout (int4t_gemv)
 };
 constexpr GemvOp kInt4Gemv{"int4_gemv", false};
 constexpr GemvOp kInt4iGemv{"int4i_gemv", false};
 constexpr GemvOp kInt4iZpGemv{"int4i_zp_gemv", true};
+constexpr GemvOp kInt4tGemv{"int4t_gemv", false, true};
+
+// The tiled layout of int4t_gemv: tiles of 16 rows, steps of 256 k (32 words of a row), so that
+// the 16 rows × 128 bytes a warp of v12 reads at one step lie in 2 KB of contiguous memory
+// instead of 16 places K/2 bytes apart. Word j of row r (interleaved nibbles, as int4i_gemv) is
+// stored at tiled_word(r, j); N and K are padded up to whole tiles and steps.
+constexpr int64_t kTiledRows = 16, kTiledStepWords = 32;
+constexpr int64_t tiled_rows(int64_t n) { return (n + kTiledRows - 1) / kTiledRows * kTiledRows; }
+constexpr int64_t tiled_row_words(int64_t k) { return (k / 8 + kTiledStepWords - 1) / kTiledStepWords * kTiledStepWords; }
+constexpr int64_t tiled_word(int64_t r, int64_t j, int64_t k) {
+  return ((r / kTiledRows * (tiled_row_words(k) / kTiledStepWords) + j / kTiledStepWords) * kTiledRows + r % kTiledRows) *
+             kTiledStepWords +
+         j % kTiledStepWords;
+}
+// The bytes of w as stored: [N, K/8] words, or the tiled layout's padded [⌈N/16⌉·16, ⌈K/256⌉·32].
+inline int64_t weight_bytes(const GemvOp& op, int64_t n, int64_t k) {
+  return op.tiled ? tiled_rows(n) * tiled_row_words(k) * 4 : n * k / 2;
+}
 
 // Everything a GEMV launcher gets: raw device pointers and sizes.
 struct GemvArgs {
@@ -89,7 +112,7 @@ inline Status validate_gemv(const GemvOp& op, const GemvArgs& a, int w_align) {
       .aligned(a.zeros, 4, "zeros")
       .aligned(a.y, 2, "y")
       .disjoint(a.y, 2 * a.m * a.n, a.x, 2 * a.m * a.k, "y and x")
-      .disjoint(a.y, 2 * a.m * a.n, a.w, a.n * a.k / 2, "y and w")
+      .disjoint(a.y, 2 * a.m * a.n, a.w, weight_bytes(op, a.n, a.k), "y and w")
       .disjoint(a.y, 2 * a.m * a.n, a.scales, 2 * a.n * groups, "y and scales")
       .arch_at_least(80)
       .status();
@@ -126,10 +149,15 @@ inline Version gemv_version(const GemvOp& op, const char* id, const char* summar
                    "x, w, scales and y are matrices")
              .status();
     if (!st.ok()) return st;
-    const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+    // N: w's rows, or (tiled, padded to whole tiles) the scales'.
+    const int64_t m = x.dim(0), k = x.dim(1), n = op.tiled ? sc.dim(0) : w.dim(0);
     st = Check()
-             .that(w.dim(1) * 8 == k, "w must be [N, K/8] words")
-             .that(y.dim(0) == m && y.dim(1) == n, "y must be [M, N]")
+             .that(op.tiled || w.dim(1) * 8 == k, "w must be [N, K/8] words")
+             .that(!op.tiled || (w.dim(0) == tiled_rows(n) && w.dim(1) == tiled_row_words(k)),
+                   "w must be tiled [ceil(N/16)*16, ceil(K/256)*32] words (N from the scales)")
+             .that(y.dim(0) == m && y.dim(1) == n,
+                   std::string("y must be [M, N]") +
+                       (op.tiled ? ", N the scales' rows (" + std::to_string(n) + ")" : ""))
              .that(sc.dim(0) == n && sc.dim(1) > 0 && k % sc.dim(1) == 0,
                    "scales must be [N, K/G]")
              .status();
@@ -155,13 +183,16 @@ inline Version gemv_version(const GemvOp& op, const char* id, const char* summar
                         int(k / sc.dim(1))};
     return launch(args, s);
   };
+  // The model's bytes: every tensor once, the weights as N·K/2 (the tiled layout's padding is
+  // either never read or, in a last partial step, read but not counted: the roofline minimum).
   v.bytes = [](const Args& a) {
     double b = 0;
-    for (const TensorRef& t : a.inputs) b += t.bytes();
+    for (size_t i = 0; i < a.inputs.size(); ++i)
+      b += i == 1 ? a.inputs[2].dim(0) * a.inputs[0].dim(1) / 2.0 : a.inputs[i].bytes();
     return b + a.outputs.at(0).bytes();
   };
   v.flops = [](const Args& a) {
-    return 2.0 * a.inputs.at(0).dim(0) * a.inputs.at(1).dim(0) * a.inputs.at(0).dim(1);
+    return 2.0 * a.inputs.at(0).dim(0) * a.inputs.at(2).dim(0) * a.inputs.at(0).dim(1);  // 2·M·N·K
   };
   return v;
 }

@@ -4,6 +4,8 @@
 //   int4i_gemv/mutant_no_tail         only whole 256-k blocks: the K tail is dropped (caught by
 //                                     the cases with K % 256 != 0)
 //   int4i_zp_gemv/mutant_zero_point   the zero point of the next group
+//   int4t_gemv/mutant_rows_order      the tiled words read as if they were rows (the layout
+//                                     forgotten; every read stays inside the padded tensor)
 // One small kernel (a warp per column, as v1) with the slip chosen at compile time; otherwise
 // exact: W = q·s − zs with zs = BF16(z·s), or zs = 8·s without zero points.
 #include "02_int4_dequant/dequant.cuh"
@@ -12,7 +14,7 @@
 namespace lkw::gemv {
 namespace {
 
-enum class Slip { kScaleOfNextGroup, kNoTail, kZeroPointOfNextGroup };
+enum class Slip { kScaleOfNextGroup, kNoTail, kZeroPointOfNextGroup, kTiledReadAsRows };
 
 template <Slip kSlip, bool kZp>
 __global__ void gemv_mutant_kernel(const __nv_bfloat16* __restrict__ x,
@@ -39,7 +41,7 @@ __global__ void gemv_mutant_kernel(const __nv_bfloat16* __restrict__ x,
       zs = bf16_to_f32(__float2bfloat16_rn(float(z) * s));
     }
     __nv_bfloat162 pairs[4];
-    int4::u4_to_bf16_magic<false>(w[col * (k / 8) + i], pairs);
+    int4::u4_to_bf16_magic<false>(w[col * (k / 8) + i], pairs);  // int4t_gemv: the slip itself
     for (int m = 0; m < m_rows; ++m) {
       float xq = 0.0f, xsum = 0.0f;
       for (int j = 0; j < 4; ++j) {
@@ -73,6 +75,9 @@ const Register kScaleGroup{gemv_version(kInt4iGemv, "mutant_scale_group",
 const Register kNoTail{gemv_version(kInt4iGemv, "mutant_no_tail",
                                     "whole 256-k blocks only: the K tail dropped",
                                     mutant<kInt4iGemv, Slip::kNoTail>, {}, Kind::kMutant)};
+const Register kRowsOrder{gemv_version(kInt4tGemv, "mutant_rows_order",
+                                       "the tiled words read as rows",
+                                       mutant<kInt4tGemv, Slip::kTiledReadAsRows>, {}, Kind::kMutant)};
 const Register kZeroPoint{gemv_version(kInt4iZpGemv, "mutant_zero_point",
                                        "the zero point of the next group",
                                        mutant<kInt4iZpGemv, Slip::kZeroPointOfNextGroup>, {},

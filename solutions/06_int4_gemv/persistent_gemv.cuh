@@ -123,6 +123,10 @@ __host__ __device__ __forceinline__ unsigned run_start(unsigned v, unsigned tile
   return (h / 2) * iters + (h % 2) * (iters / 2);
 }
 
+// v12's tiled layout: one step of a tile, 16 rows × 128 bytes, is 128 uint4 of contiguous memory.
+constexpr int kTiledStep = kTileRows * 8;
+static_assert(kTiledStep == kTiledRows * kTiledStepWords / 4, "int4_gemv.cuh's tiled_word, in uint4");
+
 // kRotate (v10): the step at which tile `tile`'s walk along K starts, in [0, iters): the tile times
 // 2^16 / φ (Fibonacci hashing), its low 16 bits scaled to [0, iters) by a multiply and a shift (no
 // division: the SASS check holds the kernel to no I2F). Consecutive tiles start far apart and the
@@ -212,13 +216,22 @@ struct CopyTile {
 
 __device__ __forceinline__ int64_t clamp_row(int64_t row, int64_t n) { return row < n ? row : n - 1; }
 
-template <bool kZp, int kPasses>
+template <bool kZp, int kPasses, bool kTiled>
 __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln, int tile) {
   CopyTile c;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {  // past N: row N − 1, never written
-    const int64_t row = clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n);
-    c.w[r] = reinterpret_cast<const uint4*>(p.w + row * (p.k / 8)) + (ln.k_begin + 32 * ln.t) / 32;
+  for (int r = 0; r < 2; ++r) {
+    if constexpr (kTiled) {
+      // v12's tiled weights, [tile][step][16 rows][128 B] (tiled_word): the tile's block of
+      // ⌈K/256⌉ steps of 2 KB, the split's first step, row g + 8r, the lane's 16 bytes. Rows past
+      // N are the layout's padding (never written out), so nothing is clamped.
+      const int64_t steps = (p.k + kIterK - 1) / kIterK;
+      c.w[r] = reinterpret_cast<const uint4*>(p.w) + (int64_t(tile) * steps + ln.k_begin / kIterK) * kTiledStep +
+               (ln.g + 8 * r) * 8 + ln.t;
+    } else {  // past N: row N − 1, never written
+      const int64_t row = clamp_row(int64_t(tile) * kTileRows + ln.g + 8 * r, p.n);
+      c.w[r] = reinterpret_cast<const uint4*>(p.w + row * (p.k / 8)) + (ln.k_begin + 32 * ln.t) / 32;
+    }
   }
   const int64_t total = p.n * ln.groups;  // scales in the tensor
 #pragma unroll
@@ -242,15 +255,16 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
 // The copies of step `it` of a tile into a stage: each lane its four weight chunks (as v3), the
 // scale words of the 16 rows (128/G + 1 aligned 4-byte words per row around the step's 256/G
 // scales, shared out over the lanes), the zero-point word of each row (lanes 0..15).
-template <bool kZp, int kPasses, int kPrefetch>
+template <bool kZp, int kPasses, int kPrefetch, bool kTiled>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
-  // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32, valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. First, while it < c.whole_steps, the same copies with none of the tests.
+  // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32 (kTiled: c.w[r] + it·kTiledStep + 4u), valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. First, while it < c.whole_steps, the same copies with none of the tests.
   const int g0 = (ln.k_begin + kk) >> p.group_shift;
+  constexpr int kStepWords = kTiled ? kTiledStep : 8;  // a step further along the row, in uint4
   if (it < c.whole_steps) {  // every copy whole: one test instead of five per step
-    const uint4* w0 = c.w[0] + it * 8;
-    const uint4* w1 = c.w[1] + it * 8;
+    const uint4* w0 = c.w[0] + it * kStepWords;
+    const uint4* w1 = c.w[1] + it * kStepWords;
     cp_async_16<kPrefetch>(&st.w[0][ln.lane], w0, true);
     cp_async_16<kPrefetch>(&st.w[1][ln.lane], w0 + 4, true);
     cp_async_16<kPrefetch>(&st.w[2][ln.lane], w1, true);
@@ -265,7 +279,7 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
       const bool valid = it < ln.valid_steps[u];  // kk + 128u + 32t < k_len
       // (kk + 128u) / 32 as it·8 + 4u: kk is never negative, but a signed division by 32 would
       // still round toward zero in two extra instructions.
-      cp_async_16<kPrefetch>(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * 8 + 4 * u : 0), valid);
+      cp_async_16<kPrefetch>(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * kStepWords + 4 * u : 0), valid);
     }
   }
 #pragma unroll
@@ -410,9 +424,10 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 // every tile's walk along K starts at walk_start(tile) and wraps around; the runs, the tiles' parts
 // and their sums are as without it, only the step each logical step reads is rotated. kPrefetch:
 // the L2 prefetch size of every 16-byte copy, weights and x (mma::cp_async_16): 256 bytes (v4 to
-// v10) or 128 (v11).
+// v10) or 128 (v11, v12). kTiled (v12): the weights in the tiled layout (tiled_word), a warp's step
+// 2 KB of contiguous memory.
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256>
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
@@ -502,15 +517,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   };
   int copy_tile = tile0, copy_it = it0, copies_left = count;  // the next step to copy
   int copy_start = kRotate ? walk_start(unsigned(tile0), unsigned(ln.iters)) : 0;
-  CopyTile ct = copy_tile_of<kZp, kPasses>(p, ln, tile0);
+  CopyTile ct = copy_tile_of<kZp, kPasses, kTiled>(p, ln, tile0);
   auto copy_next = [&](int s) {
     if (copies_left > 0 && copy_tile < p.tiles) {
-      copy_step<kZp, kPasses, kPrefetch>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
+      copy_step<kZp, kPasses, kPrefetch, kTiled>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
       --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
         copy_tile += stride;
-        ct = copy_tile_of<kZp, kPasses>(p, ln, copy_tile);
+        ct = copy_tile_of<kZp, kPasses, kTiled>(p, ln, copy_tile);
         if constexpr (kRotate) copy_start = walk_start(unsigned(copy_tile), unsigned(ln.iters));
       }
     }
@@ -900,10 +915,11 @@ struct Options {
   bool even_cuts = false;
 };
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256>
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
+  static_assert(!kTiled || (kMode != kZeroPoints && !kRotate), "the tiled layout's kernels: no zero points, no rotation");
   const bool pdl = o.pdl;
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch>;
+  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled>;
   const size_t limit = smem_optin();
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
@@ -1028,21 +1044,22 @@ bool v7_halves(const GemvArgs& a) {
   return plan.splits == 1 && per_block % kWarps != 0;
 }
 
-template <int kNTiles, int kMode, int kPrefetch = 256>
+template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
   if (v7_halves<kNTiles, kMode>(a))
-    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch>(op, a, stream, o);
-  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch>(op, a, stream, o);
+    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled>(op, a, stream, o);
+  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled>(op, a, stream, o);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
-// v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies.
+// v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies;
+// kOp.tiled: v12's tiled weights.
 template <const GemvOp& kOp, int kPrefetch = 256>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch>(kOp, a, stream, pdl);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled>(kOp, a, stream, pdl);
   });
 }
 
@@ -1068,7 +1085,7 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // tiles at S > 1 (the split-K finish through the workspace, as v8). Elsewhere v8
 // (v9_block_split_k.cu says why). kRotate (v10): the same kernels with every tile's walk along K
 // rotated (walk_start). kPrefetch (v11): the same kernels, v8's included, with every copy asking
-// L2 for its own 128-byte line.
+// L2 for its own 128-byte line. kOp.tiled (v12): v11's kernels reading the tiled layout.
 template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch>(a, stream, /*pdl=*/true);
@@ -1077,8 +1094,8 @@ Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
   o.lean_sums = true;
   o.even_cuts = true;
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch>(kOp, a, stream, o);
-  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch>(kOp, a, stream, o);
+    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled>(kOp, a, stream, o);
+  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

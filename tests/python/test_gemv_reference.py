@@ -68,6 +68,28 @@ def test_natural_and_interleaved_ops_agree(rng):
     )
 
 
+@pytest.mark.parametrize("n,k", [(37, 1152), (16, 256), (1, 352), (48, 4192)])
+def test_tiled_layout_round_trips_and_puts_each_step_of_a_tile_together(rng, n, k):
+    """int4t_gemv's layout: word j of row r at ((r // 16 * steps + j // 32) * 16 + r % 16) * 32 +
+    j % 32; the padding (odd N, K not a multiple of 256) is dropped on the way back whatever it
+    holds, and the op equals int4i_gemv on the same words."""
+    x, words, scales, _ = problem(rng, m=3, n=n, k=k, g=32)
+    tiled = gemv.tile_weights(words)
+    steps = -(-k // 256)
+    assert tiled.shape == (-(-n // 16) * 16, steps * 32)
+    flat = tiled.reshape(-1)
+    r, j = rng.integers(0, n, 50), rng.integers(0, k // 8, 50)
+    assert np.array_equal(flat[((r // 16 * steps + j // 32) * 16 + r % 16) * 32 + j % 32], words[r, j])
+    noise = rng.integers(0, 2**32, tiled.shape, dtype=np.uint32)
+    noisy = gemv.tile_weights(words, noise)
+    assert np.array_equal(gemv.untile_weights(noisy, n, k), words)
+    assert np.array_equal(gemv.int4t_gemv(x, noisy, scales), gemv.int4i_gemv(x, words, scales))
+    with pytest.raises(ValueError, match="tiled weights"):
+        gemv.untile_weights(tiled[:-1], n, k)  # a row short of whole tiles
+    with pytest.raises(ValueError, match="tiled weights"):
+        gemv.int4t_gemv(x, tiled[:, :-32], scales)
+
+
 def test_zero_point_8_is_the_symmetric_op(rng):
     x, words, scales, _ = problem(rng, k=1024, g=128)
     eights = np.full((words.shape[0], 1), 0x88888888, np.uint32)  # K/G = 8 zero points of 8

@@ -23,8 +23,8 @@
 namespace lkw::gemv {
 namespace {
 
-const Version& version(const char* id) {
-  const Version* v = Registry::get().find(std::string(LKW_CHAPTER) + "/" + kInt4iGemv.name + "/" + id);
+const Version& version(const char* id, const GemvOp& op = kInt4iGemv) {
+  const Version* v = Registry::get().find(std::string(LKW_CHAPTER) + "/" + op.name + "/" + id);
   if (v == nullptr) throw std::runtime_error(std::string("no version ") + id);
   return *v;
 }
@@ -52,10 +52,15 @@ Gemv random_gemv(std::mt19937& rng, int64_t n, int64_t k) {
   return g;
 }
 
-Args args_of(const Gemv& g, void* x, void* y, int64_t m) {
+// The words as rows ([N, K/8]) or, for int4t_gemv, as its tiled layout: at the links' shapes (N a
+// multiple of 16, K of 256) the same count of random words, only read in another order.
+Args args_of(const Version& v, const Gemv& g, void* x, void* y, int64_t m) {
   Args a;
   a.inputs.push_back({x, DType::kBF16, {m, g.k}});
-  a.inputs.push_back({g.w.data(), DType::kU32, {g.n, g.k / 8}});
+  if (v.op == kInt4tGemv.name)
+    a.inputs.push_back({g.w.data(), DType::kU32, {tiled_rows(g.n), tiled_row_words(g.k)}});
+  else
+    a.inputs.push_back({g.w.data(), DType::kU32, {g.n, g.k / 8}});
   a.inputs.push_back({g.scales.data(), DType::kBF16, {g.n, g.k / 128}});
   a.outputs.push_back({y, DType::kBF16, {m, g.n}});
   return a;
@@ -74,6 +79,7 @@ void check_chain(const Version& plain, const Version& dependent, const std::vect
   std::mt19937 rng(test::random_seed(seed));
   for (const auto& s : shapes) {
     const int64_t m = s[0], n1 = s[1], k1 = s[2], n2 = s[3];
+    ASSERT_TRUE(n1 % 256 == 0 && k1 % 256 == 0 && n2 % 16 == 0) << "whole tiles and steps (args_of)";
     const Gemv g1 = random_gemv(rng, n1, k1), g2 = random_gemv(rng, n2, n1);
     DeviceBuffer x[2] = {DeviceBuffer(m * k1 * 2), DeviceBuffer(m * k1 * 2)};
     for (auto& b : x) {
@@ -87,9 +93,9 @@ void check_chain(const Version& plain, const Version& dependent, const std::vect
     std::vector<uint16_t> want[2];
     for (int i = 0; i < 2; ++i) {
       LKW_CUDA_CHECK(cudaMemset(y2.data(), 0xff, y2.bytes()));
-      ASSERT_TRUE(plain.launch(args_of(g1, x[i].data(), y1.data(), m), nullptr).ok());
+      ASSERT_TRUE(plain.launch(args_of(plain, g1, x[i].data(), y1.data(), m), nullptr).ok());
       LKW_CUDA_CHECK(cudaDeviceSynchronize());
-      ASSERT_TRUE(plain.launch(args_of(g2, y1.data(), y2.data(), m), nullptr).ok());
+      ASSERT_TRUE(plain.launch(args_of(plain, g2, y1.data(), y2.data(), m), nullptr).ok());
       LKW_CUDA_CHECK(cudaDeviceSynchronize());
       want[i] = to_host(y2);
     }
@@ -103,8 +109,8 @@ void check_chain(const Version& plain, const Version& dependent, const std::vect
     }
     LKW_CUDA_CHECK(cudaDeviceSynchronize());
     for (int l = 0; l < links; ++l) {
-      ASSERT_TRUE(dependent.launch(args_of(g1, x[l % 2].data(), y1.data(), m), nullptr).ok());
-      ASSERT_TRUE(dependent.launch(args_of(g2, y1.data(), out[l].data(), m), nullptr).ok());
+      ASSERT_TRUE(dependent.launch(args_of(dependent, g1, x[l % 2].data(), y1.data(), m), nullptr).ok());
+      ASSERT_TRUE(dependent.launch(args_of(dependent, g2, y1.data(), out[l].data(), m), nullptr).ok());
     }
     LKW_CUDA_CHECK(cudaDeviceSynchronize());
     for (int l = 0; l < links; ++l)
@@ -147,6 +153,13 @@ TEST(DependentLaunch, V11ChainReadsThePreviousKernelsOutput) {
   // v11 (v9's and v8's kernels with 128-byte copies) against itself, at v9's links (v8's at M = 8).
   const Version& v11 = version("v11_line_prefetch");
   check_chain(v11, v11, kBlockSplitLinks, "chapter 06 dependent launch, v11");
+}
+
+TEST(DependentLaunch, V12ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v12 (v11's kernels on the tiled weights of int4t_gemv) against itself, at v9's links.
+  const Version& v12 = version("v12_tiled_weights", kInt4tGemv);
+  check_chain(v12, v12, kBlockSplitLinks, "chapter 06 dependent launch, v12");
 }
 
 }  // namespace

@@ -25,7 +25,10 @@ struct Fake {
 Args fake_args(const GemvOp& op, int64_t m, int64_t n, int64_t k, int64_t g, Fake at = {}) {
   Args a;
   a.inputs.push_back({reinterpret_cast<void*>(at.x), DType::kBF16, {m, k}});
-  a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {n, k / 8}});
+  if (op.tiled)  // int4t_gemv: padded to whole tiles of 16 rows and steps of 256 k
+    a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {tiled_rows(n), tiled_row_words(k)}});
+  else
+    a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {n, k / 8}});
   a.inputs.push_back({reinterpret_cast<void*>(at.scales), DType::kBF16, {n, k / g}});
   if (op.zero_points)
     a.inputs.push_back({reinterpret_cast<void*>(at.zeros), DType::kU32, {n, k / g / 8}});
@@ -40,7 +43,7 @@ std::vector<const Version*> versions_of(const GemvOp& op) {
   return out;
 }
 
-const std::vector<const GemvOp*> kOps = {&kInt4Gemv, &kInt4iGemv, &kInt4iZpGemv};
+const std::vector<const GemvOp*> kOps = {&kInt4Gemv, &kInt4iGemv, &kInt4iZpGemv, &kInt4tGemv};
 
 void expect_refused(const Version& v, const Args& a, const std::string& words) {
   const Status s = v.launch(a, nullptr);
@@ -77,12 +80,12 @@ TEST(HostValidation, ZeroPointsNeedWholeWords) {
 }
 
 TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
-  for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
+  for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv, &kInt4tGemv}) {
     for (const Version* v : versions_of(*op)) {
       if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k" && v->id != "v4_persistent_smem_x" &&
           v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" && v->id != "v7_shallow_ring" &&
           v->id != "v8_dependent_launch" && v->id != "v9_block_split_k" && v->id != "v10_rotated_walk" &&
-          v->id != "v11_line_prefetch")
+          v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights")
         continue;
       Fake at;
       at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
@@ -92,11 +95,11 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
 }
 
 TEST(HostValidation, V4NeedsScalesInWholeWords) {
-  for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv}) {
+  for (const GemvOp* op : {&kInt4iGemv, &kInt4iZpGemv, &kInt4tGemv}) {
     for (const Version* v : versions_of(*op)) {
       if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" &&
           v->id != "v7_shallow_ring" && v->id != "v8_dependent_launch" && v->id != "v9_block_split_k" &&
-          v->id != "v10_rotated_walk" && v->id != "v11_line_prefetch")
+          v->id != "v10_rotated_walk" && v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights")
         continue;
       Fake at;
       at.scales += 2;  // aligned for BF16, not for the 4-byte copies of v4
@@ -136,11 +139,39 @@ TEST(HostValidation, ShapesMustAgree) {
       expect_refused(*v, a, "y must be [M, N]");
       a = fake_args(*op, 2, 64, 1024, 128);
       a.inputs[1].shape = {64, 127};
-      expect_refused(*v, a, "w must be [N, K/8] words");
+      expect_refused(*v, a, op->tiled ? "w must be tiled" : "w must be [N, K/8] words");
       a = fake_args(*op, 2, 64, 1024, 128);
       a.inputs[2].shape = {63, 8};
-      expect_refused(*v, a, "scales must be [N, K/G]");
+      // Tiled, N is the scales' rows (w's are padded): the scales and y disagree.
+      expect_refused(*v, a, op->tiled ? "y must be [M, N], N the scales' rows (63)" : "scales must be [N, K/G]");
     }
+  }
+}
+
+// int4t_gemv: N comes from the scales, and w must be padded to whole tiles and steps; an output
+// inside the padding overlaps w.
+TEST(HostValidation, TiledWeightsMustBePaddedToWholeTilesAndSteps) {
+  EXPECT_EQ(tiled_rows(37), 48);
+  EXPECT_EQ(tiled_row_words(1152), 160);  // 4.5 steps of 32 words → 5
+  EXPECT_EQ(tiled_word(0, 0, 1152), 0);
+  EXPECT_EQ(tiled_word(1, 0, 1152), 32);          // the next row of the same step
+  EXPECT_EQ(tiled_word(0, 32, 1152), 16 * 32);    // the next step: after the tile's 16 rows
+  EXPECT_EQ(tiled_word(16, 0, 1152), 5 * 16 * 32);  // the next tile: after its 5 steps
+  EXPECT_EQ(tiled_word(37, 143, 1152), (2 * 5 + 4) * 16 * 32 + 5 * 32 + 15);
+  for (const Version* v : versions_of(kInt4tGemv)) {
+    Args a = fake_args(kInt4tGemv, 1, 37, 1152, 128);
+    a.inputs[1].shape = {37, 144};  // rows, unpadded
+    expect_refused(*v, a, "w must be tiled");
+    a = fake_args(kInt4tGemv, 1, 37, 1152, 128);
+    a.inputs[1].shape = {48, 144};  // K not padded to whole steps
+    expect_refused(*v, a, "w must be tiled");
+    Fake at;
+    at.y = at.w + 37 * 1152 / 2 + 64;  // past N·K/2 bytes, inside the padding
+    expect_refused(*v, fake_args(kInt4tGemv, 1, 37, 1152, 128, at), "y and w must not overlap");
+    // The model counts N·K/2 bytes of weights and 2·M·N·K FLOPs, the padding in neither.
+    EXPECT_DOUBLE_EQ(v->bytes(fake_args(kInt4tGemv, 1, 37, 1152, 128)),
+                     37 * 1152 / 2.0 + 37 * 9 * 2.0 + 1152 * 2.0 + 37 * 2.0);
+    EXPECT_DOUBLE_EQ(v->flops(fake_args(kInt4tGemv, 1, 37, 1152, 128)), 2.0 * 37 * 1152);
   }
 }
 
