@@ -152,16 +152,22 @@ if data:
 # - `v10` is `v9` with every tile's walk along K rotated by a hash of the tile, so that the warps
 #   reading at the same moment read at different offsets of their rows: the same bytes, asked of
 #   the DRAM in another order. Back to back and in a graph it is below `v9` where the warps' runs
-#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.3 to 1.1 µs) and within a few tenths
+#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.2 to 1.0 µs) and within a few tenths
 #   elsewhere; compare the two curves at M = 1 and 2.
 # - `v11` is `v9` (and `v8` past M = 2) with every copy asking L2 for its own 128-byte line instead
 #   of the aligned 256-byte pair: with pairs, every warp asks the DRAM for new bytes only on every
 #   second step, all at once; with lines, on every step. In the recorded run it is the fastest
-#   version back to back at 27 of the 30 shapes and in a graph at 29, gains most over `v8` past
-#   M = 2 (3.09 µs back to back at M = 8, 8192 × 28672) and needs no rotation; compare its curve
-#   with `v10`'s and `v8`'s.
+#   of `int4i_gemv`'s versions back to back at 28 of the 30 shapes and in a graph at 29, gains
+#   most over `v8` past M = 2 (3.22 µs back to back at M = 8, 8192 × 28672) and needs no
+#   rotation; compare its curve with `v10`'s and `v8`'s.
+# - `int4t_gemv/v12_tiled_weights` is `v11`'s kernel on the same words stored in the order it
+#   reads them (tiles of 16 rows, steps of 256 k: each warp step 2 KB of contiguous memory), a new
+#   op because the layout is new. Its curve sits a little above `v11`'s where the rows are long
+#   (at M = 1 to 8 on the 70B shapes, 0.3 to 0.9 µs faster back to back in the recorded run) and
+#   on it elsewhere; at M = 1 it is the fastest version back to back and in a graph on both 70B
+#   shapes.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` to `v11` gain a little over their back-to-back time,
+#   comes close to `v8` there, and `v9` to `v12` gain a little over their back-to-back time,
 #   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
 #   section "In a CUDA graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,

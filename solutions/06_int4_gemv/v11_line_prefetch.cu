@@ -27,8 +27,8 @@
 // (persistent_gemv.cuh, mma::cp_async_16). The same bytes as the model asks; the same SASS but
 // for the copies' LTC128B.
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-01T21:03:47Z, commit 0ddd984), M = 1,
-// back to back against v10 and v9 in the same run: 32.38 against 32.47 and 33.14 µs at
+// The bench (results/h200/history/06_int4_gemv_0ddd984.json: H200, 2026-12-01T21:03:47Z, commit
+// 0ddd984), M = 1, back to back against v10 and v9 in the same run: 32.38 against 32.47 and 33.14 µs at
 // 28672 × 8192 (88.4% of the copy ceiling), 33.24 against 33.62 and 34.18 at 8192 × 28672
 // (86.1%); in a CUDA graph 31.77 (90.1%) and 32.69 µs (87.6%); one launch after the flush 36.72 and
 // 37.25 µs. Faster than v10 at 10 of the 12 shapes with M ≤ 2 back to back (by 0.09 to 0.63 µs;
