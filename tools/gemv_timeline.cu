@@ -17,12 +17,13 @@
 // timed back to back (20 launches between two events over rotated copies of the weights, no
 // flush), and v7's kernel once more as v8 runs it (a programmatic dependent launch), then v9's
 // choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1), v10's
-// (the same with every tile's walk rotated) and v11's (the same with 128-byte line copies), and so
-// is an empty kernel of the same shape.
+// (the same with every tile's walk rotated), v11's (the same with 128-byte line copies) and v12's
+// (v11's on the weights uploaded in int4t_gemv's tiled layout, where N is a multiple of 16 and K of
+// 256), and so is an empty kernel of the same shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrl": v5 to v11;
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrlt": v5 to v12;
 //                                                        # time v10 in a build with -DLKW_TIMELINE_NO_MARKS)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
@@ -33,7 +34,8 @@
 //                                                        # steps in flight (results/h200/probes/06_long_rows.txt)
 //   LKW_TIMELINE_READ=1 LKW_TIMELINE_READ_NARROW_ONLY=1 ...  # only the last, nothing else timed
 //   LKW_TIMELINE_MARKS_BACK_TO_BACK=1 ...                # marks of the last of three launches back to back
-//   (built with -DLKW_TIMELINE_V7_LINES: kind s runs v7's kernel with v11's 128-byte copies)
+//   (built with -DLKW_TIMELINE_V7_LINES: kind s runs v7's kernel with v11's 128-byte copies;
+//    with -DLKW_TIMELINE_V12_PREFETCH=256: kind t with 256-byte prefetches instead of v12's 128)
 //   LKW_TIMELINE_WARM_CODE=1 ...                         # the kernel's code back in L2 after each flush
 //   LKW_TIMELINE_PER_SM=8 ...                            # 8 more marked launches: per launch and block its SM
 //                                                        # and its warps' median and last loop end
@@ -409,7 +411,10 @@ const char* path_name(int64_t m, int group) {
 // v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
-enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines };
+enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled };
+#ifndef LKW_TIMELINE_V12_PREFETCH
+#define LKW_TIMELINE_V12_PREFETCH 128  // v12's
+#endif
 Kernel g_kernel = Kernel::kWhole;
 template <int kNTiles, int kMode>
 Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
@@ -424,6 +429,8 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
     case Kernel::kBlockSplit: return pk::launch_block_split<kInt4iGemv>(a, stream);
     case Kernel::kRotated: return pk::launch_block_split<kInt4iGemv, true>(a, stream);
     case Kernel::kLines: return pk::launch_block_split<kInt4iGemv, false, 128>(a, stream);
+    case Kernel::kTiled:  // the weights uploaded tiled (run)
+      return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -487,6 +494,11 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   std::vector<uint16_t> x(m * k), scales(n * k / g);
   for (auto& v : x) v = bf16_of(unit(rng));
   for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
+  // v12 reads int4t_gemv's tiled layout: the same words, uploaded in that order (q stays by row).
+  std::vector<uint32_t> upload = words;
+  if (g_kernel == Kernel::kTiled)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < k / 8; ++j) upload[tiled_word(r, j, k)] = words[r * (k / 8) + j];
 
   // Copies of the weights and scales, used in turn: enough that the launches back to back (below)
   // read more than twice the L2 between two reads of one copy; at least two.
@@ -497,7 +509,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   __nv_bfloat16 *x_d, *y_d;
   for (int i = 0; i < sets; ++i) {
     check(cudaMalloc(&w_d[i], words.size() * 4), "cudaMalloc w");
-    check(cudaMemcpy(w_d[i], words.data(), words.size() * 4, cudaMemcpyHostToDevice), "copy w");
+    check(cudaMemcpy(w_d[i], upload.data(), upload.size() * 4, cudaMemcpyHostToDevice), "copy w");
     check(cudaMalloc(&s_d[i], scales.size() * 2), "cudaMalloc scales");
     check(cudaMemcpy(s_d[i], scales.data(), scales.size() * 2, cudaMemcpyHostToDevice), "copy scales");
   }
@@ -678,7 +690,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   const int sms = prop.multiProcessorCount;
   // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
   const bool block_split =
-      g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines;  // v9 to v11
+      g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines ||
+      g_kernel == Kernel::kTiled;  // v9 to v12
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || block_split;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = block_split && m <= 2;
@@ -701,6 +714,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               : g_kernel == Kernel::kBlockSplit ? "K split in the block (v9)"
               : g_kernel == Kernel::kRotated    ? "v9 with the walk rotated (v10)"
               : g_kernel == Kernel::kLines      ? "v9 with 128-byte line copies (v11)"
+              : g_kernel == Kernel::kTiled      ? (LKW_TIMELINE_V12_PREFETCH == 128 ? "v11 on tiled weights (v12)"
+                                                                                    : "v12 with 256-byte prefetches")
                                                : "whole tiles (v5)",
               halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
@@ -801,20 +816,25 @@ int main(int argc, char** argv) {
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
   if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
-  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrl" (v5 to v11)
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrlt" (v5 to v12)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk and v11's 128-byte line copies, INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk, v11's 128-byte line copies and v12's tiled weights, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
     for (const Kernel kernel :
          {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit,
-          Kernel::kRotated, Kernel::kLines}) {
-      if (kinds && !std::strchr(kinds, "wbsdnrl"[int(kernel)])) continue;
+          Kernel::kRotated, Kernel::kLines, Kernel::kTiled}) {
+      if (kinds && !std::strchr(kinds, "wbsdnrlt"[int(kernel)])) continue;
+      if (kernel == Kernel::kTiled && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
+        std::printf("\n(v12 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
+                    (long long)shapes[i + 1], (long long)shapes[i + 2]);
+        continue;
+      }
       g_kernel = kernel;
       run(shapes[i], shapes[i + 1], shapes[i + 2], prop);
     }
