@@ -708,6 +708,9 @@ template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_f
           bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   static_assert(!kTiled || (kMode != kZeroPoints && !kRotate), "the tiled layout's kernels: no zero points, no rotation");
+  if (op.tiled != kTiled)  // the kernel must read the layout the op's weights are in
+    return error(Code::kInvalidArgument, std::string(op.name) + ": a kernel for the " +
+                                             (kTiled ? "tiled" : "row") + " layout launched on the other");
   const bool pdl = o.pdl;
   auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled>;
   const size_t limit = smem_optin();

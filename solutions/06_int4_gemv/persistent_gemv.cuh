@@ -261,10 +261,10 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
   const int kk = it * kIterK;
   // BEGIN SOLUTION: weights: for r, u = 0, 1: cp_async_16 into st.w[2r + u][lane] from c.w[r] + (kk + 128u) / 32 (kTiled: c.w[r] + it·kTiledStep + 4u), valid while it < ln.valid_steps[u] (kk + 128u + 32t < k_len). Scales: for each task that is on: word c.scale_word + g0 / 2 (g0 = (k_begin + kk) / G, even), 4, 2 or 0 bytes as c.scales_left − g0 is ≥ 2, 1 or less, into st.scales[task_r][task_j]. Zeros (kZp, lanes 0..15): word g0 / 8 of the row, if g0 < groups. First, while it < c.whole_steps, the same copies with none of the tests.
   const int g0 = (ln.k_begin + kk) >> p.group_shift;
-  constexpr int kStepWords = kTiled ? kTiledStep : 8;  // a step further along the row, in uint4
+  constexpr int kStepStride = kTiled ? kTiledStep : 8;  // uint4 from a row's step to its next
   if (it < c.whole_steps) {  // every copy whole: one test instead of five per step
-    const uint4* w0 = c.w[0] + it * kStepWords;
-    const uint4* w1 = c.w[1] + it * kStepWords;
+    const uint4* w0 = c.w[0] + it * kStepStride;
+    const uint4* w1 = c.w[1] + it * kStepStride;
     cp_async_16<kPrefetch>(&st.w[0][ln.lane], w0, true);
     cp_async_16<kPrefetch>(&st.w[1][ln.lane], w0 + 4, true);
     cp_async_16<kPrefetch>(&st.w[2][ln.lane], w1, true);
@@ -279,7 +279,7 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
       const bool valid = it < ln.valid_steps[u];  // kk + 128u + 32t < k_len
       // (kk + 128u) / 32 as it·8 + 4u: kk is never negative, but a signed division by 32 would
       // still round toward zero in two extra instructions.
-      cp_async_16<kPrefetch>(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * kStepWords + 4 * u : 0), valid);
+      cp_async_16<kPrefetch>(&st.w[2 * r + u][ln.lane], c.w[r] + (valid ? it * kStepStride + 4 * u : 0), valid);
     }
   }
 #pragma unroll
@@ -918,6 +918,9 @@ template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_f
           bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   static_assert(!kTiled || (kMode != kZeroPoints && !kRotate), "the tiled layout's kernels: no zero points, no rotation");
+  if (op.tiled != kTiled)  // the kernel must read the layout the op's weights are in
+    return error(Code::kInvalidArgument, std::string(op.name) + ": a kernel for the " +
+                                             (kTiled ? "tiled" : "row") + " layout launched on the other");
   const bool pdl = o.pdl;
   auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled>;
   const size_t limit = smem_optin();

@@ -175,6 +175,22 @@ TEST(HostValidation, TiledWeightsMustBePaddedToWholeTilesAndSteps) {
   }
 }
 
+// A persistent kernel reads one layout: launched with an op whose weights are in the other, it is
+// refused before anything reaches the device.
+TEST(HostValidation, PersistentKernelsRefuseTheOtherLayout) {
+  const GemvArgs a{reinterpret_cast<const __nv_bfloat16*>(0x1000000), reinterpret_cast<const uint32_t*>(0x10000000),
+                   reinterpret_cast<const __nv_bfloat16*>(0x20000000), nullptr,
+                   reinterpret_cast<__nv_bfloat16*>(0x40000000), 1, 64, 1024, 128};
+  using namespace persistent;
+  const Status rows_on_tiled =
+      launch<1, kFold, false, kShallowStages, false, 128, false>(kInt4tGemv, a, nullptr, Options{});
+  EXPECT_EQ(rows_on_tiled.code, Code::kInvalidArgument) << rows_on_tiled.str();
+  EXPECT_NE(rows_on_tiled.message.find("row layout launched on the other"), std::string::npos) << rows_on_tiled.str();
+  const Status tiled_on_rows =
+      launch<1, kFold, false, kShallowStages, false, 128, true>(kInt4iGemv, a, nullptr, Options{});
+  EXPECT_EQ(tiled_on_rows.code, Code::kInvalidArgument) << tiled_on_rows.str();
+}
+
 TEST(HostValidation, TheCublasPeerRefusesMismatchedK) {
   const Version* v = Registry::get().find(std::string(LKW_CHAPTER) + "/bf16_gemv/cublas");
   ASSERT_NE(v, nullptr);
