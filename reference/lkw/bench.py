@@ -492,9 +492,8 @@ def int4_gemv_cases() -> list[Case]:
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             if op == "bf16_gemv":
                 return [x, (torch.randn(n, k, **dev) * 0.05).to(torch.bfloat16)], [y]
-            wshape = (n, k // 8)
-            if op == "int4t_gemv":  # random words are random in any order: the padded shape only
-                wshape = (-(-n // gemv.TILE_ROWS) * gemv.TILE_ROWS, -(-k // 256) * gemv.STEP_WORDS)
+            # Random words are random in any order: int4t_gemv's need only the padded shape.
+            wshape = gemv.tiled_shape(n, k) if op == "int4t_gemv" else (n, k // 8)
             words = torch.randint(-(2**31), 2**31 - 1, wshape, dtype=torch.int32, **dev)
             scales = (torch.randn(n, k // g, **dev).abs() * 0.01 + 1e-3).to(torch.bfloat16)
             inputs = [x, words, scales]

@@ -93,6 +93,11 @@ TILE_ROWS = 16  # rows per tile of the tiled layout
 STEP_WORDS = 32  # words per row and step (256 k)
 
 
+def tiled_shape(n: int, k: int) -> tuple[int, int]:
+    """The tiled layout's padded shape for N rows and K columns: [ceil(N/16)*16, ceil(K/256)*32]."""
+    return -(-n // TILE_ROWS) * TILE_ROWS, -(-(k // 8) // STEP_WORDS) * STEP_WORDS
+
+
 def tile_weights(words: np.ndarray, fill: np.ndarray | None = None) -> np.ndarray:
     """int4i_gemv's words [N, K/8] in int4t_gemv's tiled layout [ceil(N/16)*16, ceil(K/256)*32]:
     word j of row r at flat index ((r // 16 * steps + j // 32) * 16 + r % 16) * 32 + j % 32, steps =
@@ -100,28 +105,23 @@ def tile_weights(words: np.ndarray, fill: np.ndarray | None = None) -> np.ndarra
     of the padded shape) so that a test can make it anything at all."""
     w = np.asarray(words, np.uint32)
     n, kw = w.shape
-    tiles, steps = -(-n // TILE_ROWS), -(-kw // STEP_WORDS)
-    padded = (
-        np.zeros((tiles * TILE_ROWS, steps * STEP_WORDS), np.uint32)
-        if fill is None
-        else np.array(fill, np.uint32).reshape(tiles * TILE_ROWS, steps * STEP_WORDS)
-    )
+    shape = tiled_shape(n, 8 * kw)
+    padded = np.zeros(shape, np.uint32) if fill is None else np.array(fill, np.uint32).reshape(shape)
     padded[:n, :kw] = w
+    tiles, steps = shape[0] // TILE_ROWS, shape[1] // STEP_WORDS
     blocks = padded.reshape(tiles, TILE_ROWS, steps, STEP_WORDS).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(blocks).reshape(tiles * TILE_ROWS, steps * STEP_WORDS)
+    return np.ascontiguousarray(blocks).reshape(shape)
 
 
 def untile_weights(tiled: np.ndarray, n: int, k: int) -> np.ndarray:
     """The inverse of tile_weights: [N, K/8] words out of the tiled layout (padding dropped)."""
     t = np.asarray(tiled, np.uint32)
-    tiles, steps = -(-n // TILE_ROWS), -(-(k // 8) // STEP_WORDS)
-    if k % 8 or t.shape != (tiles * TILE_ROWS, steps * STEP_WORDS):
-        raise ValueError(
-            f"tiled weights for N = {n}, K = {k} must be [{tiles * TILE_ROWS}, {steps * STEP_WORDS}]"
-            f" words, got {t.shape}"
-        )
+    shape = tiled_shape(n, k)
+    if k % 8 or t.shape != shape:
+        raise ValueError(f"tiled weights for N = {n}, K = {k} must be {list(shape)} words, got {t.shape}")
+    tiles, steps = shape[0] // TILE_ROWS, shape[1] // STEP_WORDS
     rows = t.reshape(tiles, steps, TILE_ROWS, STEP_WORDS).transpose(0, 2, 1, 3)
-    return rows.reshape(tiles * TILE_ROWS, steps * STEP_WORDS)[:n, : k // 8]
+    return rows.reshape(shape)[:n, : k // 8]
 
 
 def int4t_gemv(x: np.ndarray, tiled: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -595,7 +595,7 @@ def _gemv_case(rng: np.random.Generator, op: str, m: int, n: int, k: int, g: int
     w = gemv.w_hat(words, scales, zeros, interleaved=op != "int4_gemv")
     tol = gemv.tolerance(x, w)
     if op == "int4t_gemv":  # tiled, the padding random: a kernel that used it would be caught
-        padded = (-(-n // gemv.TILE_ROWS) * gemv.TILE_ROWS, -(-k // 256) * gemv.STEP_WORDS)
+        padded = gemv.tiled_shape(n, k)
         inputs[1] = gemv.tile_weights(words, rng.integers(0, 2**32, padded, dtype=np.uint32))
     return Case(f"{op}_m{m}_n{n}_k{k}_g{g}", op, tol, inputs, {"group_size": g})
 
