@@ -162,5 +162,14 @@ TEST(DependentLaunch, V12ChainReadsThePreviousKernelsOutput) {
   check_chain(v12, v12, kBlockSplitLinks, "chapter 06 dependent launch, v12");
 }
 
+TEST(DependentLaunch, V13ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v13 (v12's kernels, each block's tiles consecutive) against itself, at v9's links. (Not against
+  // v12: a tile's place in its block sets where its steps are cut between warps, hence the order
+  // of the FP32 sums.)
+  const Version& v13 = version("v13_consecutive_tiles", kInt4tGemv);
+  check_chain(v13, v13, kBlockSplitLinks, "chapter 06 dependent launch, v13");
+}
+
 }  // namespace
 }  // namespace lkw::gemv

@@ -85,7 +85,7 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
       if (v->id != "v2_vec16_rows" && v->id != "v3_mma_split_k" && v->id != "v4_persistent_smem_x" &&
           v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" && v->id != "v7_shallow_ring" &&
           v->id != "v8_dependent_launch" && v->id != "v9_block_split_k" && v->id != "v10_rotated_walk" &&
-          v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights")
+          v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights" && v->id != "v13_consecutive_tiles")
         continue;
       Fake at;
       at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
@@ -99,7 +99,8 @@ TEST(HostValidation, V4NeedsScalesInWholeWords) {
     for (const Version* v : versions_of(*op)) {
       if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" &&
           v->id != "v7_shallow_ring" && v->id != "v8_dependent_launch" && v->id != "v9_block_split_k" &&
-          v->id != "v10_rotated_walk" && v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights")
+          v->id != "v10_rotated_walk" && v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights" &&
+          v->id != "v13_consecutive_tiles")
         continue;
       Fake at;
       at.scales += 2;  // aligned for BF16, not for the 4-byte copies of v4
