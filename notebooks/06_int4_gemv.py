@@ -157,17 +157,22 @@ if data:
 # - `v11` is `v9` (and `v8` past M = 2) with every copy asking L2 for its own 128-byte line instead
 #   of the aligned 256-byte pair: with pairs, every warp asks the DRAM for new bytes only on every
 #   second step, all at once; with lines, on every step. In the recorded run it is the fastest
-#   of `int4i_gemv`'s versions back to back at 28 of the 30 shapes and in a graph at 29, gains
-#   most over `v8` past M = 2 (3.22 µs back to back at M = 8, 8192 × 28672) and needs no
-#   rotation; compare its curve with `v10`'s and `v8`'s.
+#   of `int4i_gemv`'s versions back to back at 20 of the 30 shapes and in a graph at 22, gains
+#   most over `v8` past M = 2 (2.44 µs back to back at M = 8, 8192 × 28672) and needs no
+#   rotation; at M ≤ 2 on the 70B shapes it trails `v10` in this run (by 0.4 to 0.6 µs; it led in
+#   the run before, `results/h200/history/06_int4_gemv_6a8a865.json`). Compare its curve with
+#   `v10`'s and `v8`'s.
 # - `int4t_gemv/v12_tiled_weights` is `v11`'s kernel on the same words stored in the order it
 #   reads them (tiles of 16 rows, steps of 256 k: each warp step 2 KB of contiguous memory), a new
-#   op because the layout is new. Its curve sits a little above `v11`'s where the rows are long
-#   (at M = 1 to 8 on the 70B shapes, 0.3 to 0.9 µs faster back to back in the recorded run) and
-#   on it elsewhere; at M = 1 it is the fastest version back to back and in a graph on both 70B
-#   shapes.
+#   op because the layout is new. Its curve sits above `v11`'s where the rows are long (at M = 1
+#   to 8 on the 70B shapes, 0.7 to 1.4 µs faster back to back in the recorded run) and on it
+#   elsewhere.
+# - `int4t_gemv/v13_consecutive_tiles` is `v12`'s kernel with each block's tiles next to one
+#   another in memory instead of 132 tiles apart. Its curve lies on `v12`'s but at M ≤ 2 on
+#   28672 × 8192, where a block holds 13 or 14 tiles: there it is 0.4 to 0.7 µs faster, and at
+#   M = 1 the fastest version all three ways on that shape.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` to `v12` gain a little over their back-to-back time,
+#   comes close to `v8` there, and `v9` to `v13` gain a little over their back-to-back time,
 #   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
 #   section "In a CUDA graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,

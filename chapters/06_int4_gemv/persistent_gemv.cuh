@@ -92,6 +92,7 @@ struct Params {
   int half_cuts;                // kBalanced: runs cut at half tiles (v7), else at any step (v6)
   int pdl;                      // launched as a programmatic dependent (v8): weights before x
   int lean_sums;                // the fold's Σx pass over the rows of x only (v9), not all 8
+  int consecutive;              // kBalanced: a block's tiles consecutive (v13), not strided by the grid
 };
 
 // Programmatic dependent launch (sm_90): a kernel launched with the stream attribute may start
@@ -401,7 +402,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   // tile `stride` further; the copies kStages − 1 steps ahead of the compute. Whole tiles: tiles
   // block + blocks·(warp + warps·n), n = 0, 1, ..., as long as there are tiles. kBalanced: the
   // block's tiles block + blocks·j (j < T) hold T·iters steps, and warp w takes steps
-  // run_start(w) up to run_start(w + 1) of them.
+  // run_start(w) up to run_start(w + 1) of them; with p.consecutive (v13) the block's tiles are
+  // first + j instead, first = block·base + min(block, extra): one run of memory, not T places
+  // `blocks` tiles apart.
   Stage* my_ring = ring + warp * kStages;
   int tile0 = block + blocks * warp, it0 = 0, count = 1 << 30, stride = blocks * warps;
   unsigned block_tiles = 0;  // kBalanced: T
@@ -414,8 +417,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     count = int(start_of(warp + 1)) - lo;
     int j = 0;
     for (it0 = lo; it0 >= ln.iters; it0 -= ln.iters) ++j;  // lo / iters and lo % iters
-    tile0 = block + blocks * j;
-    stride = blocks;
+    if (p.consecutive) {
+      tile0 = block * p.tiles_base + min(block, p.tiles_extra) + j;
+      stride = 1;
+    } else {
+      tile0 = block + blocks * j;
+      stride = blocks;
+    }
   }
   constexpr bool kZp = kMode == kZeroPoints;
   constexpr int kPasses = passes_for<kMode>();
@@ -703,6 +711,7 @@ struct Options {
   bool lean_sums = false;
   int force_splits = 0;
   bool even_cuts = false;
+  bool consecutive = false;
 };
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
           bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
@@ -728,7 +737,8 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options 
   Params p{a.x, a.w, a.scales, a.zeros, a.y, nullptr, nullptr, int(a.m), int(a.k),
            int(plan.k_split), plan.splits, log2_of(a.group), int(tiles),
            int(tiles / per_split), int(tiles % per_split), a.n,
-           kBalanced && kStages == kShallowStages && !o.even_cuts ? 1 : 0, 0, o.lean_sums ? 1 : 0};
+           kBalanced && kStages == kShallowStages && !o.even_cuts ? 1 : 0, 0, o.lean_sums ? 1 : 0,
+           kBalanced && o.consecutive ? 1 : 0};
   if (plan.splits > 1) {
     Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
     if (!s.ok()) return s;
@@ -879,13 +889,15 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // (v9_block_split_k.cu says why). kRotate (v10): the same kernels with every tile's walk along K
 // rotated (walk_start). kPrefetch (v11): the same kernels, v8's included, with every copy asking
 // L2 for its own 128-byte line. kOp.tiled (v12): v11's kernels reading the tiled layout.
+// consecutive (v13): the balanced kernel's blocks each hold consecutive tiles.
 template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256>
-Status launch_block_split(const GemvArgs& a, cudaStream_t stream) {
+Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecutive = false) {
   if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch>(a, stream, /*pdl=*/true);
   Options o;
   o.pdl = true;
   o.lean_sums = true;
   o.even_cuts = true;
+  o.consecutive = consecutive;
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
     return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled>(kOp, a, stream, o);
   return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled>(kOp, a, stream, o);

@@ -23,6 +23,14 @@
 // memory: 1.5–2.8 µs slower, the meetings' round trips at the end of the run costing far more
 // than the balance gave.
 //
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-02T03:25:15Z, commit ad7d2d5), v13 against
+// v12 in the same run, M = 1, 28672 × 8192: 35.97 against 36.53 µs one launch at a time, 31.91
+// against 32.47 back to back (89.2% of the copy ceiling), 31.24 against 31.84 in a graph (91.2%);
+// at M = 2 there 0.38 to 0.70 µs faster; at 8192 × 28672 level back to back and in a graph;
+// elsewhere from 0.42 µs faster to 0.37 µs slower. DRAM bytes within 2.5% of the model. Adding the
+// field moved the other kernels of the header little (the probe's part 4: v12's within 0.07 µs,
+// v11's within 0.2).
+//
 // So v13 is v12's launch (persistent::launch_block_split on the tiled weights, 128-byte copies)
 // with consecutive = true: at M ≤ 2 and G = 128, where the balanced kernel runs (S = 1), the
 // blocks hold consecutive tiles; elsewhere (S > 1, whole tiles per warp; past M = 2 v8's kernels)
