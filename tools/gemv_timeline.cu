@@ -17,13 +17,14 @@
 // timed back to back (20 launches between two events over rotated copies of the weights, no
 // flush), and v7's kernel once more as v8 runs it (a programmatic dependent launch), then v9's
 // choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1), v10's
-// (the same with every tile's walk rotated), v11's (the same with 128-byte line copies) and v12's
+// (the same with every tile's walk rotated), v11's (the same with 128-byte line copies), v12's
 // (v11's on the weights uploaded in int4t_gemv's tiled layout, where N is a multiple of 16 and K of
-// 256), and so is an empty kernel of the same shape.
+// 256) and v13's (v12's with each block's tiles consecutive), and so is an empty kernel of the same
+// shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrlt": v5 to v12;
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrltc": v5 to v13;
 //                                                        # time v10 in a build with -DLKW_TIMELINE_NO_MARKS)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
@@ -411,7 +412,7 @@ const char* path_name(int64_t m, int group) {
 // v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
-enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled };
+enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled, kConsecutive };
 #ifndef LKW_TIMELINE_V12_PREFETCH
 #define LKW_TIMELINE_V12_PREFETCH 128  // v12's
 #endif
@@ -431,6 +432,8 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
     case Kernel::kLines: return pk::launch_block_split<kInt4iGemv, false, 128>(a, stream);
     case Kernel::kTiled:  // the weights uploaded tiled (run)
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream);
+    case Kernel::kConsecutive:  // v13: v12's launch with each block's tiles consecutive
+      return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream, /*consecutive=*/true);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -496,7 +499,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
   // v12 reads int4t_gemv's tiled layout: the same words, uploaded in that order (q stays by row).
   std::vector<uint32_t> upload = words;
-  if (g_kernel == Kernel::kTiled)
+  if (g_kernel == Kernel::kTiled || g_kernel == Kernel::kConsecutive)
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < k / 8; ++j) upload[tiled_word(r, j, k)] = words[r * (k / 8) + j];
 
@@ -691,7 +694,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
   const bool block_split =
       g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines ||
-      g_kernel == Kernel::kTiled;  // v9 to v12
+      g_kernel == Kernel::kTiled || g_kernel == Kernel::kConsecutive;  // v9 to v13
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || block_split;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = block_split && m <= 2;
@@ -716,6 +719,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               : g_kernel == Kernel::kLines      ? "v9 with 128-byte line copies (v11)"
               : g_kernel == Kernel::kTiled      ? (LKW_TIMELINE_V12_PREFETCH == 128 ? "v11 on tiled weights (v12)"
                                                                                     : "v12 with 256-byte prefetches")
+              : g_kernel == Kernel::kConsecutive ? "v12 with each block's tiles consecutive (v13)"
                                                : "whole tiles (v5)",
               halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
@@ -816,22 +820,22 @@ int main(int argc, char** argv) {
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
   if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
-  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrlt" (v5 to v12)
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrltc" (v5 to v13)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk, v11's 128-byte line copies and v12's tiled weights, INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk, v11's 128-byte line copies, v12's tiled weights and v13's consecutive tiles, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
     for (const Kernel kernel :
          {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit,
-          Kernel::kRotated, Kernel::kLines, Kernel::kTiled}) {
-      if (kinds && !std::strchr(kinds, "wbsdnrlt"[int(kernel)])) continue;
-      if (kernel == Kernel::kTiled && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
-        std::printf("\n(v12 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
+          Kernel::kRotated, Kernel::kLines, Kernel::kTiled, Kernel::kConsecutive}) {
+      if (kinds && !std::strchr(kinds, "wbsdnrltc"[int(kernel)])) continue;
+      if ((kernel == Kernel::kTiled || kernel == Kernel::kConsecutive) && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
+        std::printf("\n(v12 and v13 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
                     (long long)shapes[i + 1], (long long)shapes[i + 2]);
         continue;
       }
