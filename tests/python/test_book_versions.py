@@ -6,12 +6,11 @@ exist; where the text counts them ("in fourteen versions, `v0` to `v13`") the co
 version must match too. Plain text, no build needed.
 """
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import tool_module
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "book" / "docs"
@@ -24,17 +23,9 @@ def chapters() -> list[str]:
     return sorted(p.stem for p in DOCS.glob("[0-9][0-9]_*.md") if (REPO / "solutions" / p.stem).is_dir())
 
 
-def _grade():
-    spec = importlib.util.spec_from_file_location("lkw_tools_grade", REPO / "tools" / "grade.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def versions(chapter: str) -> list[str]:
     """The chapter's versions as the grader finds them, in order."""
-    return _grade().expected_versions(REPO / "solutions" / chapter)
+    return tool_module.load("grade").expected_versions(REPO / "solutions" / chapter)
 
 
 def test_every_chapter_with_solutions_is_checked():

@@ -1,26 +1,17 @@
 """Tests of tools/exercises.py: the solution-region rewrite, its errors, the tree modes, and that
 the checked-in chapters/ is in sync with solutions/ (the CI sync check)."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tool_module
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "exercises.py"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("lkw_tools_exercises", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-exercises = _load()
+exercises = tool_module.load("exercises")
 
 KERNEL = """\
 #include "x.cuh"

@@ -2,7 +2,6 @@
 report (passes, failures, skips, all-skipped versions, peers and mutants), the results.json
 shape, the bench entries, and the per-version test runs against a fake GoogleTest binary."""
 
-import importlib.util
 import json
 import os
 import stat
@@ -10,19 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import tool_module
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("lkw_tools_grade", REPO / "tools" / "grade.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-grade = _load()
+grade = tool_module.load("grade")
 
 NO_GPU = "no CUDA device on this machine: GPU test skipped"
 NEEDS_SM90 = "device is sm_80, version needs sm_90"
