@@ -413,6 +413,8 @@ const char* path_name(int64_t m, int group) {
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
 enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled, kConsecutive };
+// v12 and v13 read the weights in int4t_gemv's tiled layout (uploaded so, N a multiple of 16, K of 256).
+bool reads_tiled(Kernel k) { return k == Kernel::kTiled || k == Kernel::kConsecutive; }
 #ifndef LKW_TIMELINE_V12_PREFETCH
 #define LKW_TIMELINE_V12_PREFETCH 128  // v12's
 #endif
@@ -499,7 +501,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   for (auto& s : scales) s = bf16_of(std::exp2(log_scale(rng)));
   // v12 reads int4t_gemv's tiled layout: the same words, uploaded in that order (q stays by row).
   std::vector<uint32_t> upload = words;
-  if (g_kernel == Kernel::kTiled || g_kernel == Kernel::kConsecutive)
+  if (reads_tiled(g_kernel))
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < k / 8; ++j) upload[tiled_word(r, j, k)] = words[r * (k / 8) + j];
 
@@ -694,7 +696,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
   const bool block_split =
       g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines ||
-      g_kernel == Kernel::kTiled || g_kernel == Kernel::kConsecutive;  // v9 to v13
+      reads_tiled(g_kernel);  // v9 to v13
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || block_split;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = block_split && m <= 2;
@@ -834,7 +836,7 @@ int main(int argc, char** argv) {
          {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit,
           Kernel::kRotated, Kernel::kLines, Kernel::kTiled, Kernel::kConsecutive}) {
       if (kinds && !std::strchr(kinds, "wbsdnrltc"[int(kernel)])) continue;
-      if ((kernel == Kernel::kTiled || kernel == Kernel::kConsecutive) && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
+      if (reads_tiled(kernel) && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
         std::printf("\n(v12 and v13 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
                     (long long)shapes[i + 1], (long long)shapes[i + 2]);
         continue;
