@@ -506,9 +506,12 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
       for (int64_t j = 0; j < k / 8; ++j) upload[tiled_word(r, j, k)] = words[r * (k / 8) + j];
 
   // Copies of the weights and scales, used in turn: enough that the launches back to back (below)
-  // read more than twice the L2 between two reads of one copy; at least two.
+  // read more than twice the L2 between two reads of one copy; at least two. LKW_TIMELINE_SETS=n
+  // asks for at least n (so that the scales alone exceed the L2 where the weights' copies leave
+  // them there: an L2 evict_first policy on the weights).
   const int64_t set_bytes = int64_t(words.size()) * 4 + int64_t(scales.size()) * 2;
-  const int sets = int(std::max<int64_t>(2, (2 * int64_t(prop.l2CacheSize) + set_bytes - 1) / set_bytes + 1));
+  int sets = int(std::max<int64_t>(2, (2 * int64_t(prop.l2CacheSize) + set_bytes - 1) / set_bytes + 1));
+  if (const char* least = std::getenv("LKW_TIMELINE_SETS")) sets = std::max(sets, std::atoi(least));
   std::vector<uint32_t*> w_d(sets);
   std::vector<__nv_bfloat16*> s_d(sets);
   __nv_bfloat16 *x_d, *y_d;
