@@ -4,6 +4,8 @@
 # results; grade the exercise trees. Uses the machine's own python3 (torch, numpy, ml_dtypes,
 # nanobind, pytest must be there); writes logs and results under $OUT (default ./device-out).
 #   tools/device_check.sh build test sanitize bench ncu grade     # any subset, in this order
+# LKW_CHAPTERS="06_int4_gemv": only these chapters; LKW_SANITIZE_FILTER="*v14*:*V14*": the GPU tests
+# the sanitizers run (a gtest filter; default every GPU test of the chapters).
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -43,7 +45,7 @@ if has sanitize; then
       t=build/test_$c
       step "compute-sanitizer --tool $tool $t"
       LKW_GOLDEN_DIR=build/golden compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$t" --gtest_filter='-*Host*:*Validation*' --gtest_brief=1 >>"$log" 2>&1
+        "$t" --gtest_filter="${LKW_SANITIZE_FILTER:--*Host*:*Validation*}" --gtest_brief=1 >>"$log" 2>&1
       rc=$?
       tail -4 "$log"
       [ $rc = 0 ] || { echo "$tool FAILED on $t (rc $rc)"; status=1; }

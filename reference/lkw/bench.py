@@ -76,6 +76,12 @@ class Case:
     # BACK_TO_BACK launches captured in a CUDA graph, as a decoder that captures its step runs
     # them: the row's graph_us.
     back_to_back: bool = False
+    # Enough sets that the inputs and outputs other than the largest input (the weights) exceed
+    # twice the L2 on their own. A version that copies the weights under an L2 evict_first policy
+    # (chapter 06's v14) keeps the rest in L2 from one launch to the next when only the whole sets
+    # exceed it; a decoder reads every other layer's weights and scales between two launches of one
+    # layer and finds them gone.
+    rotate_past_largest: bool = False
 
 
 def _raw(tensors) -> list:
@@ -479,7 +485,8 @@ def int4_gemv_cases() -> list[Case]:
     scales |N(0, 1)| * 0.01 + 1e-3. The reference computes GEMV_SAMPLE_ROWS columns of y from
     that many weight rows (y is [M, N]: the bench's row sampling would cut x, so the reference
     sees every input and cuts W itself; int4t_gemv's tiled words cut at whole tiles of 16 rows are
-    the tiled layout of those rows). int4i_gemv carries the torch peers."""
+    the tiled layout of those rows). int4i_gemv carries the torch peers. int4t_gemv's sets rotate
+    past the weights (Case.rotate_past_largest: v14 copies them evict_first)."""
     from lkw import gemv, golden
 
     g = 128
@@ -526,7 +533,8 @@ def int4_gemv_cases() -> list[Case]:
                     op, f"m={m},n={n},k={k},g={g}", names, make_for(op, m, n, k), expected_for(op),
                     tolerance=tolerances[kind, m, k], sample_rows=rows,
                     cut={0: lambda a, r: a[:, :r]}, reference_sees_all=True,
-                    torch_peers=peers if op == "int4i_gemv" else {}, back_to_back=True))
+                    torch_peers=peers if op == "int4i_gemv" else {}, back_to_back=True,
+                    rotate_past_largest=op == "int4t_gemv"))
     return cases
 
 
@@ -587,12 +595,16 @@ def _reference(case: Case, host_inputs: list[np.ndarray]) -> list[np.ndarray]:
     return case.expected(host_inputs)
 
 
-def _rotations(inputs, outputs, l2_bytes: int, back_to_back: bool = False) -> int:
+def _rotations(inputs, outputs, l2_bytes: int, back_to_back: bool = False, past_largest: bool = False) -> int:
     """How many input/output sets make the rotated working set exceed twice the L2. Back to back
     (no flush between launches) one more, and at least two: between two launches on one set the
-    others read more than twice the L2."""
-    ws = sum(t.numel() * t.element_size() for t in inputs + outputs)
-    sets = max(1, math.ceil(2 * l2_bytes / ws))
+    others read more than twice the L2. past_largest (Case.rotate_past_largest): enough that the
+    sets without their largest input exceed twice the L2 too."""
+    sizes = [t.numel() * t.element_size() for t in inputs + outputs]
+    sets = max(1, math.ceil(2 * l2_bytes / sum(sizes)))
+    if past_largest:
+        rest = sum(sizes) - max(t.numel() * t.element_size() for t in inputs)
+        sets = max(sets, math.ceil(2 * l2_bytes / max(1, rest)))
     return max(2, sets + 1) if back_to_back else sets
 
 
@@ -611,7 +623,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     inputs, outputs = _raw(typed_inputs), _raw(typed_outputs)
     host_inputs = [_host_bits(t) for t in inputs]
     expected = _reference(case, host_inputs)
-    sets = _rotations(inputs, outputs, l2_bytes, case.back_to_back)
+    sets = _rotations(inputs, outputs, l2_bytes, case.back_to_back, case.rotate_past_largest)
     arg_sets = [(inputs, outputs)] + [
         ([t.clone() for t in inputs], [torch.empty_like(t) for t in outputs]) for _ in range(sets - 1)
     ]

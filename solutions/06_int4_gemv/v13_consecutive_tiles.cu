@@ -55,12 +55,12 @@ Status gemv_v13(const GemvArgs& a, cudaStream_t stream) {
 
 // v13's kernels are v12's (the placement is a launch parameter): the same facts.
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi2ELb0ELi128ELb1EE", {"sm_90a"},
+  return {{"persistent_kernel*ELi2ELb0ELi128ELb1ELb0EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS.E.BYPASS.LTC128B.128", "HMMA", "LOP3"},
            {"LDGSTS.E.BYPASS.LTC256B", "I2F", "I2FP", "LDG.E.128"}, true,
            "v12's kernels: LDGSTS...LTC128B, none with LTC256B, griddepcontrol (ACQBULK, PREEXIT), "
            "mma.sync, LOP3 unpack, no integer→float convert"},
-          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128ELb1EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
+          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128ELb1ELb0EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
            "the BF16 fold of v9's kernels (M ≤ 2, G = 128) on the tiled weights"}};
 }
 

@@ -67,6 +67,37 @@ def test_per_output_tolerances_split_on_slashes():
     assert [bench.tolerance_of("ulp:2/exact", i) for i in (0, 1)] == ["ulp:2", "exact"]
 
 
+class _Sized:
+    """A stand-in for a tensor: only its size in bytes matters to the rotation count."""
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+    def numel(self):
+        return self.nbytes
+
+    def element_size(self):
+        return 1
+
+
+def test_rotations_past_the_weights_leave_no_scales_in_l2():
+    """At M = 1, 28672 x 8192 the sets (x, tiled weights, scales; y) exceed twice the 60 MB L2 in
+    two, so three rotate back to back. Past the largest input (int4t_gemv: v14 copies the weights
+    evict_first) the scales, x and y alone must exceed twice the L2: 35 sets, one fewer would not."""
+    l2 = 60 << 20
+    x, w, s, y = _Sized(2 * 8192), _Sized(28672 * 8192 // 2), _Sized(28672 * 64 * 2), _Sized(2 * 28672)
+    assert bench._rotations([x, w, s], [y], l2, back_to_back=True) == 3
+    sets = bench._rotations([x, w, s], [y], l2, back_to_back=True, past_largest=True)
+    rest = x.nbytes + s.nbytes + y.nbytes
+    assert (sets - 1) * rest >= 2 * l2 > (sets - 2) * rest
+    assert sets == 35
+    # Flushed (not back to back) the rule is the same less the extra set; without it, unchanged.
+    assert bench._rotations([x, w, s], [y], l2, past_largest=True) == sets - 1
+    assert bench._rotations([x, w, s], [y], l2) == 2
+    cases = {c.op: c for c in bench.int4_gemv_cases() if c.shape.startswith("m=1,n=28672,k=8192")}
+    assert cases["int4t_gemv"].rotate_past_largest and not cases["int4i_gemv"].rotate_past_largest
+
+
 def test_bench_cases_of_chapters_03_and_04_name_every_tensor_of_their_op():
     from lkw import golden
 

@@ -171,5 +171,15 @@ TEST(DependentLaunch, V13ChainReadsThePreviousKernelsOutput) {
   check_chain(v13, v13, kBlockSplitLinks, "chapter 06 dependent launch, v13");
 }
 
+TEST(DependentLaunch, V14ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v14 back to back against v13 with a sync after each link: v14 is v13's kernels and cuts with
+  // the weights copied evict_first, so its sums must be v13's bit for bit (the policy changes which
+  // lines L2 keeps, never what a kernel reads).
+  const Version& v13 = version("v13_consecutive_tiles", kInt4tGemv);
+  const Version& v14 = version("v14_evict_first", kInt4tGemv);
+  check_chain(v13, v14, kBlockSplitLinks, "chapter 06 dependent launch, v14");
+}
+
 }  // namespace
 }  // namespace lkw::gemv
