@@ -152,27 +152,32 @@ if data:
 # - `v10` is `v9` with every tile's walk along K rotated by a hash of the tile, so that the warps
 #   reading at the same moment read at different offsets of their rows: the same bytes, asked of
 #   the DRAM in another order. Back to back and in a graph it is below `v9` where the warps' runs
-#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.2 to 1.0 µs) and within a few tenths
+#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.4 to 1.0 µs) and within a few tenths
 #   elsewhere; compare the two curves at M = 1 and 2.
 # - `v11` is `v9` (and `v8` past M = 2) with every copy asking L2 for its own 128-byte line instead
 #   of the aligned 256-byte pair: with pairs, every warp asks the DRAM for new bytes only on every
 #   second step, all at once; with lines, on every step. In the recorded run it is the fastest
-#   of `int4i_gemv`'s versions back to back at 20 of the 30 shapes and in a graph at 22, gains
-#   most over `v8` past M = 2 (2.44 µs back to back at M = 8, 8192 × 28672) and needs no
-#   rotation; at M ≤ 2 on the 70B shapes it trails `v10` in this run (by 0.4 to 0.6 µs; it led in
-#   the run before, `results/h200/history/06_int4_gemv_6a8a865.json`). Compare its curve with
-#   `v10`'s and `v8`'s.
+#   of `int4i_gemv`'s versions back to back at 27 of the 30 shapes and in a graph at 29, gains
+#   most over `v8` past M = 2 (3.08 µs back to back at M = 8, 8192 × 28672) and needs no
+#   rotation; at M ≤ 2 it leads `v10` at every shape (by 0.2 to 0.6 µs back to back on the 70B
+#   shapes; it trailed there in the run before, `results/h200/history/06_int4_gemv_ad7d2d5.json`).
+#   Compare its curve with `v10`'s and `v8`'s.
 # - `int4t_gemv/v12_tiled_weights` is `v11`'s kernel on the same words stored in the order it
 #   reads them (tiles of 16 rows, steps of 256 k: each warp step 2 KB of contiguous memory), a new
 #   op because the layout is new. Its curve sits above `v11`'s where the rows are long (at M = 1
-#   to 8 on the 70B shapes, 0.7 to 1.4 µs faster back to back in the recorded run) and on it
+#   to 8 on the 70B shapes, 0.3 to 1.0 µs faster back to back in the recorded run) and on it
 #   elsewhere.
 # - `int4t_gemv/v13_consecutive_tiles` is `v12`'s kernel with each block's tiles next to one
 #   another in memory instead of 132 tiles apart. Its curve lies on `v12`'s but at M ≤ 2 on
-#   28672 × 8192, where a block holds 13 or 14 tiles: there it is 0.4 to 0.7 µs faster, and at
-#   M = 1 the fastest version all three ways on that shape.
+#   28672 × 8192, where a block holds 13 or 14 tiles: there it is 0.4 to 0.5 µs faster back to
+#   back and in a graph.
+# - `int4t_gemv/v14_evict_first` is `v13` with the weights copied under an L2 evict_first policy,
+#   so that the lines the kernel reads again (scales, x) stay in L2 while the weights stream past.
+#   Its curve lies a little above `v13`'s at M ≤ 2 on the 70B shapes (0.2 to 0.3 µs back to back)
+#   and on it elsewhere; at M = 1 it is the fastest version all three ways on both 70B shapes. Its
+#   input sets rotate past the weights (the book's `v14` section says why).
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` to `v13` gain a little over their back-to-back time,
+#   comes close to `v8` there, and `v9` to `v14` gain a little over their back-to-back time,
 #   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
 #   section "In a CUDA graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,

@@ -32,11 +32,23 @@ __host__ __device__ __forceinline__ int64_t tile_partials(int splits, int m) {
 // at once, since the warp reads both anyway; 128 (v11), the copy's own line only
 // (v11_line_prefetch.cu says why the smaller one is faster).
 // `valid` false copies 0 bytes and zero-fills the 16 (the K tail), reading nothing.
-template <int kPrefetch = 256>
+// kEvictFirst (v14): the copy carries an L2 cache policy of evict_first (createpolicy, fraction
+// 1.0): its line is the first L2 gives up when it needs room, so a stream of lines read once does
+// not push out the lines that are read again (scales shared by a row's steps, x, the y of earlier
+// kernels). With the 128-byte prefetch only: on v4's and v5's 256-byte pairs, whose second line a
+// later copy reads, the bench measured it slower (the book's v14 section).
+template <int kPrefetch = 256, bool kEvictFirst = false>
 __device__ __forceinline__ void cp_async_16(void* dst_sh, const void* src_gl, bool valid) {
   static_assert(kPrefetch == 256 || kPrefetch == 128, "an L2 prefetch of 256 or 128 bytes");
+  static_assert(!kEvictFirst || kPrefetch == 128, "evict_first with the 128-byte prefetch only");
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
-  if constexpr (kPrefetch == 256) {
+  if constexpr (kEvictFirst) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src_gl), "r"(valid ? 16 : 0), "l"(policy)
+                 : "memory");
+  } else if constexpr (kPrefetch == 256) {
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src_gl),
                  "r"(valid ? 16 : 0)
                  : "memory");

@@ -256,8 +256,10 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
 
 // The copies of step `it` of a tile into a stage: each lane its four weight chunks (as v3), the
 // scale words of the 16 rows (128/G + 1 aligned 4-byte words per row around the step's 256/G
-// scales, shared out over the lanes), the zero-point word of each row (lanes 0..15).
-template <bool kZp, int kPasses, int kPrefetch, bool kTiled>
+// scales, shared out over the lanes), the zero-point word of each row (lanes 0..15). kEvictFirst
+// (v14): the weight chunks with an L2 evict_first policy; the scale and zero-point words without
+// (a row's next steps read the rest of their lines).
+template <bool kZp, int kPasses, int kPrefetch, bool kTiled, bool kEvictFirst>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
@@ -337,9 +339,10 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 // and their sums are as without it, only the step each logical step reads is rotated. kPrefetch:
 // the L2 prefetch size of every 16-byte copy, weights and x (mma::cp_async_16): 256 bytes (v4 to
 // v10) or 128 (v11, v12). kTiled (v12): the weights in the tiled layout (tiled_word), a warp's step
-// 2 KB of contiguous memory.
+// 2 KB of contiguous memory. kEvictFirst (v14): the weights' copies carry an L2 evict_first policy
+// (copy_step).
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
 __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
@@ -439,7 +442,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   CopyTile ct = copy_tile_of<kZp, kPasses, kTiled>(p, ln, tile0);
   auto copy_next = [&](int s) {
     if (copies_left > 0 && copy_tile < p.tiles) {
-      copy_step<kZp, kPasses, kPrefetch, kTiled>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
+      copy_step<kZp, kPasses, kPrefetch, kTiled, kEvictFirst>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
       --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
@@ -714,14 +717,14 @@ struct Options {
   bool consecutive = false;
 };
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256, bool kTiled = false>
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   static_assert(!kTiled || (kMode != kZeroPoints && !kRotate), "the tiled layout's kernels: no zero points, no rotation");
   if (op.tiled != kTiled)  // the kernel must read the layout the op's weights are in
     return error(Code::kInvalidArgument, std::string(op.name) + ": a kernel for the " +
                                              (kTiled ? "tiled" : "row") + " layout launched on the other");
   const bool pdl = o.pdl;
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled>;
+  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
   const size_t limit = smem_optin();
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
@@ -847,22 +850,23 @@ bool v7_halves(const GemvArgs& a) {
   return plan.splits == 1 && per_block % kWarps != 0;
 }
 
-template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false>
+template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
   if (v7_halves<kNTiles, kMode>(a))
-    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled>(op, a, stream, o);
-  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled>(op, a, stream, o);
+    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
+  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
 // v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies;
-// kOp.tiled: v12's tiled weights.
-template <const GemvOp& kOp, int kPrefetch = 256>
+// kOp.tiled: v12's tiled weights; kEvictFirst: v14's weight copies.
+template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled>(kOp, a, stream, pdl);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst>(
+        kOp, a, stream, pdl);
   });
 }
 
@@ -889,18 +893,19 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // (v9_block_split_k.cu says why). kRotate (v10): the same kernels with every tile's walk along K
 // rotated (walk_start). kPrefetch (v11): the same kernels, v8's included, with every copy asking
 // L2 for its own 128-byte line. kOp.tiled (v12): v11's kernels reading the tiled layout.
-// consecutive (v13): the balanced kernel's blocks each hold consecutive tiles.
-template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256>
+// consecutive (v13): the balanced kernel's blocks each hold consecutive tiles. kEvictFirst (v14):
+// every kernel's weight copies with an L2 evict_first policy.
+template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256, bool kEvictFirst = false>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecutive = false) {
-  if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch>(a, stream, /*pdl=*/true);
+  if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch, kEvictFirst>(a, stream, /*pdl=*/true);
   Options o;
   o.pdl = true;
   o.lean_sums = true;
   o.even_cuts = true;
   o.consecutive = consecutive;
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled>(kOp, a, stream, o);
-  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled>(kOp, a, stream, o);
+    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
+  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

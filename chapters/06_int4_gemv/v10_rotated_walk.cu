@@ -63,9 +63,9 @@ Status gemv_v10(const GemvArgs& a, cudaStream_t stream) {
   return launch_block_split<kOp, /*kRotate=*/true>(a, stream);  // persistent_gemv.cuh
 }
 
-// v10's own kernels: v9's with the rotated walk (kRotate, the fifth template argument: ...ELb1ELi256ELb0EE).
+// v10's own kernels: v9's with the rotated walk (kRotate, the fifth template argument: ...ELb1ELi256ELb0ELb0EE).
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ILi1ELi0E*ELi2ELb1ELi256ELb0EE", {"sm_90a"},
+  return {{"persistent_kernel*ILi1ELi0E*ELi2ELb1ELi256ELb0ELb0EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS", "HMMA.16816.F32.BF16", "LOP3"}, {"I2F", "I2FP", "LDG.E.128"}, true,
            "v9's kernels with the walk rotated: griddepcontrol (ACQBULK, PREEXIT), cp.async, BF16 mma, "
            "LOP3 unpack, no integer→float convert (the rotation's scaling is a multiply and a shift)"}};

@@ -42,15 +42,16 @@ Status gemv_v12(const GemvArgs& a, cudaStream_t stream) {
   return launch_block_split<kOp, /*kRotate=*/false, /*kPrefetch=*/128>(a, stream);  // persistent_gemv.cuh
 }
 
-// v12's kernels: every instantiation with the 128-byte prefetch and the tiled weights (the last
-// two template arguments, ...ELi128ELb1EE); the second fact its BF16 fold at M ≤ 2 (v9's kernels).
+// v12's kernels: every instantiation with the 128-byte prefetch, the tiled weights and no cache
+// policy (the last three template arguments, ...ELi128ELb1ELb0EE); the second fact its BF16 fold at
+// M ≤ 2 (v9's kernels).
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi2ELb0ELi128ELb1EE", {"sm_90a"},
+  return {{"persistent_kernel*ELi2ELb0ELi128ELb1ELb0EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS.E.BYPASS.LTC128B.128", "HMMA", "LOP3"},
            {"LDGSTS.E.BYPASS.LTC256B", "I2F", "I2FP", "LDG.E.128"}, true,
            "v11's kernels on the tiled weights: LDGSTS...LTC128B, none with LTC256B, griddepcontrol "
            "(ACQBULK, PREEXIT), mma.sync, LOP3 unpack, no integer→float convert"},
-          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128ELb1EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
+          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128ELb1ELb0EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
            "the BF16 fold of v9's kernels (M ≤ 2, G = 128) on the tiled weights"}};
 }
 

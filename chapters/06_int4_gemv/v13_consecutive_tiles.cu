@@ -24,7 +24,7 @@
 // memory: 1.5–2.8 µs slower, the meetings' round trips at the end of the run costing far more
 // than the balance gave.
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-02T03:25:15Z, commit ad7d2d5), v13 against
+// The bench (results/h200/history/06_int4_gemv_ad7d2d5.json: H200, 2026-12-02T03:25:15Z, commit ad7d2d5), v13 against
 // v12 in the same run, M = 1, 28672 × 8192: 35.97 against 36.53 µs one launch at a time, 31.91
 // against 32.47 back to back (89.2% of the copy ceiling), 31.24 against 31.84 in a graph (91.2%);
 // at M = 2 there 0.38 to 0.70 µs faster; at 8192 × 28672 level back to back and in a graph;
@@ -56,12 +56,12 @@ Status gemv_v13(const GemvArgs& a, cudaStream_t stream) {
 
 // v13's kernels are v12's (the placement is a launch parameter): the same facts.
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi2ELb0ELi128ELb1EE", {"sm_90a"},
+  return {{"persistent_kernel*ELi2ELb0ELi128ELb1ELb0EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS.E.BYPASS.LTC128B.128", "HMMA", "LOP3"},
            {"LDGSTS.E.BYPASS.LTC256B", "I2F", "I2FP", "LDG.E.128"}, true,
            "v12's kernels: LDGSTS...LTC128B, none with LTC256B, griddepcontrol (ACQBULK, PREEXIT), "
            "mma.sync, LOP3 unpack, no integer→float convert"},
-          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128ELb1EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
+          {"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi128ELb1ELb0EE", {"sm_90a"}, {"HMMA.16816.F32.BF16"}, {}, true,
            "the BF16 fold of v9's kernels (M ≤ 2, G = 128) on the tiled weights"}};
 }
 

@@ -72,11 +72,11 @@ Status gemv_v4(const GemvArgs& a, cudaStream_t stream) {
   }
 }
 
-// "persistent_kernel*ELi256ELb0EE" names every instantiation of the kernel v4 and v5 share with the
+// "persistent_kernel*ELi256ELb0ELb0EE" names every instantiation of the kernel v4 and v5 share with the
 // 256-byte prefetch (all but v11's; so the instruction mix the SASS check records for either is
 // that of all of them).
 std::vector<SassFact> facts(bool zero_points) {
-  std::vector<SassFact> f = {{"persistent_kernel*ELi256ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
+  std::vector<SassFact> f = {{"persistent_kernel*ELi256ELb0ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
            "weights, x, scales and zero points all through cp.async (LDGSTS; no 16-byte LDG), "
            "mma.sync (HMMA), LOP3 unpack, no integer→float convert"}};

@@ -57,7 +57,7 @@ Status gemv_v5(const GemvArgs& a, cudaStream_t stream) {
 // kernel's name; with v4's kernel shared, it names v4's instantiations too, and the instruction
 // mix the SASS check records is that of all of them); the second the FP16 fold's.
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi256ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
+  return {{"persistent_kernel*ELi256ELb0ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
            "weights, x, scales through cp.async (LDGSTS; no 16-byte LDG), mma.sync (HMMA), LOP3 "
            "unpack, no integer→float convert"},

@@ -63,7 +63,7 @@ Status gemv_v6(const GemvArgs& a, cudaStream_t stream) {
 }
 
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi256ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3", "BAR.SYNC"},
+  return {{"persistent_kernel*ELi256ELb0ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3", "BAR.SYNC"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
            "weights, x, scales through cp.async (LDGSTS; no 16-byte LDG), mma.sync (HMMA), LOP3 "
            "unpack, no integer→float convert; the block barrier before the split tiles are summed"},

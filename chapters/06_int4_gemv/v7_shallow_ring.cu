@@ -68,13 +68,13 @@ Status gemv_v7(const GemvArgs& a, cudaStream_t stream) {
 }
 
 // The first fact names v7's kernels only (two stages, the walk not rotated, the 256-byte
-// prefetch: ...ELi2ELb0ELi256ELb0EE; whole or half tiles).
+// prefetch, rows, no cache policy: ...ELi2ELb0ELi256ELb0ELb0EE; whole or half tiles).
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi2ELb0ELi256ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
+  return {{"persistent_kernel*ELi2ELb0ELi256ELb0ELb0EE", {}, {"LDGSTS.E.BYPASS.LTC256B.128", "LDGSTS.E.ZFILL", "HMMA", "LOP3"},
            {"I2F", "I2FP", "LDG.E.128"}, true,
            "weights, x, scales through cp.async (LDGSTS; no 16-byte LDG), mma.sync (HMMA), LOP3 "
            "unpack, no integer→float convert"},
-          {"persistent_kernelILi1ELi3E*ELi2ELb0ELi256ELb0EE", {}, {"HMMA.16816.F32", "F2FP", "LOP3", "LDGSTS"},
+          {"persistent_kernelILi1ELi3E*ELi2ELb0ELi256ELb0ELb0EE", {}, {"HMMA.16816.F32", "F2FP", "LOP3", "LDGSTS"},
            {"HMMA.16816.F32.BF16", "I2F", "I2FP", "LDG.E.128"}, true,
            "the FP16 fold: mma on FP16 (no BF16 HMMA), x converted by F2FP, LOP3 unpack, no "
            "integer→float convert, the copies through cp.async"}};

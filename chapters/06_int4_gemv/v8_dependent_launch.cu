@@ -57,7 +57,7 @@ Status gemv_v8(const GemvArgs& a, cudaStream_t stream) {
 }
 
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ELi2ELb0ELi256ELb0EE", {"sm_90a"}, {"ACQBULK", "PREEXIT", "LDGSTS", "HMMA", "LOP3"}, {"I2F", "I2FP", "LDG.E.128"},
+  return {{"persistent_kernel*ELi2ELb0ELi256ELb0ELb0EE", {"sm_90a"}, {"ACQBULK", "PREEXIT", "LDGSTS", "HMMA", "LOP3"}, {"I2F", "I2FP", "LDG.E.128"},
            true,
            "v7's kernel (cp.async, mma.sync, LOP3, no integer→float convert) with griddepcontrol.wait "
            "(ACQBULK) and launch_dependents (PREEXIT) on sm_90a"}};

@@ -82,7 +82,7 @@ Status gemv_v9(const GemvArgs& a, cudaStream_t stream) {
 // v9's own kernels: the BF16 fold (mode 0), one n-tile, two stages, balanced or whole tiles. The
 // first part, "persistent_kernel", is what the bench matches against the profiled (demangled) name.
 std::vector<SassFact> facts() {
-  return {{"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi256ELb0EE", {"sm_90a"},
+  return {{"persistent_kernel*ILi1ELi0E*ELi2ELb0ELi256ELb0ELb0EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS", "HMMA.16816.F32.BF16", "LOP3"}, {"I2F", "I2FP", "LDG.E.128"}, true,
            "the BF16 fold with the shallow ring as a dependent launch: griddepcontrol (ACQBULK, PREEXIT), "
            "cp.async, BF16 mma, LOP3 unpack, no integer→float convert"}};

@@ -23,7 +23,7 @@
 // memory: 1.5–2.8 µs slower, the meetings' round trips at the end of the run costing far more
 // than the balance gave.
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-02T03:25:15Z, commit ad7d2d5), v13 against
+// The bench (results/h200/history/06_int4_gemv_ad7d2d5.json: H200, 2026-12-02T03:25:15Z, commit ad7d2d5), v13 against
 // v12 in the same run, M = 1, 28672 × 8192: 35.97 against 36.53 µs one launch at a time, 31.91
 // against 32.47 back to back (89.2% of the copy ceiling), 31.24 against 31.84 in a graph (91.2%);
 // at M = 2 there 0.38 to 0.70 µs faster; at 8192 × 28672 level back to back and in a graph;

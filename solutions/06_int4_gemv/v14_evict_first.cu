@@ -7,8 +7,9 @@
 // (a row's 64 scales at K = 8192 sit in one 128-byte line that the row's steps read 4 bytes at a
 // time over the whole run), x (read by every block) and the y the earlier kernels left. With
 // evict_first the weights' lines are the first to go, and those lines stay. The scale and
-// zero-point copies keep the default policy: under evict_first they would be dropped between the
-// steps that share their line (measured below). Same kernels, steps, layout and placement as v13.
+// zero-point copies keep the default policy: their lines are read again by the row's next steps,
+// and the scales under evict_first too were no faster (below). Same kernels, steps, layout and
+// placement as v13.
 //
 // Measured first with tools/gemv_timeline (results/h200/probes/06_evict_first.txt, H200,
 // 2026-12-02, v13's kernel with the policy switched by a macro; µs, two rounds each):
@@ -34,9 +35,22 @@
 // there a step's copy brings the row's next 128 bytes into L2 for a later copy, and evict_first
 // lets them go first. With v11's 128-byte lines every line a copy brings in is its own.
 //
-// Expect: faster than v13 at the 70B shapes, M = 1 to 8, by a few tenths of a µs to about one;
-// level at the small shapes; DRAM bytes at the model. SASS as v12's (the policy is an operand of
-// the copy's memory descriptor, not a different instruction).
+// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-02T10:52:09Z, commit 9b072d6, the sets
+// rotated past the weights), v14 against v13 in the same run: M = 1, 28672 × 8192, 35.89 against
+// 35.90 µs one launch at a time, 31.08 against 31.37 back to back (92.2% of the copy ceiling),
+// 30.57 against 30.70 in a graph (93.7%); 8192 × 28672 0.22–0.25 µs faster all three ways; M = 2
+// there 0.18–0.27 faster back to back. DRAM bytes 0.1% over the model at M = 1 on the 70B shapes
+// (v13 0.9% and 1.2%). Past M = 2, where v14 runs v8's kernels with the policy, mixed: 0.16–0.25 µs
+// slower back to back at M = 4 to 16 on 28672 × 8192, 0.32 faster at M = 4 on 8192 × 28672. The
+// repeat three minutes later (history/06_int4_gemv_9b072d6_repeat.json) the same within 0.1 µs.
+// A third to a half of the probe's gain: the tool keeps one x, which the policy kept in L2 between
+// launches (a decoder's x, just written, is there under either policy); the bench rotates x too.
+//
+// Expect: faster than v13 at M ≤ 2 on the 70B shapes by a few tenths of a µs; DRAM bytes at the
+// model to a tenth of a percent; level at the short shapes, mixed past M = 2. SASS as v12's (the
+// policy is an operand of the copy's memory descriptor, not a different instruction), and no spill:
+// the policy is made at each copy (cp_async_16), where one made once and held across the loop cost
+// the M ≤ 2 kernel a 4-byte spill at its 128 registers (the probe's builds).
 #include "persistent_gemv.cuh"
 
 namespace lkw::gemv {

@@ -214,7 +214,10 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
         assert vs["torch_int4pack_mm"]["back_to_back_us"] > best["back_to_back_us"], shape
         if shape.startswith(("m=1,", "m=2,")) and "v9_block_split_k" in vs:
             assert vs["v9_block_split_k"]["back_to_back_us"] < vs["v8_dependent_launch"]["back_to_back_us"], shape
-            assert vs["v10_rotated_walk"]["back_to_back_us"] < vs["v9_block_split_k"]["back_to_back_us"] + 0.3, shape
+            # (4096 x 4096, M = 1, back to back: v10 took 7.17, 7.35 and 6.71 us in the runs of ad7d2d5,
+            # 9b072d6 and its repeat, v9 7.00, 6.96 and 6.97: see the slack of v12's check below.)
+            slack = 1.0 if shape == "m=1,n=4096,k=4096,g=128" else 0.3
+            assert vs["v10_rotated_walk"]["back_to_back_us"] < vs["v9_block_split_k"]["back_to_back_us"] + slack, shape
         if shape in lined_up:
             assert vs["v10_rotated_walk"]["back_to_back_us"] < vs["v9_block_split_k"]["back_to_back_us"], shape
         # v11 against v10 (M <= 2) and v8 (past it): see test_chapter_06_run_before_v13_backs_the_v11_claims.
@@ -250,10 +253,10 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
     for shape, r in tiled.items():
         assert r["correct"] and r["back_to_back_correct"] and r["graph_correct"], shape
         v11 = by_shape[shape]["v11_line_prefetch"]
-        # (4096 x 4096, M = 1: 8 MB of weights, a 7-8 us kernel whose back-to-back times wander by
-        # up to 1 us from run to run: v12 0.97 us behind v11 in the run of ad7d2d5, level in its
-        # repeat.)
-        slack = 1.0 if shape == "m=1,n=4096,k=4096,g=128" else 0.2
+        # (4096 x 4096: 8 MB of weights, a 7-8 us kernel whose back-to-back times wander by up to
+        # 1 us from run to run: at M = 1 v12 0.97 us behind v11 in the run of ad7d2d5, level in its
+        # repeat; at M = 8 0.23 us behind in the run of 9b072d6.)
+        slack = 1.0 if shape.startswith("m=1,n=4096,k=4096,") else 0.3 if ",n=4096,k=4096," in shape else 0.2
         assert r["back_to_back_us"] < v11["back_to_back_us"] + slack, shape
         assert r["graph_us"] < v11["graph_us"] + 0.5, shape
         if (",n=28672," in shape or ",k=28672," in shape) and not shape.startswith("m=16,"):
@@ -274,26 +277,50 @@ def test_chapter_06_recorded_run_backs_the_books_claims():
             assert r[key] < v12[key] + 0.4, (shape, key)
             if shape in ("m=1,n=28672,k=8192,g=128", "m=2,n=28672,k=8192,g=128"):
                 assert r[key] < v12[key] - 0.3, (shape, key)
+    # v14's promise (v13 with the weights copied evict_first, the sets rotated past the weights):
+    # correct all three ways; the DRAM bytes of the model to 0.5% at M <= 2 on the 70B shapes, fewer
+    # than v13's there; faster than v13 at M <= 2 on the 70B shapes back to back and in a graph;
+    # nowhere more than 0.4 us slower than v13 (past M = 2 mixed; 4096 x 4096, M = 1, back to back
+    # wanders, see v12's check).
+    evict = {r["shape"]: r for r in run["rows"] if r["op"] == "int4t_gemv" and r["version"] == "v14_evict_first"}
+    assert set(evict) == set(by_shape)
+    for shape, r in evict.items():
+        assert r["correct"] and r["back_to_back_correct"] and r["graph_correct"], shape
+        assert r["dram_ratio"] < 1.05, shape
+        # Rotated past the weights: x, the scales and y of the sets but one exceed twice the 60 MB L2.
+        m, n, k = (int(f.split("=")[1]) for f in shape.split(",")[:3])
+        assert (r["rotations"] - 1) * (m * k * 2 + n * (k // 128) * 2 + m * n * 2) >= 2 * (60 << 20), shape
+        v13 = consecutive[shape]
+        slack = 1.0 if shape.startswith("m=1,n=4096,k=4096,") else 0.4
+        for key in ("time_us", "back_to_back_us", "graph_us"):
+            assert r[key] < v13[key] + slack, (shape, key)
+        if shape.startswith(("m=1,", "m=2,")) and (",n=28672," in shape or ",k=28672," in shape):
+            assert r["dram_ratio"] < 1.005 and r["dram_bytes"] < v13["dram_bytes"], shape
+            assert r["back_to_back_us"] < v13["back_to_back_us"] - 0.1, shape
+            assert r["graph_us"] < v13["graph_us"], shape
     # The goals at M = 1 on the 70B shapes, read against the faster of the two BF16 peers (the C++
     # cuBLAS call and torch.matmul, which calls cuBLAS too), as the book reads them for this run:
-    # 85% of the ceiling back to back and in a graph, not one launch at a time; 3.5x in a graph at
-    # both shapes and back to back at 8192 x 28672 only; one launch at a time missed.
+    # 85% of the ceiling back to back and in a graph, not one launch at a time; 3.5x nowhere (back to
+    # back and in a graph within 0.06-0.24 us of it).
     ceiling = run["ceiling_gbps"]
-    expect = {"m=1,n=28672,k=8192,g=128": (False, False, True), "m=1,n=8192,k=28672,g=128": (False, True, True)}
-    for shape, met in expect.items():
-        vs = {**by_shape[shape], "v12_tiled_weights": tiled[shape], "v13_consecutive_tiles": consecutive[shape]}
-        for key, want in zip(("time_us", "back_to_back_us", "graph_us"), met):
+    for shape in ("m=1,n=28672,k=8192,g=128", "m=1,n=8192,k=28672,g=128"):
+        vs = {**by_shape[shape], "v12_tiled_weights": tiled[shape], "v13_consecutive_tiles": consecutive[shape],
+              "v14_evict_first": evict[shape]}
+        for key in ("time_us", "back_to_back_us", "graph_us"):
             best = min((r for r in vs.values() if r["kind"] == "version"), key=lambda r: r[key])
+            assert best["version"] == "v14_evict_first", (shape, key)
             share = best["model_bytes"] / best[key] / 1e3 / ceiling
             assert (share >= 0.85) == (key != "time_us"), (shape, key, share)
             peer = min(vs["cublas"][key], vs["torch_matmul"][key])
-            assert (peer / best[key] >= 3.5) == want, (shape, key, peer / best[key])
+            assert peer / best[key] < 3.5, (shape, key, peer / best[key])
+            if key != "time_us":
+                assert best[key] - peer / 3.5 < 0.25, (shape, key)
 
 
 def test_chapter_06_run_before_v13_backs_the_v11_claims():
     """The book's claims for v11 against v10 and v8 were measured in the run before v13 (commit
-    6a8a865, kept in history/); the recorded run of v13 has v11 behind v10 at M <= 2 on the 70B
-    shapes, which the book's Results say with their numbers."""
+    6a8a865, kept in history/); the run of v13 (ad7d2d5) has v11 behind v10 at M <= 2 on the 70B
+    shapes and the recorded run ahead, which the book's Results say with their numbers."""
     import json
     run = json.loads((REPO / "results" / "h200" / "history" / "06_int4_gemv_6a8a865.json").read_text())
     by_shape = {}
@@ -308,11 +335,13 @@ def test_chapter_06_run_before_v13_backs_the_v11_claims():
         slack = 0.2 if ",n=4096,k=4096," in shape and rival == "v10_rotated_walk" else 0.0
         assert vs["v11_line_prefetch"]["back_to_back_us"] < vs[rival]["back_to_back_us"] + slack, shape
         assert vs["v11_line_prefetch"]["graph_us"] < vs[rival]["graph_us"], shape
-    # In the recorded run: v11 behind v10 at M <= 2 on the 70B shapes, by 0.36 to 0.64 us back to back.
-    now = json.loads((REPO / "results" / "h200" / "06_int4_gemv.json").read_text())
-    rows = {(r["shape"], r["version"]): r for r in now["rows"]}
-    for m in (1, 2):
-        for n, k in ((28672, 8192), (8192, 28672)):
-            shape = f"m={m},n={n},k={k},g=128"
-            gap = rows[shape, "v11_line_prefetch"]["back_to_back_us"] - rows[shape, "v10_rotated_walk"]["back_to_back_us"]
-            assert 0.3 < gap < 0.7, (shape, gap)
+    # In the run of ad7d2d5: v11 behind v10 at M <= 2 on the 70B shapes, by 0.36 to 0.64 us back to
+    # back; in the recorded run (9b072d6) ahead of it there, by 0.16 to 0.55 us.
+    for name, low, high in (("history/06_int4_gemv_ad7d2d5.json", 0.3, 0.7), ("06_int4_gemv.json", -0.6, -0.1)):
+        other = json.loads((REPO / "results" / "h200" / name).read_text())
+        rows = {(r["shape"], r["version"]): r for r in other["rows"] if r["op"] == "int4i_gemv"}
+        for m in (1, 2):
+            for n, k in ((28672, 8192), (8192, 28672)):
+                shape = f"m={m},n={n},k={k},g=128"
+                gap = rows[shape, "v11_line_prefetch"]["back_to_back_us"] - rows[shape, "v10_rotated_walk"]["back_to_back_us"]
+                assert low < gap < high, (name, shape, gap)
