@@ -603,7 +603,7 @@ def _rotations(inputs, outputs, l2_bytes: int, back_to_back: bool = False, past_
     sizes = [t.numel() * t.element_size() for t in inputs + outputs]
     sets = max(1, math.ceil(2 * l2_bytes / sum(sizes)))
     if past_largest:
-        rest = sum(sizes) - max(t.numel() * t.element_size() for t in inputs)
+        rest = sum(sizes) - max(sizes[: len(inputs)])
         sets = max(sets, math.ceil(2 * l2_bytes / max(1, rest)))
     return max(2, sets + 1) if back_to_back else sets
 
