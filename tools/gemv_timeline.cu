@@ -19,12 +19,12 @@
 // choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1), v10's
 // (the same with every tile's walk rotated), v11's (the same with 128-byte line copies), v12's
 // (v11's on the weights uploaded in int4t_gemv's tiled layout, where N is a multiple of 16 and K of
-// 256) and v13's (v12's with each block's tiles consecutive), and so is an empty kernel of the same
-// shape.
+// 256), v13's (v12's with each block's tiles consecutive) and v14's (v13's with the weights copied
+// under an L2 evict_first policy), and so is an empty kernel of the same shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrltc": v5 to v13;
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrltce": v5 to v14;
 //                                                        # time v10 in a build with -DLKW_TIMELINE_NO_MARKS)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
@@ -412,9 +412,11 @@ const char* path_name(int64_t m, int group) {
 // v5's kernel (whole tiles per warp), the balanced kernel v6 runs where its model says it pays
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
-enum class Kernel { kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled, kConsecutive };
-// v12 and v13 read the weights in int4t_gemv's tiled layout (uploaded so, N a multiple of 16, K of 256).
-bool reads_tiled(Kernel k) { return k == Kernel::kTiled || k == Kernel::kConsecutive; }
+enum class Kernel {
+  kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled, kConsecutive, kEvictFirst
+};
+// v12 to v14 read the weights in int4t_gemv's tiled layout (uploaded so, N a multiple of 16, K of 256).
+bool reads_tiled(Kernel k) { return k == Kernel::kTiled || k == Kernel::kConsecutive || k == Kernel::kEvictFirst; }
 #ifndef LKW_TIMELINE_V12_PREFETCH
 #define LKW_TIMELINE_V12_PREFETCH 128  // v12's
 #endif
@@ -436,6 +438,8 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream);
     case Kernel::kConsecutive:  // v13: v12's launch with each block's tiles consecutive
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream, /*consecutive=*/true);
+    case Kernel::kEvictFirst:  // v14: v13 with the weights copied evict_first
+      return pk::launch_block_split<kInt4tGemv, false, 128, true>(a, stream, /*consecutive=*/true);
     case Kernel::kWhole: break;
   }
   return pk::launch<kNTiles, kMode, false>(kInt4iGemv, a, stream);
@@ -505,31 +509,31 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < k / 8; ++j) upload[tiled_word(r, j, k)] = words[r * (k / 8) + j];
 
-  // Copies of the weights and scales, used in turn: enough that the launches back to back (below)
-  // read more than twice the L2 between two reads of one copy; at least two. LKW_TIMELINE_SETS=n
-  // asks for at least n (so that the scales alone exceed the L2 where the weights' copies leave
-  // them there: an L2 evict_first policy on the weights).
+  // Copies of x, the weights and the scales, used in turn (as the bench rotates its input sets):
+  // enough that the launches back to back (below) read more than twice the L2 between two reads of
+  // one copy; at least two. LKW_TIMELINE_SETS=n asks for at least n (so that x and the scales alone
+  // exceed the L2 where the weights' copies leave them there: v14's evict_first policy).
   const int64_t set_bytes = int64_t(words.size()) * 4 + int64_t(scales.size()) * 2;
   int sets = int(std::max<int64_t>(2, (2 * int64_t(prop.l2CacheSize) + set_bytes - 1) / set_bytes + 1));
   if (const char* least = std::getenv("LKW_TIMELINE_SETS")) sets = std::max(sets, std::atoi(least));
   std::vector<uint32_t*> w_d(sets);
-  std::vector<__nv_bfloat16*> s_d(sets);
-  __nv_bfloat16 *x_d, *y_d;
+  std::vector<__nv_bfloat16*> s_d(sets), x_d(sets);
+  __nv_bfloat16* y_d;
   for (int i = 0; i < sets; ++i) {
     check(cudaMalloc(&w_d[i], words.size() * 4), "cudaMalloc w");
     check(cudaMemcpy(w_d[i], upload.data(), upload.size() * 4, cudaMemcpyHostToDevice), "copy w");
     check(cudaMalloc(&s_d[i], scales.size() * 2), "cudaMalloc scales");
     check(cudaMemcpy(s_d[i], scales.data(), scales.size() * 2, cudaMemcpyHostToDevice), "copy scales");
+    check(cudaMalloc(&x_d[i], x.size() * 2), "cudaMalloc x");
+    check(cudaMemcpy(x_d[i], x.data(), x.size() * 2, cudaMemcpyHostToDevice), "copy x");
   }
-  check(cudaMalloc(&x_d, x.size() * 2), "cudaMalloc x");
-  check(cudaMemcpy(x_d, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "copy x");
   check(cudaMalloc(&y_d, m * n * 2), "cudaMalloc y");
   const Clock clock(prop);
   const size_t slots = size_t(prop.multiProcessorCount) * timeline::kMaxWarps * timeline::kSlots;
   unsigned long long* marks_d;
   check(cudaMalloc(&marks_d, slots * 8), "cudaMalloc marks");
   auto args = [&](int i) {
-    return GemvArgs{x_d, w_d[i % sets], s_d[i % sets], nullptr, y_d, m, n, k, int(g)};
+    return GemvArgs{x_d[i % sets], w_d[i % sets], s_d[i % sets], nullptr, y_d, m, n, k, int(g)};
   };
 
   // Verify first: 256 rows against float64, the chapter's tolerance.
@@ -699,7 +703,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
   const bool block_split =
       g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines ||
-      reads_tiled(g_kernel);  // v9 to v13
+      reads_tiled(g_kernel);  // v9 to v14
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || block_split;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = block_split && m <= 2;
@@ -725,6 +729,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
               : g_kernel == Kernel::kTiled      ? (LKW_TIMELINE_V12_PREFETCH == 128 ? "v11 on tiled weights (v12)"
                                                                                     : "v12 with 256-byte prefetches")
               : g_kernel == Kernel::kConsecutive ? "v12 with each block's tiles consecutive (v13)"
+              : g_kernel == Kernel::kEvictFirst  ? "v13 with the weights copied evict_first (v14)"
                                                : "whole tiles (v5)",
               halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
@@ -795,8 +800,8 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
       }
     }
   }
-  for (int i = 0; i < sets; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]);
-  cudaFree(x_d), cudaFree(y_d), cudaFree(marks_d);
+  for (int i = 0; i < sets; ++i) cudaFree(w_d[i]), cudaFree(s_d[i]), cudaFree(x_d[i]);
+  cudaFree(y_d), cudaFree(marks_d);
 }
 
 }  // namespace
@@ -825,22 +830,22 @@ int main(int argc, char** argv) {
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
   if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
-  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrltc" (v5 to v13)
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrltce" (v5 to v14)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
   }
 
-  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk, v11's 128-byte line copies, v12's tiled weights and v13's consecutive tiles, INT4 interleaved, G = 128\n",
+  std::printf("# %s, %d SMs, %d MB L2; chapter 06's persistent kernel with whole tiles (v5), balanced steps (v6 where its model picks them), the shallow ring (v7), v7 as a dependent launch (v8), v9's K split in the block, v10's rotated walk, v11's 128-byte line copies, v12's tiled weights, v13's consecutive tiles and v14's evict_first weight copies, INT4 interleaved, G = 128\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   launch_overhead(prop);
   for (size_t i = 0; i < shapes.size(); i += 3) {
     for (const Kernel kernel :
          {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit,
-          Kernel::kRotated, Kernel::kLines, Kernel::kTiled, Kernel::kConsecutive}) {
-      if (kinds && !std::strchr(kinds, "wbsdnrltc"[int(kernel)])) continue;
+          Kernel::kRotated, Kernel::kLines, Kernel::kTiled, Kernel::kConsecutive, Kernel::kEvictFirst}) {
+      if (kinds && !std::strchr(kinds, "wbsdnrltce"[int(kernel)])) continue;
       if (reads_tiled(kernel) && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
-        std::printf("\n(v12 and v13 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
+        std::printf("\n(v12 to v14 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
                     (long long)shapes[i + 1], (long long)shapes[i + 2]);
         continue;
       }
