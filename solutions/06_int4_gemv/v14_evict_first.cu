@@ -43,8 +43,9 @@
 // (v13 0.9% and 1.2%). Past M = 2, where v14 runs v8's kernels with the policy, mixed: 0.16–0.25 µs
 // slower back to back at M = 4 to 16 on 28672 × 8192, 0.32 faster at M = 4 on 8192 × 28672. The
 // repeat three minutes later (history/06_int4_gemv_9b072d6_repeat.json) the same within 0.1 µs.
-// A third to a half of the probe's gain: the tool keeps one x, which the policy kept in L2 between
-// launches (a decoder's x, just written, is there under either policy); the bench rotates x too.
+// A third to a half of the probe's gain: the tool then kept one x, which the policy kept in L2
+// between launches (a decoder's x, just written, is there under either policy); the bench rotates
+// x too. With x rotated (06_scales_last.txt) the tool has v14 0.3-0.6 µs ahead back to back.
 //
 // Expect: faster than v13 at M ≤ 2 on the 70B shapes by a few tenths of a µs; DRAM bytes at the
 // model to a tenth of a percent; level at the short shapes, mixed past M = 2. SASS as v12's (the
