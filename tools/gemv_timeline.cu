@@ -511,10 +511,14 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
 
   // Copies of x, the weights and the scales, used in turn (as the bench rotates its input sets):
   // enough that the launches back to back (below) read more than twice the L2 between two reads of
-  // one copy; at least two. LKW_TIMELINE_SETS=n asks for at least n (so that x and the scales alone
-  // exceed the L2 where the weights' copies leave them there: v14's evict_first policy).
-  const int64_t set_bytes = int64_t(words.size()) * 4 + int64_t(scales.size()) * 2;
-  int sets = int(std::max<int64_t>(2, (2 * int64_t(prop.l2CacheSize) + set_bytes - 1) / set_bytes + 1));
+  // one copy; at least two. For the tiled op's kernels (v12 to v14), as the bench's
+  // Case.rotate_past_largest, enough that x and the scales alone exceed twice the L2: v14 copies the
+  // weights evict_first, and the rest of a few copies would stay in L2 from launch to launch.
+  // LKW_TIMELINE_SETS=n asks for at least n.
+  const int64_t rest_bytes = int64_t(x.size()) * 2 + int64_t(scales.size()) * 2;
+  const int64_t set_bytes = int64_t(words.size()) * 4 + rest_bytes;
+  const int64_t rotated_bytes = reads_tiled(g_kernel) ? rest_bytes : set_bytes;
+  int sets = int(std::max<int64_t>(2, (2 * int64_t(prop.l2CacheSize) + rotated_bytes - 1) / rotated_bytes + 1));
   if (const char* least = std::getenv("LKW_TIMELINE_SETS")) sets = std::max(sets, std::atoi(least));
   std::vector<uint32_t*> w_d(sets);
   std::vector<__nv_bfloat16*> s_d(sets), x_d(sets);
