@@ -19,12 +19,13 @@
 // choice (persistent::launch_block_split: at M ≤ 2 the lean BF16 fold, S = 1 at M = 1), v10's
 // (the same with every tile's walk rotated), v11's (the same with 128-byte line copies), v12's
 // (v11's on the weights uploaded in int4t_gemv's tiled layout, where N is a multiple of 16 and K of
-// 256), v13's (v12's with each block's tiles consecutive) and v14's (v13's with the weights copied
-// under an L2 evict_first policy), and so is an empty kernel of the same shape.
+// 256), v13's (v12's with each block's tiles consecutive), v14's (v13's with the weights copied
+// under an L2 evict_first policy) and v15's (v14's with the scales copied 8 steps at a time, where
+// K/128 is a multiple of 8), and so is an empty kernel of the same shape.
 //
 //   build/lkw_gemv_timeline [M N K]...   # default: M = 1 and 8 at 28672 × 8192 and 8192 × 28672
 //   LKW_TIMELINE_SPLITS=4 build/lkw_gemv_timeline ...   # K split in 4 (or the least that fits)
-//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrltce": v5 to v14;
+//   LKW_TIMELINE_KERNELS=sd build/lkw_gemv_timeline ... # only v7 and v8 (of "wbsdnrltcef": v5 to v15;
 //                                                        # time v10 in a build with -DLKW_TIMELINE_NO_MARKS)
 //   LKW_TIMELINE_READ=1 build/lkw_gemv_timeline ...     # also kernels that only read the weights: front to
 //                                                        # back, in v7's pattern of 16 rows × 128 bytes per
@@ -413,10 +414,13 @@ const char* path_name(int64_t m, int group) {
 // (the same modes, the block's steps shared out evenly over its warps), or v7's (v5's with the
 // shallow ring and its plan).
 enum class Kernel {
-  kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled, kConsecutive, kEvictFirst
+  kWhole, kBalanced, kShallow, kDependent, kBlockSplit, kRotated, kLines, kTiled, kConsecutive, kEvictFirst,
+  kBlockScales
 };
-// v12 to v14 read the weights in int4t_gemv's tiled layout (uploaded so, N a multiple of 16, K of 256).
-bool reads_tiled(Kernel k) { return k == Kernel::kTiled || k == Kernel::kConsecutive || k == Kernel::kEvictFirst; }
+// v12 to v15 read the weights in int4t_gemv's tiled layout (uploaded so, N a multiple of 16, K of 256).
+bool reads_tiled(Kernel k) {
+  return k == Kernel::kTiled || k == Kernel::kConsecutive || k == Kernel::kEvictFirst || k == Kernel::kBlockScales;
+}
 #ifndef LKW_TIMELINE_V12_PREFETCH
 #define LKW_TIMELINE_V12_PREFETCH 128  // v12's
 #endif
@@ -438,6 +442,10 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream);
     case Kernel::kConsecutive:  // v13: v12's launch with each block's tiles consecutive
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream, /*consecutive=*/true);
+    case Kernel::kBlockScales:  // v15: v14 with the scales in blocks of 8 steps (v15's condition)
+      if (a.m <= 2 && (a.k / 128) % 8 == 0)
+        return pk::launch_block_split<kInt4tGemv, false, 128, true, true>(a, stream, /*consecutive=*/true);
+      [[fallthrough]];
     case Kernel::kEvictFirst:  // v14: v13 with the weights copied evict_first
       return pk::launch_block_split<kInt4tGemv, false, 128, true>(a, stream, /*consecutive=*/true);
     case Kernel::kWhole: break;
@@ -511,7 +519,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
 
   // Copies of x, the weights and the scales, used in turn (as the bench rotates its input sets):
   // enough that the launches back to back (below) read more than twice the L2 between two reads of
-  // one copy; at least two. For the tiled op's kernels (v12 to v14), as the bench's
+  // one copy; at least two. For the tiled op's kernels (v12 to v15), as the bench's
   // Case.rotate_past_largest, enough that x and the scales alone exceed twice the L2: v14 copies the
   // weights evict_first, and the rest of a few copies would stay in L2 from launch to launch.
   // LKW_TIMELINE_SETS=n asks for at least n.
@@ -707,7 +715,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
   // v7's ring: v7, v8, and v9 (which runs v8's kernels past M = 2).
   const bool block_split =
       g_kernel == Kernel::kBlockSplit || g_kernel == Kernel::kRotated || g_kernel == Kernel::kLines ||
-      reads_tiled(g_kernel);  // v9 to v14
+      reads_tiled(g_kernel);  // v9 to v15
   const bool shallow = g_kernel == Kernel::kShallow || g_kernel == Kernel::kDependent || block_split;
   // v9 at M ≤ 2: the lean BF16 fold, S = 1 at M = 1 where the row fits (pk::launch_block_split).
   const bool v9_own = block_split && m <= 2;
@@ -734,6 +742,7 @@ void run(int64_t m, int64_t n, int64_t k, const cudaDeviceProp& prop) {
                                                                                     : "v12 with 256-byte prefetches")
               : g_kernel == Kernel::kConsecutive ? "v12 with each block's tiles consecutive (v13)"
               : g_kernel == Kernel::kEvictFirst  ? "v13 with the weights copied evict_first (v14)"
+              : g_kernel == Kernel::kBlockScales ? "v14 with the scales in blocks of 8 steps (v15)"
                                                : "whole tiles (v5)",
               halves, v9_own ? "lean BF16 fold" : path_name(m, int(g)), splits, v6_runs ? "; v6 runs this" : "",
               times.median, times.count, times.lo, times.hi, sets, stream_times.median, stream_times.count,
@@ -834,7 +843,7 @@ int main(int argc, char** argv) {
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   g_warm_code = std::getenv("LKW_TIMELINE_WARM_CODE") != nullptr;
   if (g_warm_code) std::printf("# the kernel's code warmed after each flush (16-row launches)\n");
-  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrltce" (v5 to v14)
+  const char* kinds = std::getenv("LKW_TIMELINE_KERNELS");  // a subset of "wbsdnrltcef" (v5 to v15)
   if (const char* splits = std::getenv("LKW_TIMELINE_SPLITS")) {  // force S (where x fits)
     pk::g_force_splits = std::atoi(splits);
     std::printf("# S forced to %d where the x slice fits\n", pk::g_force_splits);
@@ -846,10 +855,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < shapes.size(); i += 3) {
     for (const Kernel kernel :
          {Kernel::kWhole, Kernel::kBalanced, Kernel::kShallow, Kernel::kDependent, Kernel::kBlockSplit,
-          Kernel::kRotated, Kernel::kLines, Kernel::kTiled, Kernel::kConsecutive, Kernel::kEvictFirst}) {
-      if (kinds && !std::strchr(kinds, "wbsdnrltce"[int(kernel)])) continue;
+          Kernel::kRotated, Kernel::kLines, Kernel::kTiled, Kernel::kConsecutive, Kernel::kEvictFirst,
+          Kernel::kBlockScales}) {
+      if (kinds && !std::strchr(kinds, "wbsdnrltcef"[int(kernel)])) continue;
       if (reads_tiled(kernel) && (shapes[i + 1] % 16 || shapes[i + 2] % 256)) {
-        std::printf("\n(v12 to v14 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
+        std::printf("\n(v12 to v15 skipped at %lld x %lld: the tool tiles whole tiles and steps only)\n",
                     (long long)shapes[i + 1], (long long)shapes[i + 2]);
         continue;
       }

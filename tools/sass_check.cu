@@ -79,7 +79,15 @@ bool kernel_matches(const std::string& mangled, const std::string& pattern) {
   return true;
 }
 
+// op matches the opcode and its variants ("LDGSTS.E" also LDGSTS.E.BYPASS.128), or, ending in
+// '$', that opcode alone ("LDGSTS.E$": the plain 4-byte copy, not the 16-byte ones).
 bool has_opcode(const std::vector<std::string>& code, const std::string& op) {
+  if (!op.empty() && op.back() == '$') {
+    const std::string exact = op.substr(0, op.size() - 1);
+    for (const std::string& m : code)
+      if (m == exact) return true;
+    return false;
+  }
   for (const std::string& m : code)
     if (m == op || (m.compare(0, op.size(), op) == 0 && m[op.size()] == '.')) return true;
   return false;
@@ -110,8 +118,12 @@ bool checker_catches_false_facts(const Sass& sass) {
   const lkw::SassFact wide_v0{"copy_v0_scalar_kernel", {}, {"LDG.E.128"}, {}, true, ""};
   const lkw::SassFact narrow_v1{"copy_v1_vec16_kernel", {}, {}, {"LDG.E.128"}, true, ""};
   const lkw::SassFact missing{"no_such_kernel", {}, {}, {}, true, ""};
+  // '$': v0 stores with STG.E itself, and loads only with LDG.E.CONSTANT, which "LDG.E$" must not take
+  const lkw::SassFact exact_store{"copy_v0_scalar_kernel", {}, {}, {"STG.E$"}, true, ""};
+  const lkw::SassFact exact_load{"copy_v0_scalar_kernel", {}, {"LDG.E$"}, {}, true, ""};
   return !check_fact(wide_v0, sass).empty() && !check_fact(narrow_v1, sass).empty() &&
-         !check_fact(missing, sass).empty();
+         !check_fact(missing, sass).empty() && !check_fact(exact_store, sass).empty() &&
+         !check_fact(exact_load, sass).empty();
 }
 
 }  // namespace

@@ -78,6 +78,10 @@ struct Stage {
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
 
+// v15's scales: a block of 8 steps' scales for a warp's 16 rows, [16 rows][16 groups] BF16 (512
+// bytes, G = 128), copied once per block, two blocks per warp (the one being read, the next).
+constexpr int kBlockGroups = 16, kBlockElems = kTileRows * kBlockGroups, kBlockBytes = 2 * kBlockElems;
+
 struct Params {
   const __nv_bfloat16* x;       // [M, K]
   const uint32_t* w;            // [N, K/8]
@@ -259,7 +263,7 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
 // scales, shared out over the lanes), the zero-point word of each row (lanes 0..15). kEvictFirst
 // (v14): the weight chunks with an L2 evict_first policy; the scale and zero-point words without
 // (a row's next steps read the rest of their lines).
-template <bool kZp, int kPasses, int kPrefetch, bool kTiled, bool kEvictFirst>
+template <bool kZp, int kPasses, int kPrefetch, bool kTiled, bool kEvictFirst, bool kBlockScales = false>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
@@ -282,11 +286,14 @@ struct ComputeLane {
 
 // One step of a tile: the lane's weights and the rows' scales from the stage, x from the slice,
 // the mma, and per group either the fold's correction and the scale or (scaled in A) nothing.
-template <int kNTiles, int kMode>
+// kBlockScales (v15): the step's scales from the warp's current block of them, `blk` ([16 rows][16
+// groups] BF16), its groups from `gpos` on, instead of from the stage.
+template <int kNTiles, int kMode, bool kBlockScales = false>
 __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
                                              const float* xsum_sh, const Params& p,
                                              const Lane& ln, const ComputeLane<kNTiles>& cl,
-                                             int it, float (&acc)[kNTiles][4]) {
+                                             int it, float (&acc)[kNTiles][4],
+                                             const __nv_bfloat16* blk = nullptr, int gpos = 0) {
   const int kk = it * kIterK;
   const int g0 = (ln.k_begin + kk) >> p.group_shift;
 #pragma unroll
@@ -295,7 +302,8 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
     __nv_bfloat162 s2[2], neg_zs2[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      s[r] = reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
+      s[r] = kBlockScales ? blk[(ln.g + 8 * r) * kBlockGroups + gpos + u]
+                          : reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
       s2[r] = __bfloat162bfloat162(s[r]);
       if constexpr (kMode == kZeroPoints) {
         const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 & 7) + ln.go[u]))) & 0xfu;
@@ -340,10 +348,15 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 // the L2 prefetch size of every 16-byte copy, weights and x (mma::cp_async_16): 256 bytes (v4 to
 // v10) or 128 (v11, v12). kTiled (v12): the weights in the tiled layout (tiled_word), a warp's step
 // 2 KB of contiguous memory. kEvictFirst (v14): the weights' copies carry an L2 evict_first policy
-// (copy_step).
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
-__global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
+// (copy_step). kBlockScales (v15, the BF16 fold on the tiled layout): the scales come once per 8
+// steps, a 16-byte copy per lane for the warp's 16 rows × 16 groups, into a buffer of the warp's own
+// (kBlockBytes each, two per warp after the Σx sums), not 4 bytes per lane and step into the stage.
+// The body of the kernels below (persistent_kernel: v4 to v14; persistent_blk_kernel: v15).
+template <int kNTiles, int kMode, bool kBalanced, int kStages, bool kRotate, int kPrefetch, bool kTiled,
+          bool kEvictFirst, bool kBlockScales>
+__device__ __forceinline__ void persistent_body(const Params& p) {
+  static_assert(!kBlockScales || (kMode == kFold && kTiled && !kRotate),
+                "scales in blocks: the BF16 fold (G = 128) on the tiled layout, no rotation");
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
   Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
@@ -355,6 +368,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   // the corrections of columns 2t, 2t + 1, then their 2^−s.
 
   const int warp = threadIdx.x / 32;
+  // kBlockScales: this warp's two blocks of scales, after the Σx sums ([k_split/128][8·kNTiles])
+  __nv_bfloat16* const blk_sh =
+      kBlockScales ? reinterpret_cast<__nv_bfloat16*>(xsum_sh + (p.k_split / 128) * 8 * kNTiles) +
+                         warp * 2 * kBlockElems
+                   : nullptr;
   Lane ln;
   ln.lane = threadIdx.x % 32;
   ln.g = ln.lane / 4;
@@ -440,9 +458,17 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   int copy_tile = tile0, copy_it = it0, copies_left = count;  // the next step to copy
   int copy_start = kRotate ? walk_start(unsigned(tile0), unsigned(ln.iters)) : 0;
   CopyTile ct = copy_tile_of<kZp, kPasses, kTiled>(p, ln, tile0);
+  // kBlockScales: the block of scales the copies fill next (0 or 1), flipped at each block; the
+  // compute flips its own at the same steps (a step whose first group is a multiple of 16, a
+  // tile's first step, the run's first step), so both walk the same two buffers in turn.
+  int copy_blk = 1, comp_blk = 1;
   auto copy_next = [&](int s) {
     if (copies_left > 0 && copy_tile < p.tiles) {
-      copy_step<kZp, kPasses, kPrefetch, kTiled, kEvictFirst>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
+      if constexpr (kBlockScales) {
+        // TODO(exercise): at a step whose first group (k_begin / 128 + 2·it) is a multiple of 16, a tile's first step or the run's first: flip copy_blk; lane (r = lane / 2, h = lane % 2) copies 16 bytes, groups b + 8h of row r of the tile (b: the first group rounded down to 16; the row clamped to N − 1), into blk_sh + copy_blk·256 + 16r + 8h, zero-filled past the row's groups. (about 10 lines)
+      }
+      copy_step<kZp, kPasses, kPrefetch, kTiled, kEvictFirst, kBlockScales>(my_ring[s % kStages], p, ln, ct,
+                                                                            rotated(copy_it, copy_start));
       --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
@@ -622,13 +648,26 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     else pending2 = t;
     ++pending_n;
   };
-  // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages at step rotated(it, tile_start); after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile; kRotate: its tile_start), it = 0. (about 38 lines)
+  // TODO(exercise): for s = 0, 1, ... while s < count and tile < tiles: __syncwarp (every lane is done with the stage about to be refilled), copy_next(s + kStages − 1), cp_async_wait<kStages − 1>, __syncwarp (the stage's scales came from other lanes), compute_step on stage s % kStages at step rotated(it, tile_start); after the last step of a tile store (the whole tile; kBalanced: see part_from above), zero acc, next tile (start_tile; kRotate: its tile_start), it = 0. (about 45 lines)
   LKW_GEMV_MARK(kMarkLoopEnd);
   cp_async_wait<0>();  // nothing left in flight when the block exits (or reuses the ring)
   if constexpr (kBalanced) {
     // TODO(exercise): the head into this warp's own ring ([j·4 + e][lane] floats; its copies are done), __syncthreads; a warp that owns a part adds, in warp order, the heads of the warps v > warp whose runs start before the tile's end (hi + iters − it, in the block's steps) and are not empty, then stores the tile. (about 24 lines)
   }
   LKW_GEMV_MARK(kMarkDone);
+}
+
+// The kernels: v4 to v14's, and v15's under a name of its own (so that the SASS facts of the
+// others keep naming only theirs).
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
+__global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
+  persistent_body<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst, false>(p);
+}
+template <int kNTiles, int kMode, bool kBalanced, int kStages, bool kRotate, int kPrefetch, bool kTiled,
+          bool kEvictFirst>
+__global__ void __launch_bounds__(kWarps * 32, 1) persistent_blk_kernel(const Params p) {
+  persistent_body<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst, true>(p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,11 +679,12 @@ struct Plan {
   size_t smem;
 };
 
-template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>()>
+template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>(), bool kBlockScales = false>
 size_t smem_bytes(int64_t m, int64_t k_split) {
   const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float)
                                         : size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
-  return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
+  const size_t blocks = kBlockScales ? size_t(kWarps) * 2 * kBlockBytes : 0;  // v15: two blocks per warp
+  return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums + blocks;
 }
 
 // S forced by a tool (tools/gemv_timeline.cu's LKW_TIMELINE_SPLITS), where it fits; 0: the plan's.
@@ -653,12 +693,13 @@ inline int g_force_splits = 0;
 // The smallest S whose x slice fits beside the ring, then the model's choice from there:
 // plan_splits for v4 to v6, plan_rounds for v7's shallow ring.
 // force > 0: that S (v9's S = 1), where it fits, instead of the model's.
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          bool kBlockScales = false>
 Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64_t force = 0) {
   const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
   auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
   int64_t s = 1;
-  while (s < iters && smem_bytes<kNTiles, kMode, kStages>(m, per_split(s)) > smem_limit) ++s;
+  while (s < iters && smem_bytes<kNTiles, kMode, kStages, kBlockScales>(m, per_split(s)) > smem_limit) ++s;
   const int64_t s_max = std::min<int64_t>({iters, kMaxSplits, sms});
   if (force == 0) force = g_force_splits;
   if (force > 0)
@@ -669,7 +710,7 @@ Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64
     s = plan_splits(tiles, iters, sms, kWarps, s, s_max, kBalanced, m);
   const int64_t k_split = per_split(s);
   const int splits = int(ceil_div(iters, k_split / kIterK));
-  return {k_split, splits, smem_bytes<kNTiles, kMode, kStages>(m, k_split)};
+  return {k_split, splits, smem_bytes<kNTiles, kMode, kStages, kBlockScales>(m, k_split)};
 }
 
 // The arguments every persistent version (v4 to v10) refuses before launching: the scales are
@@ -717,19 +758,26 @@ struct Options {
   bool consecutive = false;
 };
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false,
+          bool kBlockScales = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   static_assert(!kTiled || (kMode != kZeroPoints && !kRotate), "the tiled layout's kernels: no zero points, no rotation");
   if (op.tiled != kTiled)  // the kernel must read the layout the op's weights are in
     return error(Code::kInvalidArgument, std::string(op.name) + ": a kernel for the " +
                                              (kTiled ? "tiled" : "row") + " layout launched on the other");
   const bool pdl = o.pdl;
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+  // kBlockScales (v15) where the kernel runs the BF16 fold; elsewhere the scales come by the step
+  constexpr bool kBlk = kBlockScales && kMode == kFold;
+  auto* kernel = [] {
+    if constexpr (kBlk) return persistent_blk_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+    else return persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+  }();
   const size_t limit = smem_optin();
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
     return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
-  const Plan plan = plan_for<kNTiles, kMode, kBalanced, kStages>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
+  const Plan plan =
+      plan_for<kNTiles, kMode, kBalanced, kStages, kBlk>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
   if (plan.smem > limit)
     return error(Code::kInvalidArgument,
                  std::string(op.name) + ": M × 256 of x does not fit in shared memory");
@@ -850,23 +898,26 @@ bool v7_halves(const GemvArgs& a) {
   return plan.splits == 1 && per_block % kWarps != 0;
 }
 
-template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
+template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false,
+          bool kBlockScales = false>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
   if (v7_halves<kNTiles, kMode>(a))
-    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
-  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
+    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst, kBlockScales>(op, a,
+                                                                                                         stream, o);
+  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst, kBlockScales>(op, a,
+                                                                                                        stream, o);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
 // v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies;
 // kOp.tiled: v12's tiled weights; kEvictFirst: v14's weight copies.
-template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false>
+template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false, bool kBlockScales = false>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst>(
-        kOp, a, stream, pdl);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst,
+                          kBlockScales>(kOp, a, stream, pdl);
   });
 }
 
@@ -877,15 +928,17 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
 // pass cost more than the split-K finish they save.
 // (sms and limit: the device's unless given, as by the host tests.)
 constexpr int64_t kWholeRowMaxK2 = 8192;
+// block_scales: v15's plan, its blocks of scales beside the ring (16 KB more shared memory).
 inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sms = 0,
-                             size_t limit = 0) {
+                             size_t limit = 0, bool block_scales = false) {
   if (sms == 0) sms = sm_count();
   if (limit == 0) limit = smem_optin();
-  *force = (m == 1 || k <= kWholeRowMaxK2) &&
-                   plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1
-               ? 1
-               : 0;
-  return plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, *force);
+  auto plan = [&](int64_t f) {
+    return block_scales ? plan_for<1, kFold, true, kShallowStages, true>(m, n, k, sms, limit, f)
+                        : plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, f);
+  };
+  *force = (m == 1 || k <= kWholeRowMaxK2) && plan(1).splits == 1 ? 1 : 0;
+  return plan(*force);
 }
 // v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; S as
 // block_split_plan says; at S = 1 the balanced kernel with the block's steps cut evenly, whole
@@ -895,17 +948,21 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // L2 for its own 128-byte line. kOp.tiled (v12): v11's kernels reading the tiled layout.
 // consecutive (v13): the balanced kernel's blocks each hold consecutive tiles. kEvictFirst (v14):
 // every kernel's weight copies with an L2 evict_first policy.
-template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256, bool kEvictFirst = false>
+template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256, bool kEvictFirst = false,
+          bool kBlockScales = false>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecutive = false) {
-  if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch, kEvictFirst>(a, stream, /*pdl=*/true);
+  if (a.m > 2 || a.group != 128)
+    return launch_shallow<kOp, kPrefetch, kEvictFirst, kBlockScales>(a, stream, /*pdl=*/true);
   Options o;
   o.pdl = true;
   o.lean_sums = true;
   o.even_cuts = true;
   o.consecutive = consecutive;
-  if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
-  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
+  if (block_split_plan(a.m, a.n, a.k, &o.force_splits, 0, 0, kBlockScales).splits == 1)
+    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
+                                                                                                         stream, o);
+  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
+                                                                                                        stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

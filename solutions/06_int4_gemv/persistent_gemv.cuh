@@ -77,6 +77,10 @@ struct Stage {
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
 
+// v15's scales: a block of 8 steps' scales for a warp's 16 rows, [16 rows][16 groups] BF16 (512
+// bytes, G = 128), copied once per block, two blocks per warp (the one being read, the next).
+constexpr int kBlockGroups = 16, kBlockElems = kTileRows * kBlockGroups, kBlockBytes = 2 * kBlockElems;
+
 struct Params {
   const __nv_bfloat16* x;       // [M, K]
   const uint32_t* w;            // [N, K/8]
@@ -258,7 +262,7 @@ __device__ __forceinline__ CopyTile copy_tile_of(const Params& p, const Lane& ln
 // scales, shared out over the lanes), the zero-point word of each row (lanes 0..15). kEvictFirst
 // (v14): the weight chunks with an L2 evict_first policy; the scale and zero-point words without
 // (a row's next steps read the rest of their lines).
-template <bool kZp, int kPasses, int kPrefetch, bool kTiled, bool kEvictFirst>
+template <bool kZp, int kPasses, int kPrefetch, bool kTiled, bool kEvictFirst, bool kBlockScales = false>
 __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane& ln,
                                           const CopyTile& c, int it) {
   const int kk = it * kIterK;
@@ -272,7 +276,7 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
     cp_async_16<kPrefetch, kEvictFirst>(&st.w[1][ln.lane], w0 + 4, true);
     cp_async_16<kPrefetch, kEvictFirst>(&st.w[2][ln.lane], w1, true);
     cp_async_16<kPrefetch, kEvictFirst>(&st.w[3][ln.lane], w1 + 4, true);
-    cp_async_4(&st.scales[ln.task_r[0]][ln.task_j[0]], c.scale_word[0] + (g0 >> 1), 4);
+    if constexpr (!kBlockScales) cp_async_4(&st.scales[ln.task_r[0]][ln.task_j[0]], c.scale_word[0] + (g0 >> 1), 4);
     return;
   }
 #pragma unroll
@@ -286,7 +290,7 @@ __device__ __forceinline__ void copy_step(Stage& st, const Params& p, const Lane
     }
   }
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
+  for (int pass = 0; pass < (kBlockScales ? 0 : kPasses); ++pass) {
     if (kPasses == 1 || ln.task_on[pass]) {
       const int left = c.scales_left[pass] - g0;  // scales from this word to the tensor's end
       const int bytes = left >= 2 ? 4 : left == 1 ? 2 : 0;
@@ -319,11 +323,14 @@ struct ComputeLane {
 
 // One step of a tile: the lane's weights and the rows' scales from the stage, x from the slice,
 // the mma, and per group either the fold's correction and the scale or (scaled in A) nothing.
-template <int kNTiles, int kMode>
+// kBlockScales (v15): the step's scales from the warp's current block of them, `blk` ([16 rows][16
+// groups] BF16), its groups from `gpos` on, instead of from the stage.
+template <int kNTiles, int kMode, bool kBlockScales = false>
 __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
                                              const float* xsum_sh, const Params& p,
                                              const Lane& ln, const ComputeLane<kNTiles>& cl,
-                                             int it, float (&acc)[kNTiles][4]) {
+                                             int it, float (&acc)[kNTiles][4],
+                                             const __nv_bfloat16* blk = nullptr, int gpos = 0) {
   const int kk = it * kIterK;
   const int g0 = (ln.k_begin + kk) >> p.group_shift;
 #pragma unroll
@@ -332,7 +339,8 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
     __nv_bfloat162 s2[2], neg_zs2[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      s[r] = reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
+      s[r] = kBlockScales ? blk[(ln.g + 8 * r) * kBlockGroups + gpos + u]
+                          : reinterpret_cast<const __nv_bfloat16*>(st.scales)[cl.scale_at[r][u]];
       s2[r] = __bfloat162bfloat162(s[r]);
       if constexpr (kMode == kZeroPoints) {
         const uint32_t z = (st.zeros[ln.g + 8 * r] >> (4 * ((g0 & 7) + ln.go[u]))) & 0xfu;
@@ -429,10 +437,15 @@ __device__ __forceinline__ void compute_step(const Stage& st, const uint4* x_sh,
 // the L2 prefetch size of every 16-byte copy, weights and x (mma::cp_async_16): 256 bytes (v4 to
 // v10) or 128 (v11, v12). kTiled (v12): the weights in the tiled layout (tiled_word), a warp's step
 // 2 KB of contiguous memory. kEvictFirst (v14): the weights' copies carry an L2 evict_first policy
-// (copy_step).
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
-__global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
+// (copy_step). kBlockScales (v15, the BF16 fold on the tiled layout): the scales come once per 8
+// steps, a 16-byte copy per lane for the warp's 16 rows × 16 groups, into a buffer of the warp's own
+// (kBlockBytes each, two per warp after the Σx sums), not 4 bytes per lane and step into the stage.
+// The body of the kernels below (persistent_kernel: v4 to v14; persistent_blk_kernel: v15).
+template <int kNTiles, int kMode, bool kBalanced, int kStages, bool kRotate, int kPrefetch, bool kTiled,
+          bool kEvictFirst, bool kBlockScales>
+__device__ __forceinline__ void persistent_body(const Params& p) {
+  static_assert(!kBlockScales || (kMode == kFold && kTiled && !kRotate),
+                "scales in blocks: the BF16 fold (G = 128) on the tiled layout, no rotation");
   LKW_GEMV_MARK(kMarkEntry);
   extern __shared__ uint4 smem[];
   Stage* ring = reinterpret_cast<Stage*>(smem);  // [warp][stage]
@@ -444,6 +457,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   // the corrections of columns 2t, 2t + 1, then their 2^−s.
 
   const int warp = threadIdx.x / 32;
+  // kBlockScales: this warp's two blocks of scales, after the Σx sums ([k_split/128][8·kNTiles])
+  __nv_bfloat16* const blk_sh =
+      kBlockScales ? reinterpret_cast<__nv_bfloat16*>(xsum_sh + (p.k_split / 128) * 8 * kNTiles) +
+                         warp * 2 * kBlockElems
+                   : nullptr;
   Lane ln;
   ln.lane = threadIdx.x % 32;
   ln.g = ln.lane / 4;
@@ -529,9 +547,28 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   int copy_tile = tile0, copy_it = it0, copies_left = count;  // the next step to copy
   int copy_start = kRotate ? walk_start(unsigned(tile0), unsigned(ln.iters)) : 0;
   CopyTile ct = copy_tile_of<kZp, kPasses, kTiled>(p, ln, tile0);
+  // kBlockScales: the block of scales the copies fill next (0 or 1), flipped at each block; the
+  // compute flips its own at the same steps (a step whose first group is a multiple of 16, a
+  // tile's first step, the run's first step), so both walk the same two buffers in turn.
+  int copy_blk = 1, comp_blk = 1;
   auto copy_next = [&](int s) {
     if (copies_left > 0 && copy_tile < p.tiles) {
-      copy_step<kZp, kPasses, kPrefetch, kTiled, kEvictFirst>(my_ring[s % kStages], p, ln, ct, rotated(copy_it, copy_start));
+      if constexpr (kBlockScales) {
+        // BEGIN SOLUTION: at a step whose first group (k_begin / 128 + 2·it) is a multiple of 16, a tile's first step or the run's first: flip copy_blk; lane (r = lane / 2, h = lane % 2) copies 16 bytes, groups b + 8h of row r of the tile (b: the first group rounded down to 16; the row clamped to N − 1), into blk_sh + copy_blk·256 + 16r + 8h, zero-filled past the row's groups.
+        const int first = (ln.k_begin >> 7) + 2 * copy_it;
+        if ((first & (kBlockGroups - 1)) == 0 || copy_it == 0 || copies_left == count) {
+          copy_blk ^= 1;
+          const int r = ln.lane >> 1, h = ln.lane & 1;
+          const int group = (first & ~(kBlockGroups - 1)) + 8 * h;
+          const bool valid = group < ln.groups;
+          const int64_t row = clamp_row(int64_t(copy_tile) * kTileRows + r, p.n);
+          cp_async_16<128>(blk_sh + copy_blk * kBlockElems + r * kBlockGroups + 8 * h,
+                           p.scales + row * ln.groups + (valid ? group : 0), valid);
+        }
+        // END SOLUTION
+      }
+      copy_step<kZp, kPasses, kPrefetch, kTiled, kEvictFirst, kBlockScales>(my_ring[s % kStages], p, ln, ct,
+                                                                            rotated(copy_it, copy_start));
       --copies_left;
       if (++copy_it == ln.iters) {
         copy_it = 0;
@@ -775,8 +812,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
     cp_async_wait<kStages - 1>();
     __syncwarp();
     if (s == 0) LKW_GEMV_MARK(kMarkFirstStage);
-    compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, rotated(it, tile_start),
-                                 acc);
+    if constexpr (kBlockScales) {
+      const int first = (ln.k_begin >> 7) + 2 * it;
+      if ((first & (kBlockGroups - 1)) == 0 || it == 0 || s == 0) comp_blk ^= 1;
+      compute_step<kNTiles, kMode, true>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, it, acc,
+                                         blk_sh + comp_blk * kBlockElems, first & (kBlockGroups - 1));
+    } else {
+      compute_step<kNTiles, kMode>(my_ring[s % kStages], x_sh, xsum_sh, p, ln, cl, rotated(it, tile_start),
+                                   acc);
+    }
     ++it;
     if (it == ln.iters || (kBalanced && s + 1 == count)) {
       if constexpr (kBalanced) {
@@ -841,6 +885,19 @@ __global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params
   LKW_GEMV_MARK(kMarkDone);
 }
 
+// The kernels: v4 to v14's, and v15's under a name of its own (so that the SASS facts of the
+// others keep naming only theirs).
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
+__global__ void __launch_bounds__(kWarps * 32, 1) persistent_kernel(const Params p) {
+  persistent_body<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst, false>(p);
+}
+template <int kNTiles, int kMode, bool kBalanced, int kStages, bool kRotate, int kPrefetch, bool kTiled,
+          bool kEvictFirst>
+__global__ void __launch_bounds__(kWarps * 32, 1) persistent_blk_kernel(const Params p) {
+  persistent_body<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst, true>(p);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host side: the plan (S and the slice), the launch.
 
@@ -850,11 +907,12 @@ struct Plan {
   size_t smem;
 };
 
-template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>()>
+template <int kNTiles, int kMode, int kStages = stages_for<kNTiles>(), bool kBlockScales = false>
 size_t smem_bytes(int64_t m, int64_t k_split) {
   const size_t sums = is_f16<kMode>() ? size_t(k_split / 128) * 16 * sizeof(float)
                                         : size_t(k_split / 128) * 8 * kNTiles * sizeof(float);
-  return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums;
+  const size_t blocks = kBlockScales ? size_t(kWarps) * 2 * kBlockBytes : 0;  // v15: two blocks per warp
+  return size_t(kWarps) * kStages * sizeof(Stage) + size_t(m) * (k_split + 8) * 2 + sums + blocks;
 }
 
 // S forced by a tool (tools/gemv_timeline.cu's LKW_TIMELINE_SPLITS), where it fits; 0: the plan's.
@@ -863,12 +921,13 @@ inline int g_force_splits = 0;
 // The smallest S whose x slice fits beside the ring, then the model's choice from there:
 // plan_splits for v4 to v6, plan_rounds for v7's shallow ring.
 // force > 0: that S (v9's S = 1), where it fits, instead of the model's.
-template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>()>
+template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
+          bool kBlockScales = false>
 Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64_t force = 0) {
   const int64_t iters = ceil_div(k, kIterK), tiles = ceil_div(n, kTileRows);
   auto per_split = [&](int64_t s) { return ceil_div(iters, s) * kIterK; };
   int64_t s = 1;
-  while (s < iters && smem_bytes<kNTiles, kMode, kStages>(m, per_split(s)) > smem_limit) ++s;
+  while (s < iters && smem_bytes<kNTiles, kMode, kStages, kBlockScales>(m, per_split(s)) > smem_limit) ++s;
   const int64_t s_max = std::min<int64_t>({iters, kMaxSplits, sms});
   if (force == 0) force = g_force_splits;
   if (force > 0)
@@ -879,7 +938,7 @@ Plan plan_for(int64_t m, int64_t n, int64_t k, int sms, size_t smem_limit, int64
     s = plan_splits(tiles, iters, sms, kWarps, s, s_max, kBalanced, m);
   const int64_t k_split = per_split(s);
   const int splits = int(ceil_div(iters, k_split / kIterK));
-  return {k_split, splits, smem_bytes<kNTiles, kMode, kStages>(m, k_split)};
+  return {k_split, splits, smem_bytes<kNTiles, kMode, kStages, kBlockScales>(m, k_split)};
 }
 
 // The arguments every persistent version (v4 to v10) refuses before launching: the scales are
@@ -927,19 +986,26 @@ struct Options {
   bool consecutive = false;
 };
 template <int kNTiles, int kMode, bool kBalanced = false, int kStages = stages_for<kNTiles>(),
-          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
+          bool kRotate = false, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false,
+          bool kBlockScales = false>
 Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options o) {
   static_assert(!kTiled || (kMode != kZeroPoints && !kRotate), "the tiled layout's kernels: no zero points, no rotation");
   if (op.tiled != kTiled)  // the kernel must read the layout the op's weights are in
     return error(Code::kInvalidArgument, std::string(op.name) + ": a kernel for the " +
                                              (kTiled ? "tiled" : "row") + " layout launched on the other");
   const bool pdl = o.pdl;
-  auto* kernel = persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+  // kBlockScales (v15) where the kernel runs the BF16 fold; elsewhere the scales come by the step
+  constexpr bool kBlk = kBlockScales && kMode == kFold;
+  auto* kernel = [] {
+    if constexpr (kBlk) return persistent_blk_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+    else return persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+  }();
   const size_t limit = smem_optin();
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), limit);
   if (attr != cudaSuccess)
     return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
-  const Plan plan = plan_for<kNTiles, kMode, kBalanced, kStages>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
+  const Plan plan =
+      plan_for<kNTiles, kMode, kBalanced, kStages, kBlk>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
   if (plan.smem > limit)
     return error(Code::kInvalidArgument,
                  std::string(op.name) + ": M × 256 of x does not fit in shared memory");
@@ -1060,23 +1126,26 @@ bool v7_halves(const GemvArgs& a) {
   return plan.splits == 1 && per_block % kWarps != 0;
 }
 
-template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
+template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false,
+          bool kBlockScales = false>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
   if (v7_halves<kNTiles, kMode>(a))
-    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
-  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
+    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst, kBlockScales>(op, a,
+                                                                                                         stream, o);
+  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst, kBlockScales>(op, a,
+                                                                                                        stream, o);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
 // v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies;
 // kOp.tiled: v12's tiled weights; kEvictFirst: v14's weight copies.
-template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false>
+template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false, bool kBlockScales = false>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst>(
-        kOp, a, stream, pdl);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst,
+                          kBlockScales>(kOp, a, stream, pdl);
   });
 }
 
@@ -1087,15 +1156,17 @@ Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) 
 // pass cost more than the split-K finish they save.
 // (sms and limit: the device's unless given, as by the host tests.)
 constexpr int64_t kWholeRowMaxK2 = 8192;
+// block_scales: v15's plan, its blocks of scales beside the ring (16 KB more shared memory).
 inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sms = 0,
-                             size_t limit = 0) {
+                             size_t limit = 0, bool block_scales = false) {
   if (sms == 0) sms = sm_count();
   if (limit == 0) limit = smem_optin();
-  *force = (m == 1 || k <= kWholeRowMaxK2) &&
-                   plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, 1).splits == 1
-               ? 1
-               : 0;
-  return plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, *force);
+  auto plan = [&](int64_t f) {
+    return block_scales ? plan_for<1, kFold, true, kShallowStages, true>(m, n, k, sms, limit, f)
+                        : plan_for<1, kFold, true, kShallowStages>(m, n, k, sms, limit, f);
+  };
+  *force = (m == 1 || k <= kWholeRowMaxK2) && plan(1).splits == 1 ? 1 : 0;
+  return plan(*force);
 }
 // v9: at M ≤ 2 and G = 128 the BF16 fold with the lean Σx pass as a dependent launch; S as
 // block_split_plan says; at S = 1 the balanced kernel with the block's steps cut evenly, whole
@@ -1105,17 +1176,21 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 // L2 for its own 128-byte line. kOp.tiled (v12): v11's kernels reading the tiled layout.
 // consecutive (v13): the balanced kernel's blocks each hold consecutive tiles. kEvictFirst (v14):
 // every kernel's weight copies with an L2 evict_first policy.
-template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256, bool kEvictFirst = false>
+template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256, bool kEvictFirst = false,
+          bool kBlockScales = false>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecutive = false) {
-  if (a.m > 2 || a.group != 128) return launch_shallow<kOp, kPrefetch, kEvictFirst>(a, stream, /*pdl=*/true);
+  if (a.m > 2 || a.group != 128)
+    return launch_shallow<kOp, kPrefetch, kEvictFirst, kBlockScales>(a, stream, /*pdl=*/true);
   Options o;
   o.pdl = true;
   o.lean_sums = true;
   o.even_cuts = true;
   o.consecutive = consecutive;
-  if (block_split_plan(a.m, a.n, a.k, &o.force_splits).splits == 1)
-    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
-  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
+  if (block_split_plan(a.m, a.n, a.k, &o.force_splits, 0, 0, kBlockScales).splits == 1)
+    return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
+                                                                                                         stream, o);
+  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
+                                                                                                        stream, o);
 }
 
 }  // namespace lkw::gemv::persistent

@@ -181,5 +181,15 @@ TEST(DependentLaunch, V14ChainReadsThePreviousKernelsOutput) {
   check_chain(v13, v14, kBlockSplitLinks, "chapter 06 dependent launch, v14");
 }
 
+TEST(DependentLaunch, V15ChainReadsThePreviousKernelsOutput) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  // v15 back to back against v14 with a sync after each link: v15 is v14's kernels with the same
+  // scales brought in blocks of 8 steps, read in the same order into the same sums, so its outputs
+  // must be v14's bit for bit (a block read at the wrong step, or from the other buffer, is not).
+  const Version& v14 = version("v14_evict_first", kInt4tGemv);
+  const Version& v15 = version("v15_block_scales", kInt4tGemv);
+  check_chain(v14, v15, kBlockSplitLinks, "chapter 06 dependent launch, v15");
+}
+
 }  // namespace
 }  // namespace lkw::gemv

@@ -86,7 +86,7 @@ TEST(HostValidation, SixteenByteVersionsNeedAlignedWeights) {
           v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" && v->id != "v7_shallow_ring" &&
           v->id != "v8_dependent_launch" && v->id != "v9_block_split_k" && v->id != "v10_rotated_walk" &&
           v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights" && v->id != "v13_consecutive_tiles" &&
-          v->id != "v14_evict_first")
+          v->id != "v14_evict_first" && v->id != "v15_block_scales")
         continue;
       Fake at;
       at.w += 4;  // aligned for 4-byte words, not for 16-byte loads
@@ -101,7 +101,7 @@ TEST(HostValidation, V4NeedsScalesInWholeWords) {
       if (v->id != "v4_persistent_smem_x" && v->id != "v5_f16_activations" && v->id != "v6_balanced_steps" &&
           v->id != "v7_shallow_ring" && v->id != "v8_dependent_launch" && v->id != "v9_block_split_k" &&
           v->id != "v10_rotated_walk" && v->id != "v11_line_prefetch" && v->id != "v12_tiled_weights" &&
-          v->id != "v13_consecutive_tiles" && v->id != "v14_evict_first")
+          v->id != "v13_consecutive_tiles" && v->id != "v14_evict_first" && v->id != "v15_block_scales")
         continue;
       Fake at;
       at.scales += 2;  // aligned for BF16, not for the 4-byte copies of v4
