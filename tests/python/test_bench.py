@@ -21,8 +21,8 @@ def ncu_csv(kernels):
     return "==PROF== noise before the table\n" + "\n".join(lines) + "\n"
 
 
-def launch(name, hint, kernels=1):
-    return {"name": name, "shape": "n=1", "kernels": kernels, "kernel_hint": hint}
+def launch(name, *hints, kernels=1):
+    return {"name": name, "shape": "n=1", "kernels": kernels, "kernel_hints": list(hints)}
 
 
 def test_dram_bytes_count_the_flush_writes_after_each_version_and_not_its_reads():
@@ -40,7 +40,7 @@ def test_the_first_profiled_flush_alone_is_dropped_not_charged_to_a_version():
         ("flush_l2_kernel<0>", 9_999, 9_999),  # the dropped first profiled kernel
         ("copy_v1_vec16_kernel", 1000, 1000), ("flush_l2_kernel<0>", 120_000, 7),
     ])
-    order = [{"name": "(first)", "shape": "", "kernels": 0, "kernel_hint": ""},
+    order = [{"name": "(first)", "shape": "", "kernels": 0, "kernel_hints": []},
              launch("a/copy/v1", "copy_v1_vec16_kernel")]
     assert bench.parse_ncu(csv_text, order, log=lambda *_: None) == {("a/copy/v1", "n=1"): 2007.0}
 
@@ -130,6 +130,18 @@ def test_a_kernel_order_mismatch_drops_the_measurement_instead_of_misattributing
     messages = []
     got = bench.parse_ncu(csv_text, [launch("a/copy/v0", "copy_v0_scalar_kernel")], log=messages.append)
     assert got == {} and "mismatch" in messages[0]
+
+
+def test_a_version_that_runs_another_kernel_at_some_shapes_is_matched_by_any_of_its_facts():
+    # (int4t_gemv v15: its own kernel at M <= 2, v14's elsewhere; both named by its SASS facts.)
+    csv_text = ncu_csv([("void persistent::persistent_kernel<2, 1>(Params)", 10, 10), ("flush_l2_kernel<0>", 5, 5),
+                        ("void persistent::persistent_blk_kernel<1, 0>(Params)", 20, 20), ("flush_l2_kernel<0>", 5, 5)])
+    v15 = launch("a/gemv/v15", "persistent_blk_kernel*ILi1ELi0E*", "persistent_kernel*ELi2E")
+    assert bench.parse_ncu(csv_text, [v15, dict(v15)], log=lambda *_: None) == {("a/gemv/v15", "n=1"): 35.0}
+    only_own = launch("a/gemv/v15", "persistent_blk_kernel*ILi1ELi0E*")
+    messages = []
+    assert bench.parse_ncu(csv_text, [only_own, dict(only_own)], log=messages.append) == {}
+    assert "mismatch" in messages[0]
 
 
 def test_missing_kernels_leave_later_launches_unmeasured():
