@@ -12,9 +12,11 @@
 // the copy goes out with that step's weights, in the same cp.async group, one step ahead of its
 // use as the ring's other copies do. Same kernels, steps, layout and placement as v14 otherwise.
 //
-// Where: the kernels of v9's block split (M ≤ 2, G = 128), with the scales' rows 16-byte aligned
-// (K/128 a multiple of 8: 4096, 8192, 14336, 28672 are) and the scales' base too; elsewhere v14's
-// kernels. At M = 8 (v8's kernels, S = 2) the blocks were 0.5-0.7 µs slower in tools/gemv_timeline
+// Where: the kernels of v9's block split (M ≤ 2, G = 128) where they leave K whole (S = 1), with
+// the scales' rows 16-byte aligned (K/128 a multiple of 8: 4096, 8192, 14336, 28672 are) and the
+// scales' base too; elsewhere v14's kernels. Split in K (S = 4 at M = 2, 8192 × 28672) the blocks
+// were 0.4-0.5 µs slower back to back and 0.3-0.4 µs in a graph in tools/gemv_timeline (H200,
+// 2026-12-03). At M = 8 (v8's kernels, S = 2) the blocks were 0.5-0.7 µs slower in tools/gemv_timeline
 // (H200, 2026-12-02), so M > 2 keeps v14's.
 //
 // Measured first as tiled scales (06_whole_lines.txt part 2, a layout of their own, 64 bytes a
@@ -32,8 +34,12 @@ Status gemv_v15(const GemvArgs& a, cudaStream_t stream) {
   if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
   // A block's 32 bytes of a row are one 16-byte aligned copy per lane only if every row's scales
   // start 16-byte aligned: K/G a multiple of 8 and the tensor's base aligned. Elsewhere v14.
+  // And only where the block split leaves K whole (S = 1): split in K (M = 2 on 8192 x 28672,
+  // S = 4) the blocks were 0.4-0.5 us slower (tools/gemv_timeline, H200, 2026-12-03).
+  int force = 0;
   const bool blocks = a.m <= 2 && a.group == 128 && (a.k / a.group) % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.scales) % 16 == 0;
+                      reinterpret_cast<uintptr_t>(a.scales) % 16 == 0 &&
+                      block_split_plan(a.m, a.n, a.k, &force, 0, 0, /*block_scales=*/true).splits == 1;
   if (!blocks)
     return launch_block_split<kOp, /*kRotate=*/false, /*kPrefetch=*/128, /*kEvictFirst=*/true>(a, stream,
                                                                                             /*consecutive=*/true);
