@@ -173,11 +173,18 @@ if data:
 #   back and in a graph.
 # - `int4t_gemv/v14_evict_first` is `v13` with the weights copied under an L2 evict_first policy,
 #   so that the lines the kernel reads again (scales, x) stay in L2 while the weights stream past.
-#   Its curve lies a little above `v13`'s at M ≤ 2 on the 70B shapes (0.2 to 0.3 µs back to back)
-#   and on it elsewhere; at M = 1 it is the fastest version all three ways on both 70B shapes. Its
-#   input sets rotate past the weights (the book's `v14` section says why).
+#   Its curve lies a little above `v13`'s at M ≤ 2 on the 70B shapes (0.2 to 0.3 µs back to back
+#   in the run of 9b072d6, 0.17 to 0.50 µs in the recorded run) and on it elsewhere; at M = 1 on the
+#   70B shapes it is the fastest version one launch at a time. Its input sets rotate past the
+#   weights (the book's `v14` section says why).
+# - `int4t_gemv/v15_block_scales` is `v14` with the scales copied 8 steps at a time, 16 bytes a
+#   lane, where the block split leaves K whole at M ≤ 2; elsewhere it runs `v14`'s kernels. There
+#   its curve lies a little above `v14`'s back to back and in a graph (0.2 to 0.45 µs at M = 1 on
+#   the 70B shapes and M = 2 on 28672 × 8192 in the recorded run), the first to reach 3.5× cuBLAS
+#   back to back and in a graph at M = 1 on both 70B shapes, by a thin margin (the book's Results
+#   read it); one launch at a time it is level with `v14`.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` to `v14` gain a little over their back-to-back time,
+#   comes close to `v8` there, and `v9` to `v15` gain a little over their back-to-back time,
 #   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
 #   section "In a CUDA graph").
 # - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,

@@ -19,6 +19,11 @@
 // 2026-12-03). At M = 8 (v8's kernels, S = 2) the blocks were 0.5-0.7 µs slower in tools/gemv_timeline
 // (H200, 2026-12-02), so M > 2 keeps v14's.
 //
+// Bench (results/h200/06_int4_gemv.json: H200, 2026-12-03, commit 87c1cce), v15 against v14 back
+// to back / in a graph: M = 1, 28672 × 8192 30.70 / 30.29 against 31.12 / 30.56 µs; M = 1,
+// 8192 × 28672 31.78 / 31.37 against 31.98 / 31.57; M = 2, 28672 × 8192 32.03 / 31.45 against
+// 32.44 / 31.90; one launch at a time 0.13-0.23 µs slower there; the DRAM bytes 0.1% over the model.
+//
 // Measured first as tiled scales (06_whole_lines.txt part 2, a layout of their own, 64 bytes a
 // step): the scales' requests and wavefronts were most of what that probe took away.
 #include "persistent_gemv.cuh"
