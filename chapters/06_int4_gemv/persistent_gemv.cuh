@@ -961,8 +961,10 @@ Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecuti
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits, 0, 0, kBlockScales).splits == 1)
     return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
                                                                                                          stream, o);
-  return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
-                                                                                                        stream, o);
+  if constexpr (kBlockScales)  // v15 takes its blocks only where K stays whole (v15_block_scales.cu)
+    return error(Code::kInvalidArgument, "blocks of scales need the block split to leave K whole (S = 1)");
+  else
+    return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
 }
 
 }  // namespace lkw::gemv::persistent
