@@ -994,10 +994,9 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options 
     return error(Code::kInvalidArgument, std::string(op.name) + ": a kernel for the " +
                                              (kTiled ? "tiled" : "row") + " layout launched on the other");
   const bool pdl = o.pdl;
-  // kBlockScales (v15) where the kernel runs the BF16 fold; elsewhere the scales come by the step
-  constexpr bool kBlk = kBlockScales && kMode == kFold;
+  // kBlockScales (v15): its own kernel (the BF16 fold only, persistent_body's static_assert)
   auto* kernel = [] {
-    if constexpr (kBlk) return persistent_blk_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
+    if constexpr (kBlockScales) return persistent_blk_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
     else return persistent_kernel<kNTiles, kMode, kBalanced, kStages, kRotate, kPrefetch, kTiled, kEvictFirst>;
   }();
   const size_t limit = smem_optin();
@@ -1005,7 +1004,7 @@ Status launch(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, Options 
   if (attr != cudaSuccess)
     return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
   const Plan plan =
-      plan_for<kNTiles, kMode, kBalanced, kStages, kBlk>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
+      plan_for<kNTiles, kMode, kBalanced, kStages, kBlockScales>(a.m, a.n, a.k, sm_count(), limit, o.force_splits);
   if (plan.smem > limit)
     return error(Code::kInvalidArgument,
                  std::string(op.name) + ": M × 256 of x does not fit in shared memory");
@@ -1126,26 +1125,23 @@ bool v7_halves(const GemvArgs& a) {
   return plan.splits == 1 && per_block % kWarps != 0;
 }
 
-template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false,
-          bool kBlockScales = false>
+template <int kNTiles, int kMode, int kPrefetch = 256, bool kTiled = false, bool kEvictFirst = false>
 Status launch_v7_mode(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   Options o;
   o.pdl = pdl;
   if (v7_halves<kNTiles, kMode>(a))
-    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst, kBlockScales>(op, a,
-                                                                                                         stream, o);
-  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst, kBlockScales>(op, a,
-                                                                                                        stream, o);
+    return launch<kNTiles, kMode, true, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
+  return launch<kNTiles, kMode, false, kShallowStages, false, kPrefetch, kTiled, kEvictFirst>(op, a, stream, o);
 }
 
 // v7: v5's choice of mode, the shallow ring and its plan (plan_rounds), launch_v7_mode's kernel;
 // v8: the same, launched as a programmatic dependent (pdl). kPrefetch: v11's 128-byte copies;
 // kOp.tiled: v12's tiled weights; kEvictFirst: v14's weight copies.
-template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false, bool kBlockScales = false>
+template <const GemvOp& kOp, int kPrefetch = 256, bool kEvictFirst = false>
 Status launch_shallow(const GemvArgs& a, cudaStream_t stream, bool pdl = false) {
   return with_v5_mode(a.m, a.group, [&](auto tiles, auto mode) {
-    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst,
-                          kBlockScales>(kOp, a, stream, pdl);
+    return launch_v7_mode<decltype(tiles)::value, decltype(mode)::value, kPrefetch, kOp.tiled, kEvictFirst>(
+        kOp, a, stream, pdl);
   });
 }
 
@@ -1179,8 +1175,13 @@ inline Plan block_split_plan(int64_t m, int64_t n, int64_t k, int* force, int sm
 template <const GemvOp& kOp, bool kRotate = false, int kPrefetch = 256, bool kEvictFirst = false,
           bool kBlockScales = false>
 Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecutive = false) {
-  if (a.m > 2 || a.group != 128)
-    return launch_shallow<kOp, kPrefetch, kEvictFirst, kBlockScales>(a, stream, /*pdl=*/true);
+  // kBlockScales (v15): only the balanced kernel at S = 1 takes blocks of scales; v15 asks for
+  // nothing else (v15_block_scales.cu), and anything else is refused.
+  constexpr auto kWholeKOnly = "blocks of scales need M ≤ 2, G = 128 and the block split to leave K whole (S = 1)";
+  if (a.m > 2 || a.group != 128) {
+    if constexpr (kBlockScales) return error(Code::kInvalidArgument, kWholeKOnly);
+    else return launch_shallow<kOp, kPrefetch, kEvictFirst>(a, stream, /*pdl=*/true);
+  }
   Options o;
   o.pdl = true;
   o.lean_sums = true;
@@ -1189,8 +1190,7 @@ Status launch_block_split(const GemvArgs& a, cudaStream_t stream, bool consecuti
   if (block_split_plan(a.m, a.n, a.k, &o.force_splits, 0, 0, kBlockScales).splits == 1)
     return launch<1, kFold, true, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst, kBlockScales>(kOp, a,
                                                                                                          stream, o);
-  if constexpr (kBlockScales)  // v15 takes its blocks only where K stays whole (v15_block_scales.cu)
-    return error(Code::kInvalidArgument, "blocks of scales need the block split to leave K whole (S = 1)");
+  if constexpr (kBlockScales) return error(Code::kInvalidArgument, kWholeKOnly);
   else
     return launch<1, kFold, false, kShallowStages, kRotate, kPrefetch, kOp.tiled, kEvictFirst>(kOp, a, stream, o);
 }
