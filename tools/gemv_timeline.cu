@@ -442,12 +442,8 @@ Status launch_mode(const GemvArgs& a, cudaStream_t stream) {
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream);
     case Kernel::kConsecutive:  // v13: v12's launch with each block's tiles consecutive
       return pk::launch_block_split<kInt4tGemv, false, LKW_TIMELINE_V12_PREFETCH>(a, stream, /*consecutive=*/true);
-    case Kernel::kBlockScales: {  // v15: v14 with the scales in blocks of 8 steps (v15's condition)
-      int force = 0;
-      if (a.m <= 2 && (a.k / 128) % 8 == 0 && pk::block_split_plan(a.m, a.n, a.k, &force, 0, 0, true).splits == 1)
-        return pk::launch_block_split<kInt4tGemv, false, 128, true, true>(a, stream, /*consecutive=*/true);
-      [[fallthrough]];
-    }
+    case Kernel::kBlockScales:  // v15: v14 with the scales in blocks of 8 steps where they apply
+      return pk::launch_block_split<kInt4tGemv, false, 128, true, true>(a, stream, /*consecutive=*/true);
     case Kernel::kEvictFirst:  // v14: v13 with the weights copied evict_first
       return pk::launch_block_split<kInt4tGemv, false, 128, true>(a, stream, /*consecutive=*/true);
     case Kernel::kWhole: break;

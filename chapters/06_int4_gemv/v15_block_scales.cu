@@ -38,18 +38,10 @@ template <const GemvOp& kOp>
 Status gemv_v15(const GemvArgs& a, cudaStream_t stream) {
   static_assert(kOp.tiled && !kOp.zero_points, "v15 reads the tiled layout, without zero points");
   if (Status s = validate_persistent(kOp, a); !s.ok()) return s;
-  // A block's 32 bytes of a row are one 16-byte aligned copy per lane only if every row's scales
-  // start 16-byte aligned: K/G a multiple of 8 and the tensor's base aligned. Elsewhere v14.
-  // And only where the block split leaves K whole (S = 1): split in K (M = 2 on 8192 x 28672,
-  // S = 4) the blocks were 0.4-0.5 us slower (tools/gemv_timeline, H200, 2026-12-03).
-  int force = 0;
-  const bool blocks = a.m <= 2 && a.group == 128 && (a.k / a.group) % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.scales) % 16 == 0 &&
-                      block_split_plan(a.m, a.n, a.k, &force, 0, 0, /*block_scales=*/true).splits == 1;
-  if (!blocks)
-    return launch_block_split<kOp, /*kRotate=*/false, /*kPrefetch=*/128, /*kEvictFirst=*/true>(a, stream,
-                                                                                            /*consecutive=*/true);
-  return launch_block_split<kOp, false, 128, true, /*kBlockScales=*/true>(a, stream, /*consecutive=*/true);
+  // The blocks where they apply (M ≤ 2, G = 128, S = 1, the scales' rows 16-byte aligned: the
+  // header above), v14's kernels elsewhere: launch_block_split decides.
+  return launch_block_split<kOp, /*kRotate=*/false, /*kPrefetch=*/128, /*kEvictFirst=*/true, /*kBlockScales=*/true>(
+      a, stream, /*consecutive=*/true);
 }
 
 // v15's own kernels (persistent_blk_kernel, the BF16 fold): v14's instructions, and no 4-byte
