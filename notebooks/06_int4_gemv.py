@@ -152,37 +152,40 @@ if data:
 # - `v10` is `v9` with every tile's walk along K rotated by a hash of the tile, so that the warps
 #   reading at the same moment read at different offsets of their rows: the same bytes, asked of
 #   the DRAM in another order. Back to back and in a graph it is below `v9` where the warps' runs
-#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.4 to 1.0 µs) and within a few tenths
+#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.4 to 1.1 µs) and within a few tenths
 #   elsewhere; compare the two curves at M = 1 and 2.
 # - `v11` is `v9` (and `v8` past M = 2) with every copy asking L2 for its own 128-byte line instead
 #   of the aligned 256-byte pair: with pairs, every warp asks the DRAM for new bytes only on every
 #   second step, all at once; with lines, on every step. In the recorded run it is the fastest
-#   of `int4i_gemv`'s versions back to back at 27 of the 30 shapes and in a graph at 29, gains
-#   most over `v8` past M = 2 (3.08 µs back to back at M = 8, 8192 × 28672) and needs no
-#   rotation; at M ≤ 2 it leads `v10` at every shape (by 0.2 to 0.6 µs back to back on the 70B
-#   shapes; it trailed there in the run before, `results/h200/history/06_int4_gemv_ad7d2d5.json`).
-#   Compare its curve with `v10`'s and `v8`'s.
+#   of `int4i_gemv`'s versions back to back at 23 of the 30 shapes and in a graph at 24, gains
+#   most over `v8` past M = 2 (2.48 µs back to back at M = 8, 8192 × 28672) and needs no
+#   rotation. At M ≤ 2 on the 70B shapes it trails `v10` by 0.37 to 0.65 µs back to back in the
+#   recorded run and led it at every shape with M ≤ 2 in the run before
+#   (`results/h200/history/06_int4_gemv_87c1cce.json`): there the two are within the runs'
+#   spread of each other. Compare its curve with `v10`'s and `v8`'s.
 # - `int4t_gemv/v12_tiled_weights` is `v11`'s kernel on the same words stored in the order it
 #   reads them (tiles of 16 rows, steps of 256 k: each warp step 2 KB of contiguous memory), a new
 #   op because the layout is new. Its curve sits above `v11`'s where the rows are long (at M = 1
-#   to 8 on the 70B shapes, 0.3 to 1.0 µs faster back to back in the recorded run) and on it
+#   to 8 on the 70B shapes, 0.7 to 1.5 µs faster back to back in the recorded run) and on it
 #   elsewhere.
 # - `int4t_gemv/v13_consecutive_tiles` is `v12`'s kernel with each block's tiles next to one
 #   another in memory instead of 132 tiles apart. Its curve lies on `v12`'s but at M ≤ 2 on
-#   28672 × 8192, where a block holds 13 or 14 tiles: there it is 0.4 to 0.5 µs faster back to
+#   28672 × 8192, where a block holds 13 or 14 tiles: there it is 0.3 to 0.5 µs faster back to
 #   back and in a graph.
 # - `int4t_gemv/v14_evict_first` is `v13` with the weights copied under an L2 evict_first policy,
 #   so that the lines the kernel reads again (scales, x) stay in L2 while the weights stream past.
 #   Its curve lies a little above `v13`'s at M ≤ 2 on the 70B shapes (0.2 to 0.3 µs back to back
-#   in the run of 9b072d6, 0.17 to 0.50 µs in the recorded run) and on it elsewhere; at M = 1 on the
-#   70B shapes it is the fastest version one launch at a time. Its input sets rotate past the
+#   in the run of 9b072d6, 0.07 to 0.43 µs in the recorded run) and on it elsewhere; at M = 1 on
+#   the 70B shapes, one launch at a time, it is level with `v7`, `v13` and `v15` (within 0.2 µs,
+#   whichever the run puts first). Its input sets rotate past the
 #   weights (the book's `v14` section says why).
 # - `int4t_gemv/v15_block_scales` is `v14` with the scales copied 8 steps at a time, 16 bytes a
 #   lane, where the block split leaves K whole at M ≤ 2; elsewhere it runs `v14`'s kernels. There
-#   its curve lies a little above `v14`'s back to back and in a graph (0.2 to 0.45 µs at M = 1 on
-#   the 70B shapes and M = 2 on 28672 × 8192 in the recorded run), the first to reach 3.5× cuBLAS
-#   back to back and in a graph at M = 1 on both 70B shapes, by a thin margin (the book's Results
-#   read it); one launch at a time it is level with `v14`.
+#   its curve lies a little above `v14`'s back to back and in a graph (0.29 to 0.53 µs at M = 1 on
+#   the 70B shapes and M = 2 on 28672 × 8192 in the recorded run). It is the version that reaches
+#   3.5× cuBLAS back to back and in a graph at M = 1 on both 70B shapes, in the recorded run and in
+#   the one before it, where the margin was thin (the book's Results read both); one launch at a
+#   time it is level with `v14`.
 # - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
 #   comes close to `v8` there, and `v9` to `v15` gain a little over their back-to-back time,
 #   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
