@@ -36,7 +36,7 @@
 // there a step's copy brings the row's next 128 bytes into L2 for a later copy, and evict_first
 // lets them go first. With v11's 128-byte lines every line a copy brings in is its own.
 //
-// The bench (results/h200/06_int4_gemv.json: H200, 2026-12-02T10:52:09Z, commit 9b072d6, the sets
+// The bench (results/h200/history/06_int4_gemv_9b072d6.json: H200, 2026-12-02T10:52:09Z, the sets
 // rotated past the weights), v14 against v13 in the same run: M = 1, 28672 × 8192, 35.89 against
 // 35.90 µs one launch at a time, 31.08 against 31.37 back to back (92.2% of the copy ceiling),
 // 30.57 against 30.70 in a graph (93.7%); 8192 × 28672 0.22–0.25 µs faster all three ways; M = 2

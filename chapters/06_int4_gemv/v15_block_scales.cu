@@ -20,10 +20,12 @@
 // 2026-12-03). At M = 8 (v8's kernels, S = 2) the blocks were 0.5-0.7 µs slower in tools/gemv_timeline
 // (H200, 2026-12-02), so M > 2 keeps v14's.
 //
-// Bench (results/h200/06_int4_gemv.json: H200, 2026-12-03, commit 87c1cce), v15 against v14 back
-// to back / in a graph: M = 1, 28672 × 8192 30.70 / 30.29 against 31.12 / 30.56 µs; M = 1,
-// 8192 × 28672 31.78 / 31.37 against 31.98 / 31.57; M = 2, 28672 × 8192 32.03 / 31.45 against
-// 32.44 / 31.90; one launch at a time 0.13-0.23 µs slower there; the DRAM bytes 0.1% over the model.
+// Bench (results/h200/06_int4_gemv.json: H200, 2026-12-03T13:56Z, commit 58c3917), v15 against v14
+// back to back / in a graph: M = 1, 28672 × 8192 31.17 / 30.67 against 31.60 / 31.07 µs; M = 1,
+// 8192 × 28672 32.13 / 31.69 against 32.42 / 32.00; M = 2, 28672 × 8192 32.46 / 31.94 against
+// 32.99 / 32.35; one launch at a time level (0.05 µs faster to 0.14 slower); the DRAM bytes 0.1-0.3%
+// over the model. The run before (history/06_int4_gemv_87c1cce.json, the same kernels): 0.20-0.42 µs
+// faster back to back, 0.20-0.45 in a graph.
 //
 // Measured first as tiled scales (06_whole_lines.txt part 2, a layout of their own, 64 bytes a
 // step): the scales' requests and wavefronts were most of what that probe took away.
@@ -57,7 +59,7 @@ std::vector<SassFact> facts() {
           {"persistent_kernel*ELi2ELb0ELi128ELb1ELb1EE", {"sm_90a"},
            {"ACQBULK", "PREEXIT", "LDGSTS.E.BYPASS.LTC128B.128", "HMMA", "LOP3"},
            {"LDGSTS.E.BYPASS.LTC256B", "I2F", "I2FP", "LDG.E.128"}, true,
-           "where the blocks do not apply (M > 2, G = 64, unaligned scales): v14's kernels, unchanged"}};
+           "where the blocks do not apply (M > 2, G = 64, K split (S > 1), unaligned scales): v14's kernels, unchanged"}};
 }
 
 constexpr const char* kSummary = "v14 with the scales copied 8 steps at a time, 16 bytes a lane, into a "
