@@ -350,8 +350,8 @@ if data:
 #   set its pace.
 # - The step to `v1` comes from the store layout, not the arithmetic: an earlier layout with the
 #   same arithmetic, whose warp stores touched 16 lines instead of 4, stayed under half of the
-#   ceiling (`results/h200/history/02_int4_dequant_strided_stores.json`; H200,
-#   2026-11-30T05:36:18Z, commit 3f0eb14).
+#   ceiling (H200, 2026-11-30T05:36:18Z, commit 3f0eb14: the run recorded at commit 2aff5a9,
+#   `results/h200/history/02_int4_dequant_strided_stores.json` in git history).
 # - `v1`, `v2` and `v3` take the same time at every shape, although `v2` and `v3` run far fewer
 #   instructions (Part 2). A standalone dequantization writes 2 bytes for every half byte it reads,
 #   so it waits on memory and the unpack's savings cannot show; they matter where the unpack feeds

@@ -8,7 +8,7 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference")
 )
 
-from lkw.bench import main  # noqa: E402
+from lkw.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # On a GPU machine (the H200): build, run every test, run the GPU tests under compute-sanitizer
-# (memcheck, racecheck), bench every chapter (with Nsight Compute DRAM bytes) and refresh the
-# results; grade the exercise trees. Uses the machine's own python3 (torch, numpy, ml_dtypes,
-# nanobind, pytest must be there); writes logs and results under $OUT (default ./device-out).
-#   tools/device_check.sh build test sanitize bench ncu grade     # any subset, in this order
+# (memcheck, racecheck), prepare the production peers, bench every chapter (with Nsight Compute
+# DRAM bytes) and refresh the results; grade the exercise trees. Uses the machine's own python3
+# (torch, numpy, ml_dtypes, nanobind, pytest must be there); writes logs and results under $OUT
+# (default ./device-out).
+#   tools/device_check.sh build test sanitize peers bench ncu grade   # any subset, in this order
+# peers: where the ignored folder .peers/ holds copies of the peer kit (../shared/peers/README.md:
+# its wheels, fi_aot_*.tar.xz, vllm_so/), install the wheels into $LKW_PEERS_SITE (default
+# /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
+# finds vLLM, FlashInfer and Liger; without .peers/ the bench skips them and says why.
 # LKW_CHAPTERS="06_int4_gemv": only these chapters; LKW_SANITIZE_FILTER="*v14*:*V14*": the GPU tests
 # the sanitizers run (a gtest filter; default every GPU test of the chapters).
 set -uo pipefail
@@ -11,7 +16,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 out="${OUT:-$repo/device-out}"
 mkdir -p "$out"
-stages="${*:-build test sanitize bench ncu grade}"
+stages="${*:-build test sanitize peers bench ncu grade}"
 archs="${LKW_ARCHS:-90a}"
 chapters="${LKW_CHAPTERS:-$(ls solutions | tr '\n' ' ')}"  # LKW_CHAPTERS="02_int4_dequant": only these
 only="$(echo ${LKW_CHAPTERS:-} | tr ' ' ';')"  # and only these are built (00_roofline always)
@@ -53,12 +58,35 @@ if has sanitize; then
   done
 fi
 
+if has peers; then
+  step "peers (the kit in .peers/)"
+  if compgen -G ".peers/*.whl" >/dev/null || [ -d .peers/vllm_so ]; then
+    site="${LKW_PEERS_SITE:-/tmp/site}"
+    mkdir -p "$site"
+    if compgen -G ".peers/*.whl" >/dev/null; then
+      "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .peers/*.whl \
+        >>"$log" 2>&1 || { echo "peers: pip install into $site failed (see $log)"; status=1; }
+    fi
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" LKW_PEERS_DIR="$repo/.peers" LKW_PEERS_SITE="$site"
+    export LKW_PEERS_CACHE="${LKW_PEERS_CACHE:-/tmp/lkw_peers}"
+    # Loads each library once (extracting the FlashInfer AOT modules and the vLLM libraries), so a
+    # broken kit shows here, before the bench.
+    PYTHONPATH="reference:$PYTHONPATH" "$py" - <<'PY' 2>&1 | tee -a "$log"
+from lkw import peers
+for lib, st in peers.status().items():
+    print("peers:", lib, "loaded:" if st["available"] else "SKIPPED:", st["detail"])
+PY
+  else
+    echo "peers: no kit in .peers/ (../shared/peers/README.md): the bench skips the production peers" | tee -a "$log"
+  fi
+fi
+
 if has bench; then
   step "bench"
   args=(--write-results --results-dir "$out/results")
   for c in $chapters; do args+=(--chapter "$c"); done
   has ncu && args+=(--ncu)
-  PYTHONPATH=reference LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
+  PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 

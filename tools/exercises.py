@@ -1,7 +1,7 @@
 """Exercise generator: writes chapters/ (the student skeletons) from solutions/ (the single source).
 
 Every file under solutions/NN_topic/ is copied to chapters/NN_topic/, except that each solution
-region in a C++/CUDA source is replaced by a one-line TODO that says what to write and roughly how
+region in a C++/CUDA source is replaced by a short TODO that says what to write and roughly how
 many lines it takes:
 
     solutions/01_formats/formats_bits.cuh:
@@ -14,6 +14,12 @@ many lines it takes:
     chapters/01_formats/formats_bits.cuh:
       // TODO(exercise): round to nearest even. (about 2 lines)
       return 0;
+
+The hint (the text after `BEGIN SOLUTION:`) may go on over the lines right below the marker,
+each written `//   more hint` (three spaces after the slashes) at the marker's indentation, so
+that the source too keeps to 100 columns. The TODO is the hint wrapped into lines of at most
+100 characters (continuation lines `//   ...` at the same indentation), ending in the line
+count; a hint that needs more than 3 such lines is an error: a TODO is a hint, not the solution.
 
 A `// STUB: <code>` line inside a region is a comment in the solution and becomes real code (at the
 same indentation) in the exercise, so that the skeleton still compiles, e.g. a function that must
@@ -32,7 +38,8 @@ Run from anywhere (standard library only, so a plain python3 works):
     python3 tools/exercises.py --chapter 01_formats  # only one chapter (either mode)
 
 Marker mistakes (unbalanced or nested markers, a STUB outside a region, an empty region, a
-misspelled marker) stop the tool with `file:line: what is wrong` and exit status 2.
+misspelled marker, a hint longer than 3 TODO lines) stop the tool with `file:line: what is wrong`
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -55,12 +62,34 @@ BEGIN_MARKER = re.compile(
 )
 END_MARKER = re.compile(r"^[ \t]*(?://|/\*)[ \t]*END SOLUTION[ \t]*(?:\*/)?[ \t]*$")
 STUB_LINE = re.compile(r"^(?P<indent>[ \t]*)//[ \t]*STUB:[ \t]?(?P<code>.*?)[ \t]*$")
+# A hint goes on over the comment lines right below its BEGIN marker written `//   more hint`.
+HINT_CONTINUATION = re.compile(r"^(?P<indent>[ \t]*)//   [ \t]*(?P<text>\S.*?)[ \t]*$")
 # Anything that looks like a marker but did not parse as one is an error, not silently copied.
 MARKER_LIKE = re.compile(r"(//|/\*).*\b(BEGIN[ _]SOLUTION|END[ _]SOLUTION)|^[ \t]*//[ \t]*STUB\b")
 
 
+# A TODO is at most TODO_LINES lines of at most TODO_WIDTH characters, indentation included.
+TODO_WIDTH = 100
+TODO_LINES = 3
+
+
 class MarkerError(Exception):
     """A malformed solution region, reported as `file:line: message`."""
+
+
+def wrap_todo(indent: str, hint: str, suffix: str, width: int = TODO_WIDTH) -> list[str]:
+    """`// TODO(exercise): hint suffix` wrapped at word boundaries into lines of at most width
+    characters, continuation lines starting `//   ` at the same indentation. The suffix (the line
+    count) stays whole; a single word longer than a line gets a line of its own."""
+    lines = [f"{indent}// TODO(exercise):"]
+    words_on_line = 0
+    for word in [*hint.split(), suffix]:
+        if words_on_line and len(lines[-1]) + 1 + len(word) > width:
+            lines.append(f"{indent}//  ")
+            words_on_line = 0
+        lines[-1] += " " + word
+        words_on_line += 1
+    return lines
 
 
 @dataclass
@@ -72,11 +101,17 @@ class Region:
     code_lines: int = 0
     stub_lines: list[str] = field(default_factory=list)
 
-    def todo(self) -> list[str]:
+    def todo(self, origin: str) -> list[str]:
         hint = self.hint or "write this part"
         plural = "" if self.code_lines == 1 else "s"
-        first = f"{self.indent}// TODO(exercise): {hint} (about {self.code_lines} line{plural})"
-        return [first + self.newline] + self.stub_lines
+        lines = wrap_todo(self.indent, hint, f"(about {self.code_lines} line{plural})")
+        if len(lines) > TODO_LINES or max(map(len, lines)) > TODO_WIDTH:
+            raise MarkerError(
+                f"{origin}:{self.line}: hint too long for a TODO of at most {TODO_LINES} lines of"
+                f" {TODO_WIDTH} characters (it makes {len(lines)}, the longest"
+                f" {max(map(len, lines))}): shorten it"
+            )
+        return [line + self.newline for line in lines] + self.stub_lines
 
 
 def generated_header(origin: str) -> str:
@@ -88,12 +123,15 @@ def exercise_text(text: str, origin: str) -> str:
     the file in the header line and in error messages."""
     out = [generated_header(origin)]
     region: Region | None = None
+    in_hint = False  # the lines so far since BEGIN all continued its hint
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         body = line.rstrip("\r\n")
         newline = line[len(body) :] or "\n"
         where = f"{origin}:{number}"
         begin = BEGIN_MARKER.match(body)
         stub = STUB_LINE.match(body)
+        more = HINT_CONTINUATION.match(body) if in_hint else None
+        in_hint = False
         if begin:
             if region:
                 raise MarkerError(
@@ -101,6 +139,7 @@ def exercise_text(text: str, origin: str) -> str:
                     " (regions do not nest)"
                 )
             region = Region(number, begin["indent"], begin["hint"] or "", newline)
+            in_hint = True
         elif END_MARKER.match(body):
             if not region:
                 raise MarkerError(f"{where}: END SOLUTION without a BEGIN SOLUTION before it")
@@ -108,7 +147,7 @@ def exercise_text(text: str, origin: str) -> str:
                 raise MarkerError(
                     f"{origin}:{region.line}: solution region has no code lines to hide"
                 )
-            out.extend(region.todo())
+            out.extend(region.todo(origin))
             region = None
         elif stub:
             if not region:
@@ -121,6 +160,9 @@ def exercise_text(text: str, origin: str) -> str:
                 f"{where}: malformed marker (write '// BEGIN SOLUTION: hint', '// END SOLUTION'"
                 f" or '// STUB: code' alone on a line): {body.strip()}"
             )
+        elif more and more["indent"] == region.indent:
+            region.hint = f"{region.hint} {more['text']}".strip()
+            in_hint = True
         elif region:
             region.code_lines += bool(body.strip())
         else:
@@ -272,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"exercises: {scope} is out of sync with solutions/:\n"
                 f"{describe_drift(drift, expected, actual)}\n"
-                "Regenerate it with: python3 tools/exercises.py",
+                "Regenerate it with: python3 tools/exercises.py"
+                + (f" --chapter {args.chapter}" if args.chapter else ""),
                 file=sys.stderr,
             )
             return 1

@@ -1,6 +1,6 @@
 // gemv_probe — chapter 06's weight stream with its arithmetic taken away, piece by piece.
 //
-// v4_persistent_smem_x stops near two thirds of the copy ceiling at M = 1. Is it the access
+// v4_persistent_smem_x stops short of the copy ceiling at M = 1. Is it the access
 // pattern (16-row tiles, each warp walking its rows 128 bytes at a time through a cp.async ring)
 // or the work a step does? This probe runs v4's grid, warps, tile order and ring (4 stages,
 // 4 × 16-byte cp.async per lane and step) over a real-size INT4 weight matrix and does, per
@@ -20,11 +20,13 @@
 #include <cstdlib>
 
 #include "02_int4_dequant/dequant.cuh"
-#include "06_int4_gemv/mma_gemv.cuh"
+#include "06_int4_gemv/gemv_plan.h"
+#include "lkw/ptx.cuh"
 
 namespace {
 
-using namespace lkw::gemv::mma;
+using lkw::gemv::kTileRows;
+using namespace lkw::ptx;
 
 constexpr int kWarps = 16, kStages = 4;
 enum Mode { kStream, kUnpack, kMma };

@@ -73,6 +73,8 @@ def version_of(test_name: str) -> tuple[str, str] | None:
 def kind_of(version: str) -> str:
     if version.startswith("mutant_"):
         return "mutant"
+    if version.startswith("ablation_"):  # a version with one knob off: tested, never graded
+        return "ablation"
     return "version" if GRADED_VERSION.match(version) else "peer"
 
 
@@ -342,7 +344,7 @@ def informational_entry(label: str, outcomes: list[Outcome]) -> dict:
 
 def _order(op: str, version: str) -> tuple:
     graded = GRADED_VERSION.match(version)
-    rank = {"version": 0, "peer": 1, "mutant": 2}[kind_of(version)]
+    rank = {"version": 0, "ablation": 1, "peer": 2, "mutant": 3}[kind_of(version)]
     return (rank, op, int(graded.group(1)) if graded else 0, version)
 
 

@@ -1,7 +1,12 @@
 """MkDocs hook: put the measured tables into the chapters.
 
-    <!-- lkw:results 00_roofline -->       the chapter's results table (results.markdown_table)
+    <!-- lkw:results 00_roofline -->       the chapter's results table (results.markdown_table):
+                                           the time in a CUDA graph first (the headline), its
+                                           GB/s and % of the ceiling, then back to back and one
+                                           launch after an L2 flush; a run recorded before every
+                                           mode was timed leads with one launch, "—" elsewhere
     <!-- lkw:ridge 00_roofline -->         the ridge point of that run (results.ridge_markdown)
+    <!-- lkw:ablation 06_int4_gemv -->     the knobs of a version, one off at a time (results.ablation_markdown)
     <!-- lkw:sass_mix 02_int4_dequant -->  the chapter's instruction mix on sm_90a, from
                                            results/sass/mix.json (results.sass_mix_markdown)
 
@@ -17,13 +22,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reference"))
-from lkw import results  # noqa: E402  (needs the path above)
+from lkw import results  # (needs the path above)
 
-MARKER = re.compile(r"<!--\s*lkw:(results|ridge|sass_mix)\s+(\w+)\s*-->")
+MARKER = re.compile(r"<!--\s*lkw:(results|ridge|sass_mix|ablation)\s+(\w+)\s*-->")
 RENDER = {
     "results": results.markdown_table,
     "ridge": results.ridge_markdown,
     "sass_mix": results.sass_mix_markdown,
+    "ablation": results.ablation_markdown,
 }
 
 

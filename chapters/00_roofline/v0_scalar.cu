@@ -5,7 +5,7 @@
 // so every warp reads and writes whole 128-byte lines (coalesced). What it lacks is width: one
 // LDG.E (4 bytes) per thread means many instructions and few bytes in flight per thread.
 // Expect: close to the ceiling on an H200 only with enough threads; SASS: LDG.E, no LDG.E.128.
-// Run:    build/lkw_bench... or `tools/bench.py --chapter 00_roofline`.
+// Run:    python tools/bench.py --chapter 00_roofline (verifies every version, then times it).
 #include "roofline.cuh"
 
 namespace lkw::roofline {

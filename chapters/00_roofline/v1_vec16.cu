@@ -14,7 +14,8 @@ __global__ void copy_v1_vec16_kernel(const uint32_t* __restrict__ src, uint32_t*
                                      int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t n_vec = n / 4;
-  // TODO(exercise): copy vector i as one uint4, then let thread i < n % 4 copy tail word i. (about 5 lines)
+  // TODO(exercise): copy vector i as one uint4, then let thread i < n % 4 copy tail word i.
+  //   (about 5 lines)
 }
 
 Status copy_v1_vec16(const uint32_t* src, uint32_t* dst, int64_t n, cudaStream_t stream) {

@@ -22,7 +22,8 @@ __global__ void __launch_bounds__(kThreads)
   uint4* dst_vec = reinterpret_cast<uint4*>(dst);
   const int64_t n_vec = n / 4;
   const int64_t base = blockIdx.x * int64_t(kThreads * kUnroll) + threadIdx.x;
-  // TODO(exercise): load all kUnroll vectors (guarded), then store them; then the scalar tail. (about 13 lines)
+  // TODO(exercise): load all kUnroll vectors (guarded), then store them; then the scalar tail.
+  //   (about 13 lines)
 }
 
 Status copy_v2_inflight(const uint32_t* src, uint32_t* dst, int64_t n, cudaStream_t stream) {

@@ -31,14 +31,16 @@ LKW_HD float f32_from_bits(uint32_t u) {
 
 // x >> shift, rounded to nearest, ties to even (shift in 1..31).
 LKW_HD uint32_t shift_right_rne(uint32_t x, int shift) {
-  // TODO(exercise): keep x >> shift; round up when the dropped bits exceed half, or equal half and the kept value is odd. (about 4 lines)
+  // TODO(exercise): keep x >> shift; round up when the dropped bits exceed half, or equal half and
+  //   the kept value is odd. (about 4 lines)
   return 0;
 }
 
 // FP32 → BF16 bits, round to nearest even. BF16 is the upper half of an FP32, so rounding adds
 // 0x7FFF plus the lowest kept bit and truncates; NaN must not round into Inf, so it is quieted.
 LKW_HD uint16_t f32_to_bf16_bits(float x) {
-  // TODO(exercise): NaN → quiet NaN with the same sign; otherwise add 0x7FFF + the lowest kept bit and keep the top 16 bits. (about 3 lines)
+  // TODO(exercise): NaN → quiet NaN of the same sign; else add 0x7FFF + the lowest kept bit and
+  //   keep the top 16 bits. (about 3 lines)
   return 0;
 }
 
@@ -54,7 +56,9 @@ LKW_HD uint8_t f32_to_fp8_satfinite_bits(float x, uint32_t max_bits) {
   const uint32_t u = f32_bits(x);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t mag = u & 0x7fffffffu;
-  // TODO(exercise): NaN → 0x7F; |x| ≥ max → max; below the smallest FP8 normal round the mantissa (with its hidden 1) to a subnormal count; else re-bias the exponent and round away kShift bits. (about 18 lines)
+  // TODO(exercise): NaN → 0x7F; |x| ≥ max → max; below the smallest FP8 normal, round the mantissa
+  //   with its hidden 1 to a subnormal count; else re-bias the exponent and round away kShift bits.
+  //   (about 18 lines)
   return sign;
 }
 
@@ -66,12 +70,14 @@ LKW_HD uint8_t f32_to_e5m2_bits(float x) { return f32_to_fp8_satfinite_bits<5, 2
 // value times 2^(bias_fp8 - 127); one multiply by 2^(127 - bias_fp8) corrects the bias and also
 // normalizes FP8 subnormals. The special codes are patched separately.
 LKW_HD uint16_t e4m3_to_bf16_bits(uint8_t q) {
-  // TODO(exercise): place bits 0..6 at bit 20 (mantissa top at bit 22), sign at 31; multiply by 2^120; NaN (S.1111.111) → BF16 NaN. (about 4 lines)
+  // TODO(exercise): bits 0..6 to bit 20 (mantissa top at bit 22), sign to bit 31; × 2^120; NaN
+  //   (S.1111.111) → BF16 NaN. (about 4 lines)
   return 0;
 }
 
 LKW_HD uint16_t e5m2_to_bf16_bits(uint8_t q) {
-  // TODO(exercise): E5M2 is the top byte of an FP16; place bits 0..6 at bit 21, multiply by 2^112; exponent all ones → Inf or NaN. (about 7 lines)
+  // TODO(exercise): E5M2 is the top byte of an FP16: bits 0..6 to bit 21, × 2^112; exponent all
+  //   ones → Inf or NaN. (about 7 lines)
   return 0;
 }
 

@@ -33,7 +33,8 @@ struct F32ToE5m2Hw {
 };
 struct E4m3ToBf16Hw {
   __device__ uint16_t operator()(uint8_t q) const {
-    // TODO(exercise): FP8 → FP16 by the hardware cvt, then FP16 → FP32 → BF16 (both exact). (about 2 lines)
+    // TODO(exercise): FP8 → FP16 by the hardware cvt, then FP16 → FP32 → BF16 (both exact).
+    //   (about 2 lines)
     return 0;
   }
 };

@@ -38,7 +38,8 @@ struct F32ToFp8Pair {
   using In = float;
   using Out = uint8_t;
   __device__ void operator()(const float* in, uint8_t* out) const {
-    // TODO(exercise): one paired cvt with saturation; the low byte of the result is in[0]. (about 4 lines)
+    // TODO(exercise): one paired cvt with saturation; the low byte of the result is in[0].
+    //   (about 4 lines)
   }
 };
 template <__nv_fp8_interpretation_t kFormat>
@@ -51,7 +52,8 @@ struct Fp8ToBf16Pair {
     out[0] = e4m3 ? e4m3_to_bf16_bits(in[0]) : e5m2_to_bf16_bits(in[0]);
     out[1] = e4m3 ? e4m3_to_bf16_bits(in[1]) : e5m2_to_bf16_bits(in[1]);
 #else
-    // TODO(exercise): FP8x2 → FP16x2 by one cvt, then to two floats and one packed BF16x2 cvt. (about 5 lines)
+    // TODO(exercise): FP8x2 → FP16x2 by one cvt, then to two floats and one packed BF16x2 cvt.
+    //   (about 5 lines)
 #endif
   }
 };
@@ -77,7 +79,8 @@ __global__ void cast_v2_kernel(const typename Pair::In* __restrict__ src,
   alignas(16) In in[S::kVec];
   alignas(16) Out out[S::kVec];
   if (first + S::kVec <= n) {
-    // TODO(exercise): load kInVectors uint4, convert kVec/2 pairs, store kOutVectors uint4. (about 8 lines)
+    // TODO(exercise): load kInVectors uint4, convert kVec/2 pairs, store kOutVectors uint4.
+    //   (about 8 lines)
   } else {
     // The tail: fewer than kVec elements, each converted as the first of a pair.
     for (int64_t i = first; i < n; ++i) {

@@ -48,7 +48,8 @@ __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
 // are 0x6400 (1024) and 0xD400 (−64).
 template <bool kMinus8 = true>
 __device__ __forceinline__ void u4_to_f16_magic(uint32_t q, half2 (&out)[4]) {
-  // TODO(exercise): two LOP3 per byte pair (masks 0x000F000F and 0x00F000F0 with 0x64006400), then HSUB2 / HFMA2 with the constants above; shift q by 8 for the second pair. (about 10 lines)
+  // TODO(exercise): per byte pair two LOP3 (masks 0x000F000F, 0x00F000F0; magic 0x64006400), then
+  //   HSUB2 / HFMA2 with the constants above; q >>= 8 for the second pair. (about 10 lines)
 }
 
 // Eight INT4 of an interleaved word → four bf162 of (q − 8) (or q). BF16 has 7 mantissa bits:
@@ -57,14 +58,16 @@ __device__ __forceinline__ void u4_to_f16_magic(uint32_t q, half2 (&out)[4]) {
 // 0x4300, = q). Four LOP3 + four HSUB2.
 template <bool kMinus8 = true>
 __device__ __forceinline__ void u4_to_bf16_magic(uint32_t q, __nv_bfloat162 (&out)[4]) {
-  // TODO(exercise): for each pair: LOP3 (mask 0x000F000F, magic 0x43004300), subtract 136 (0x43084308), shift q right by 4. (about 7 lines)
+  // TODO(exercise): per pair: LOP3 (mask 0x000F000F, magic 0x43004300), subtract 0x43084308 (136),
+  //   then q >>= 4. (about 7 lines)
 }
 
 // Four UINT8 (bias 128) → two half2 of (b − 128), in element order. PRMT (byte permute) builds
 // both halves in one instruction: bytes (b0, 0x64, b1, 0x64) read as (1024 + b0, 1024 + b1);
 // minus 0x6480 (1152) = b − 128. The 8-bit mantissa room of 1024..2047 fits every byte.
 __device__ __forceinline__ void u8_to_f16_magic(uint32_t q, half2 (&out)[2]) {
-  // TODO(exercise): __byte_perm(q, 0x64646464, 0x4140) and (…, 0x4342), then HSUB2 with 0x64806480. (about 4 lines)
+  // TODO(exercise): __byte_perm(q, 0x64646464, 0x4140) and (…, 0x4342), then HSUB2 with 0x64806480.
+  //   (about 4 lines)
 }
 
 // Four FP8 E4M3 → two half2 of the same values, by moving bits: byte s.eeee.mmm placed as
@@ -72,7 +75,8 @@ __device__ __forceinline__ void u8_to_f16_magic(uint32_t q, half2 (&out)[2]) {
 // the exponent bias (and FP8 subnormals land on FP16 subnormals, which the multiply normalizes).
 // Finite codes only: the E4M3 NaN (S.1111.111) would come out as ±480.
 __device__ __forceinline__ void e4m3_to_f16_shift(uint32_t q, half2 (&out)[2]) {
-  // TODO(exercise): PRMT bytes 0,1 (then 2,3) into the high byte of each half; keep the sign bit, shift the rest right by 1; multiply by 256 (0x5C00). (about 4 lines)
+  // TODO(exercise): PRMT bytes 0,1 (then 2,3) into each half's high byte; keep the sign bit, shift
+  //   the rest right by 1; multiply by 256 (0x5C00). (about 4 lines)
 }
 
 // Four FP8 E4M3 → four floats (exact), the BF16 way: s.eeee.mmm placed as s.0000eeee.mmm0000 in

@@ -26,7 +26,8 @@ __global__ void dequant_v0_naive_kernel(const uint32_t* __restrict__ packed,
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= n * k) return;
   const int64_t row = idx / k, col = idx % k;
-  // TODO(exercise): nibble col % 8 of word (row, col / 8); convert it, subtract 8, multiply by scale (row, col / group). (about 4 lines)
+  // TODO(exercise): nibble col % 8 of word (row, col / 8); convert it, subtract 8, multiply by
+  //   scale (row, col / group). (about 4 lines)
 }
 
 template <const DequantOp& kOp, class Scalar>

@@ -21,7 +21,8 @@ struct Int4ShiftF16 {
   static constexpr int kPerWord = 8;
   static constexpr bool kZeroPoints = false;
   __device__ void operator()(uint32_t word, half2 s, half2, half2* out) const {
-    // TODO(exercise): for each pair j: nibbles 2j and 2j+1 → I2F → minus 8 → times the scale. (about 5 lines)
+    // TODO(exercise): for each pair j: nibbles 2j and 2j+1 → I2F → minus 8 → times the scale.
+    //   (about 5 lines)
   }
 };
 struct Int4ShiftBf16 {

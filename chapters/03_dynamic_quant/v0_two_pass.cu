@@ -70,7 +70,8 @@ Status per_group_v0_two_pass(const QuantArgs& a, cudaStream_t stream) {
 __global__ void __launch_bounds__(kThreads)
     per_tensor_v0_absmax_kernel(const __nv_bfloat16* __restrict__ x, float* scale, int64_t n) {
   __shared__ float red_sh[kThreads / 32];
-  // TODO(exercise): grid-stride absmax, block_max, thread 0 merges the block's scale into *scale (about 6 lines)
+  // TODO(exercise): grid-stride absmax, block_max, thread 0 merges the block's scale into *scale
+  //   (about 6 lines)
 }
 
 // Pass 2: one element per thread, with the scale pass 1 left in *scale (stream order: pass 1

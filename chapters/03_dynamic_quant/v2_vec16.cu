@@ -5,14 +5,10 @@
 // stored with one STG.E.64; each thread loads all its kChunks chunks before it reduces, so
 // 64 bytes per thread are in flight. Rows of up to 1024 elements get one warp each (eight rows
 // per block): the reduction is five shuffles, no shared memory, no __syncthreads. Longer rows
-// get a block of ceil(d / 32) threads (d ≤ 32768), which reduces through one shared word per
-// warp. A 16-byte load needs its address 16-byte aligned, so every row start must be: when d is
-// not a multiple of 8 (or x or q is not aligned) the whole tensor takes the scalar path, the
-// same kernel with one-element chunks (d ≤ 16384).
-// Per group: a half-warp per 1 × 128 group, one chunk per lane; the group's absmax is four
-// shuffles within the half-warp; each half-warp takes four groups, so four loads are in flight.
-// Per tensor: v0's three kernels with 16-byte accesses, four loads in flight per thread, and
-// the quantize pass walks the tensor from its far end (see per_tensor_v2_quantize_kernel).
+// get a block of ceil(d / 32) threads, reducing through one shared word per warp; unaligned
+// rows take a scalar path (quant_v2_vec16). Per group: a half-warp per 1 × 128 group, four
+// groups per half-warp. Per tensor: v0's three kernels, 16 bytes wide, the quantize pass
+// walking the tensor from its far end (per_tensor_v2_quantize_kernel says why).
 // Expect: per token and per group ≈ 90% of the copy ceiling at T = 8192, d = 4096 (3 B per
 // element); per tensor below that (x read twice). SASS: LDG.E.128 and STG.E.64; on sm_89+ the
 // FP8 kernels convert with F2FP; no local memory.
@@ -83,6 +79,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   // TODO(exercise): load, reduce, quantize, store (about 23 lines)
 }
 
+// A 16-byte load needs its address 16-byte aligned, so every row start must be: when d is not a
+// multiple of 8 (or x or q is not aligned) the whole tensor takes the scalar path, the same
+// kernel with one-element chunks. Rows are held in registers: d ≤ 32768 (scalar: ≤ 16384).
 template <const QuantOp& kOp, class Quant>
 Status quant_v2_vec16(const QuantArgs& a, cudaStream_t stream) {
   const bool vec = a.d % kVec == 0 && is_aligned(a.x, 16) && is_aligned(a.q, 8);
@@ -171,7 +170,8 @@ __global__ void __launch_bounds__(kTensorThreads)
   const int64_t slice = gridDim.x - 1 - blockIdx.x;
   const int64_t base = slice * kChunksPerBlock + threadIdx.x;
   const float inv = fp8_inverse(*scale);
-  // TODO(exercise): kUnroll loads, then quantize8 and store each; slice 0 takes the n % 8 tail (about 13 lines)
+  // TODO(exercise): kUnroll loads, then quantize8 and store each; slice 0 takes the n % 8 tail
+  //   (about 13 lines)
 }
 
 Status per_tensor_v2_vec16(const QuantArgs& a, cudaStream_t stream) {

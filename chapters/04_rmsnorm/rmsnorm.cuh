@@ -314,7 +314,8 @@ inline int row_threads(int64_t d) {
 // end are zero: they add nothing to a sum of squares or an absmax, and are never stored.
 template <int kVec>
 __device__ __forceinline__ void load_row(const __nv_bfloat16* row, int units, RowTile<kVec>& tile) {
-  // TODO(exercise): v3 — unit u is row unit threadIdx.x + u·blockDim.x (0 past the end) (about 16 lines)
+  // TODO(exercise): v3 — unit u is row unit threadIdx.x + u·blockDim.x (0 past the end)
+  //   (about 16 lines)
   tile = {};
 }
 

@@ -3,12 +3,12 @@
 //
 // Thread `row` walks its row twice: the sum of squares, then y = bf16(bf16(x·rstd)·w). Correct,
 // and slow for two reasons that every later version removes. The accesses are uncoalesced:
-// at each step the 32 lanes of a warp read 32 elements d·2 bytes apart, 32 different lines for
-// 64 useful bytes, so most of every line fetched is wasted unless the L1/L2 keeps it until the
-// lane's next 31 steps. And there is little parallelism: T = 8192 rows are 8192 threads, two
-// warps per SM, far too few loads in flight to cover HBM latency (the second pass does hit the
-// caches). Expect: a small fraction of the copy ceiling; SASS: 2-byte loads (LDG.E.U16), no
-// barriers, no shuffles.
+// at each step the 32 lanes of a warp read 32 elements d·2 bytes apart, 32 different lines of
+// which they use 64 bytes, so most of every line fetched is wasted unless the L1/L2 keeps it
+// until the lane's next 31 steps. And there is little parallelism: T = 8192 rows are 8192
+// threads, two warps per SM, far too few loads in flight to cover HBM latency (the second pass
+// does hit the caches). Expect: a small fraction of the copy ceiling; SASS: 2-byte loads
+// (LDG.E.U16), no barriers, no shuffles.
 #include "rmsnorm.cuh"
 
 namespace lkw::rmsnorm {
@@ -22,7 +22,8 @@ __global__ void __launch_bounds__(kThreads)
                              __nv_bfloat16* __restrict__ y, int64_t t, int64_t d, float eps) {
   const int64_t row = blockIdx.x * int64_t(kThreads) + threadIdx.x;
   if (row >= t) return;
-  // TODO(exercise): sum of x² in FP32, rstd, then y[k] = bf16(bf16(x[k]·rstd)·w[k]) (about 12 lines)
+  // TODO(exercise): sum of x² in FP32, rstd, then y[k] = bf16(bf16(x[k]·rstd)·w[k])
+  //   (about 12 lines)
 }
 
 Status rmsnorm_v0_scalar(const NormArgs& a, cudaStream_t stream) {

@@ -33,7 +33,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   partial_sh[tid] = ss;
   __syncthreads();
-  // TODO(exercise): halve the live partials each step (stride kThreads/2 … 1), a barrier each (about 4 lines)
+  // TODO(exercise): halve the live partials each step (stride kThreads/2 … 1), a barrier each
+  //   (about 4 lines)
   const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(partial_sh[0], float(d)), eps));
 
   for (int64_t k = tid; k < d; k += kThreads) {

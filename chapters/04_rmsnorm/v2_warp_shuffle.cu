@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kVec; ++j) ss = __fmaf_rn(get(v, j), get(v, j), ss);
   }
-  // TODO(exercise): warp butterfly, lane 0 stores, one barrier, every thread sums the totals (about 10 lines)
+  // TODO(exercise): warp butterfly, lane 0 stores, one barrier, every thread sums the totals
+  //   (about 10 lines)
   const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(ss, float(d)), eps));
 
   for (int64_t i = threadIdx.x; i < units; i += kThreads) {

@@ -32,7 +32,8 @@ struct Fp8Quant {
   template <int kVec>
   __device__ CodeVec<kVec> operator()(const RowTile<kVec>& tile, int u) const {
     CodeVec<kVec> q;
-    // TODO(exercise): unit u's codes, quant::quantize_e4m3x2 on pairs (1 element: pair with 0) (about 10 lines)
+    // TODO(exercise): unit u's codes, quant::quantize_e4m3x2 on pairs (1 element: pair with 0)
+    //   (about 10 lines)
     q = {};
     return q;
   }
@@ -40,7 +41,8 @@ struct Fp8Quant {
 
 struct Int8Quant {
   float scale, inv;
-  // TODO(exercise): scale and inverse from quant_math.cuh (int8_scale, int8_inverse) (about 2 lines)
+  // TODO(exercise): scale and inverse from quant_math.cuh (int8_scale, int8_inverse)
+  //   (about 2 lines)
   __device__ explicit Int8Quant(float) : scale(0.0f), inv(0.0f) {}
   template <int kVec>
   __device__ CodeVec<kVec> operator()(const RowTile<kVec>& tile, int u) const {
@@ -69,7 +71,8 @@ __global__ void __launch_bounds__(RowTile<kVec>::kMaxThreads)
   load_row(weight, units, w);  // (d)
   normalize_row(r, rstd, w);   // r now holds yb, the chain's BF16 y
 
-  // TODO(exercise): a Quantizer from row_absmax; store each unit's codes; thread 0 the scale (about 8 lines)
+  // TODO(exercise): a Quantizer from row_absmax; store each unit's codes; thread 0 the scale
+  //   (about 8 lines)
 }
 
 template <const NormOp& kOp, class Quantizer>

@@ -10,25 +10,27 @@
 //   int4i_zp_gemv  + zero points uint32 [N, K/G/8] (4 bits, natural order along the groups,
 //                  K/G a multiple of 8): W_hat = q·s − zs with zs = bf16(z·s), rounded once per
 //                  group — chapter 02's contract
-//   int4t_gemv     int4i_gemv's words stored tiled, in the order v12 reads them: uint32
+//   int4t_gemv     int4i_gemv's words stored tiled, in the order v7 reads them: uint32
 //                  [⌈N/16⌉·16, ⌈K/256⌉·32] holding [tile of 16 rows][step of 256 k][row][32 words]
 //                  (tiled_word), the padding of both ends unread or multiplied by zero; scales as
 //                  int4i_gemv. lkw.gemv.tile_weights repacks int4i_gemv's words.
 //   bf16_gemv      x bf16 [M, K], W bf16 [N, K]: the cuBLAS peer, the bytes INT4 saves
 // Bytes (the roofline minimum): N·K/2 weights + N·K/G·2 scales (+ N·K/G/2 zero points) + M·K·2
 // + M·N·2. At M = 1 the weights are everything: 28672 × 8192 is 117 MB, 28 µs at 4.17 TB/s.
-// FLOPs 2·M·N·K: at M = 16 that is 60 FLOP per weight byte, far below the tensor-core ridge but
+// FLOPs 2·M·N·K: at M = 16 that is 64 FLOP per weight byte, far below the tensor-core ridge but
 // far above what the CUDA cores can issue beside the unpack (v2 vs v3).
 //
-// versions: v0_warp_per_column (the teaching kernel: a warp per output column, a word per lane,
-// shift + I2F, FP32 FMA, warp-shuffle sum) → v1_lop3_magic (chapter 02's magic unpack, no I2F)
-// → v2_vec16_rows (16-byte weight loads, two rows per warp, loads in flight before use) →
-// v3_mma_split_k (the multiply-adds on the tensor cores, weights streamed with cp.async, split-K,
-// a wave-aware grid; also the zero-point op) → v4_persistent_smem_x (one block per SM, x staged
-// once in shared memory, the scales in the cp.async ring, the −8 folded into a per-group
-// correction) → v5_f16_activations (x scaled by 2^s and converted to FP16, the fold's unpack in
-// four LOP3 and one shift per word, at M ≤ 2). v3, v4 and v5 share mma_gemv.cuh; v4 and v5 share
-// their kernel, persistent_gemv.cuh.
+// The teaching path (one file per version; the book says what each step gains):
+//   v0_warp_per_column  a warp per output column, shift + I2F, FP32 FMA, warp-shuffle sum
+//   v1_lop3_magic       chapter 02's magic unpack: no I2F
+//   v2_vec16_rows       16-byte weight loads, two rows per warp, loads in flight before use
+//   v3_mma_split_k      the tensor cores (mma m16n8k16, weights as A), a cp.async ring, split-K
+//   v4_persistent_smem_x  one block per SM, x staged once in shared memory, the −8 folded out
+//   v5_balanced_steps   a block's steps shared evenly over its warps
+//   v6_pipelined        a two-stage ring, the whole row of x, a dependent launch, Σx on the mma
+//   v7_tiled_stream     tiled weights, whole 128-byte lines, evict_first, blocks of scales
+// Shared pieces: gemv_plan.h (host scheduling), mma_tile.cuh (A operand, split-K store),
+// persistent.cuh (v4 to v7's stages), lkw/ptx.cuh (the PTX wrappers).
 //
 // The reference and its tolerance: reference/lkw/gemv.py.
 #pragma once
@@ -57,7 +59,7 @@ constexpr GemvOp kInt4iZpGemv{"int4i_zp_gemv", true};
 constexpr GemvOp kInt4tGemv{"int4t_gemv", false, true};
 
 // The tiled layout of int4t_gemv: tiles of 16 rows, steps of 256 k (32 words of a row), so that
-// the 16 rows × 128 bytes a warp of v12 reads at one step lie in 2 KB of contiguous memory
+// the 16 rows × 128 bytes a warp of v7 reads at one step lie in 2 KB of contiguous memory
 // instead of 16 places K/2 bytes apart. Word j of row r (interleaved nibbles, as int4i_gemv) is
 // stored at tiled_word(r, j); N and K are padded up to whole tiles and steps.
 constexpr int64_t kTiledRows = 16, kTiledStepWords = 32;

@@ -29,7 +29,9 @@ __global__ void __launch_bounds__(kWarps * 32, 8)
   const __nv_bfloat16* s_row = scales + col * (k >> group_shift);  // (N, K/G)
 
   float acc[kMaxM] = {};
-  // TODO(exercise): per word: load it and its group's scale, unpack 8 floats q − 8 (shift, mask, I2F), then per row m < M: 8 FMAs with x[m, 8i .. 8i+8) and one FMA by the scale. (about 20 lines)
+  // TODO(exercise): per word: load it and its group's scale, unpack 8 floats q − 8 (shift, mask,
+  //   I2F), then per row m < M: 8 FMAs with x[m, 8i .. 8i+8) and one FMA by the scale.
+  //   (about 20 lines)
 #pragma unroll
   for (int m = 0; m < kMaxM; ++m) {
     if (m >= m_rows) break;

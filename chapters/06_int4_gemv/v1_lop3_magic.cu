@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8)
   for (int64_t i = lane; i < words; i += 32) {
     const uint32_t packed = w_row[i];
     const float s = bf16_to_f32(s_row[(8 * i) >> group_shift]);
-    // TODO(exercise): unpack the word with int4::u4_to_bf16_magic (four exact pairs of q − 8), turn the 8 BF16 into FP32 by bit moves, then the same FMAs as v0. (about 8 lines)
+    // TODO(exercise): unpack the word with int4::u4_to_bf16_magic (four exact pairs of q − 8), turn
+    //   the 8 BF16 into FP32 by bit moves, then the same FMAs as v0. (about 8 lines)
     float q[8] = {};
 #pragma unroll
     for (int m = 0; m < kMaxM; ++m) {

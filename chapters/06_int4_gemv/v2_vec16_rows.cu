@@ -37,7 +37,8 @@ __device__ __forceinline__ Loads load_iteration(const uint4* const (&w_rows)[kRo
                                                 const __nv_bfloat16* const (&s_rows)[kRows],
                                                 int64_t k0, int64_t k, int lane, int group_shift) {
   Loads l;
-  // TODO(exercise): for every row and chunk: if the chunk starts below K (always, when kFull), load its 16 bytes and its group's scale; else zeros. (about 14 lines)
+  // TODO(exercise): for every row and chunk: if the chunk starts below K (always, when kFull), load
+  //   its 16 bytes and its group's scale; else zeros. (about 14 lines)
   return l;
 }
 
@@ -59,7 +60,9 @@ __device__ __forceinline__ void compute_iteration(const Loads& l, const __nv_bfl
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // TODO(exercise): unpack word i of both rows to 8 FP32 each (magic unpack, bit moves); then per row m of x: one 16-byte __ldg of x[m, kc + 8i ..), 8 FMAs per weight row, one FMA by that row's scale. (about 27 lines)
+      // TODO(exercise): unpack word i of both rows to 8 FP32 each (magic unpack, bit moves); then
+      //   per row m of x: one 16-byte __ldg of x[m, kc + 8i ..), 8 FMAs per weight row, one FMA by
+      //   that row's scale. (about 27 lines)
     }
   }
 }

@@ -19,10 +19,18 @@
 
 namespace lkw {
 
-enum class Kind { kVersion, kPeer, kMutant };
+// kAblation: a version with one knob turned off (a launcher argument or trait that changes no
+// result), tested and benched beside it, never graded.
+enum class Kind { kVersion, kPeer, kMutant, kAblation };
 
 inline const char* kind_name(Kind k) {
-  return k == Kind::kVersion ? "version" : k == Kind::kPeer ? "peer" : "mutant";
+  switch (k) {
+    case Kind::kVersion: return "version";
+    case Kind::kPeer: return "peer";
+    case Kind::kMutant: return "mutant";
+    case Kind::kAblation: return "ablation";
+  }
+  return "?";
 }
 
 // What the compiled machine code of a kernel must (not) contain, for each listed arch

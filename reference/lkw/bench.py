@@ -5,12 +5,27 @@
     python tools/bench.py --all --write-results        # every chapter, refresh results/<gpu>/
     python tools/bench.py --all --write-results --ncu  # ... with DRAM bytes from Nsight Compute
     python tools/bench.py --replay                     # print the recorded results (no GPU)
+    python tools/bench.py --chapter 04_rmsnorm --compare results/h200/04_rmsnorm.json
+                                                       # each row's change against a recorded run
+    python tools/bench.py --compare OLD.json --replay-run NEW.json   # the same, two recorded runs
 
 For every (op, shape) of a chapter and every version and peer of that op: make inputs on the GPU
 (torch), compute the reference on the host (lkw's numpy references), launch, compare with the
-harness's own comparison (lkw._ext.compare), time (lkw._ext.time: CUDA events, median after
-warm-up, inputs rotated so the working set exceeds 2x L2), then compare again. The bandwidth
-ceiling of the run is the best chapter-00 copy measured at the start of the same run.
+harness's own comparison (lkw._ext.compare), time, then compare again. One timing rule for every
+op, version and peer, over the same input sets, rotated so that the working set exceeds twice the
+L2 (CUDA events, medians after warm-up):
+
+- in a CUDA graph: a batch of launches rotating over every set, captured once and replayed, as a
+  decoder that captures its step runs them. The headline figure;
+- back to back: batches of launches with nothing between them, rotating over the sets, as a
+  decoder's stream runs its kernels;
+- one launch after an L2 flush: each launch alone, which also charges the CPU's launch cost (a
+  raw kernel's and a framework call's differ).
+
+The bandwidth ceiling of each mode is the best chapter-00 copy timed that way at the start of the
+same run. Peers: torch (eager, torch.compile, cuBLAS through torch) and the production kernels of
+lkw.peers (vLLM, FlashInfer, Liger; optional, skipped with the reason printed when absent), each
+verified against the same reference as the versions.
 
 With --ncu the bench runs itself once more under Nsight Compute (--clock-control none), launching
 each version PROFILED_LAUNCHES times inside an NVTX range "lkw", and reads dram__bytes_read.sum +
@@ -32,13 +47,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from lkw import REPO, formats, roofline
+from lkw import REPO, formats, peers, roofline
+from lkw.results import MODE_WORDS, MODES, mkey
 
 CEILING_OP = ("00_roofline", "copy")
 CEILING_WORDS = 64 << 20  # 256 MiB of input: far beyond the 60 MB L2
@@ -62,24 +78,21 @@ class Case:
     tolerance: str = "exact"  # one for every output, or one per output joined by "/"
     sample_rows: int | None = None
     seed: int = 0
+    params: dict[str, float] = field(default_factory=dict)  # eps, scale_ub, ...
     # Python peers measured beside the registry's versions: name -> factory(torch, inputs) that
     # returns a zero-argument callable producing the op's outputs (typed torch tensors, in order).
-    params: dict[str, float] = field(default_factory=dict)  # eps, scale_ub, ...
     torch_peers: dict[str, Callable] = field(default_factory=dict)
-    peer_tolerance: str | None = None  # for the torch peers (default: `tolerance`)
+    # Production peers (lkw.peers: vLLM, FlashInfer, Liger): the same, the factory returning a
+    # peers.PeerCall, or raising peers.Absent when its library is not here (skipped, said why).
+    library_peers: dict[str, Callable] = field(default_factory=dict)
+    peer_tolerance: str | None = None  # for every peer (default: `tolerance`)
     # How output i is cut to the sampled rows (default: its leading rows), e.g. column-major scales.
     cut: dict[int, Callable] = field(default_factory=dict)
     # The reference gets every row (an op whose result depends on the whole tensor) and cuts itself.
     reference_sees_all: bool = False
-    # Also timed back to back (BACK_TO_BACK launches between two events, no flush, the input sets
-    # rotated), as a decoder's stream runs its kernels: the row's back_to_back_us; and the same
-    # BACK_TO_BACK launches captured in a CUDA graph, as a decoder that captures its step runs
-    # them: the row's graph_us.
-    back_to_back: bool = False
     # Enough sets that the inputs and outputs other than the largest input (the weights) exceed
     # twice the L2 on their own. A version that copies the weights under an L2 evict_first policy
-    # (chapter 06's v14) keeps the rest in L2 from one launch to the next when only the whole sets
-    # exceed it; a decoder reads every other layer's weights and scales between two launches of one
+    # keeps the rest in L2 from one launch to the next when only the whole sets exceed it; a decoder reads every other layer's weights and scales between two launches of one
     # layer and finds them gone.
     rotate_past_largest: bool = False
 
@@ -273,13 +286,20 @@ def _eager_and_compiled(body: Callable) -> dict[str, Callable]:
     def eager(torch, inputs):
         return lambda: body(torch, *inputs)
 
+    compiled_for: dict = {}
+
     def compiled(torch, inputs):
         # Every case compiles afresh: Dynamo's cache is keyed by the code object, and after its
-        # recompile limit it would silently run the function eagerly.
+        # recompile limit it would silently run the function eagerly. The rotated input sets of
+        # one case (same shapes, dtypes and strides) share the compiled function: one compilation.
         # fullgraph: a graph break raises (the peer is then recorded as not running) instead of
         # running part of the function eagerly under the compiled name.
-        torch._dynamo.reset()
-        fn = torch.compile(lambda *xs: body(torch, *xs), dynamic=False, fullgraph=True)
+        key = tuple((tuple(t.shape), t.dtype, t.stride()) for t in inputs)
+        if key not in compiled_for:
+            compiled_for.clear()
+            torch._dynamo.reset()
+            compiled_for[key] = torch.compile(lambda *xs: body(torch, *xs), dynamic=False, fullgraph=True)
+        fn = compiled_for[key]
         return lambda: fn(*inputs)
 
     return {"torch_eager": eager, "torch_compile": compiled}
@@ -298,7 +318,8 @@ def _peers_for(peers: dict[str, Callable], t: int) -> dict[str, Callable]:
 
 def dynamic_quant_cases() -> list[Case]:
     """Chapter 03's four ops at ACT_SHAPES; the reference checks 64 sampled rows (per-tensor:
-    the scale from the whole tensor). Peers: the same quantization in torch, eager and compiled."""
+    the scale from the whole tensor). Peers: the same quantization in torch, eager and compiled,
+    and vLLM's kernels where it has the op (lkw.peers.quant_peers)."""
     from lkw import golden, quant
 
     def make_for(op, t, d):
@@ -327,18 +348,19 @@ def dynamic_quant_cases() -> list[Case]:
     cases = []
     for op in golden.QUANT_OPS:
         kind, group = kinds[op]
-        peers = _eager_and_compiled(lambda torch, x, kind=kind, group=group: _torch_quant(torch, x, kind, group))
+        torch_peers = _eager_and_compiled(
+            lambda torch, x, kind=kind, group=group: _torch_quant(torch, x, kind, group))
         for t, d in ACT_SHAPES:
             extra = {}
             if op == "per_tensor_fp8":
-                extra = dict(expected=per_tensor_expected, reference_sees_all=True)
+                extra = {"expected": per_tensor_expected, "reference_sees_all": True}
             if op == "per_group_fp8":
                 extra["cut"] = {1: lambda a, rows: a[:, :rows]}  # scales [d/128, T], column-major
             cases.append(Case(
                 op, f"t={t},d={d}", [*golden.OPS[op].inputs, *golden.OPS[op].outputs], make_for(op, t, d),
                 extra.pop("expected", lambda x, op=op: _outputs(golden.OPS[op].fn(*x))),
                 sample_rows=ACT_SAMPLE_ROWS if t > ACT_SAMPLE_ROWS else None,
-                torch_peers=_peers_for(peers, t),
+                torch_peers=_peers_for(torch_peers, t), library_peers=peers.quant_peers(op),
                 # torch's q may round differently where x·(1/scale) lands within an FP32 ulp of a
                 # midpoint: one E4M3 step (one INT8 step); its scale divides like ours.
                 peer_tolerance=("close:0:1/close:1e-6:0" if kind == "int8"
@@ -350,7 +372,8 @@ def dynamic_quant_cases() -> list[Case]:
 def rmsnorm_cases() -> list[Case]:
     """Chapter 04's four ops at ACT_SHAPES, eps 1e-6. Peers: the Hugging Face Llama RMSNorm
     (z rounded to BF16 before the weight, as the contract) in torch eager and compiled, and
-    torch.nn.functional.rms_norm; for the fused ops the add and the quant in torch too."""
+    torch.nn.functional.rms_norm; for the fused ops the add and the quant in torch too; vLLM's,
+    FlashInfer's and Liger's kernels (lkw.peers.norm_peers)."""
     from lkw import golden
 
     eps = 1e-6
@@ -382,7 +405,7 @@ def rmsnorm_cases() -> list[Case]:
         def make(torch, gen):
             x = _activations(torch, gen, t, d)
             w = (1 + 0.25 * torch.randn(d, device="cuda", generator=gen)).to(torch.bfloat16)
-            empty = lambda dtype, *shape: torch.empty(*shape, dtype=dtype, device="cuda")  # noqa: E731
+            empty = lambda dtype, *shape: torch.empty(*shape, dtype=dtype, device="cuda")
             if op == "rmsnorm":
                 return [x, w], [empty(torch.bfloat16, t, d)]
             res = 4 * _activations(torch, gen, t, d)
@@ -396,9 +419,9 @@ def rmsnorm_cases() -> list[Case]:
 
     cases = []
     for op in golden.NORM_OPS:
-        peers = _eager_and_compiled(bodies[op])
+        torch_peers = _eager_and_compiled(bodies[op])
         if op == "rmsnorm":
-            peers["torch_F_rms_norm"] = lambda torch, ins: (
+            torch_peers["torch_F_rms_norm"] = lambda torch, ins: (
                 lambda: torch.nn.functional.rms_norm(ins[0], (ins[0].shape[1],), ins[1], eps))
         for t, d in ACT_SHAPES:
             cases.append(Case(
@@ -406,7 +429,8 @@ def rmsnorm_cases() -> list[Case]:
                 lambda x, op=op: _outputs(golden.OPS[op].fn(*x, eps)),
                 tolerance=golden.NORM_TOLERANCES[op],
                 sample_rows=ACT_SAMPLE_ROWS if t > ACT_SAMPLE_ROWS else None,
-                params={"eps": eps}, torch_peers=_peers_for(peers, t),
+                params={"eps": eps}, torch_peers=_peers_for(torch_peers, t),
+                library_peers=peers.norm_peers(op, eps),
                 # F.rms_norm rounds x·rstd·w once (no BF16 step between): within 2 ulps anyway.
                 peer_tolerance=golden.NORM_TOLERANCES[op]))
     return cases
@@ -485,8 +509,10 @@ def int4_gemv_cases() -> list[Case]:
     scales |N(0, 1)| * 0.01 + 1e-3. The reference computes GEMV_SAMPLE_ROWS columns of y from
     that many weight rows (y is [M, N]: the bench's row sampling would cut x, so the reference
     sees every input and cuts W itself; int4t_gemv's tiled words cut at whole tiles of 16 rows are
-    the tiled layout of those rows). int4i_gemv carries the torch peers. int4t_gemv's sets rotate
-    past the weights (Case.rotate_past_largest: v14 copies them evict_first)."""
+    the tiled layout of those rows). int4i_gemv carries the peers: torch's, and vLLM's Marlin and
+    Machete, each on the same q packed by its own packer (lkw.peers.gemv_peers); every INT4 op is
+    compared with them (PEER_OPS). int4t_gemv's sets rotate past the weights
+    (Case.rotate_past_largest: its final versions copy them evict_first)."""
     from lkw import gemv, golden
 
     g = 128
@@ -519,7 +545,8 @@ def int4_gemv_cases() -> list[Case]:
 
         return expected
 
-    peers = {"torch_matmul": _torch_matmul_peer, "torch_int4pack_mm": _torch_int4pack_peer}
+    torch_peers = {"torch_matmul": _torch_matmul_peer, "torch_int4pack_mm": _torch_int4pack_peer}
+    production = peers.gemv_peers(interleaved=True, nibbles=_torch_nibbles)
     tolerances: dict[tuple, str] = {}
     cases = []
     for op in (*golden.GEMV_OPS, "bf16_gemv"):
@@ -533,7 +560,8 @@ def int4_gemv_cases() -> list[Case]:
                     op, f"m={m},n={n},k={k},g={g}", names, make_for(op, m, n, k), expected_for(op),
                     tolerance=tolerances[kind, m, k], sample_rows=rows,
                     cut={0: lambda a, r: a[:, :r]}, reference_sees_all=True,
-                    torch_peers=peers if op == "int4i_gemv" else {}, back_to_back=True,
+                    torch_peers=torch_peers if op == "int4i_gemv" else {},
+                    library_peers=production if op == "int4i_gemv" else {},
                     rotate_past_largest=op == "int4t_gemv"))
     return cases
 
@@ -566,17 +594,21 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str, tolerance: str = "exac
     return ext().compare(got.ctypes.data, ref.ctypes.data, got.size, dtype, tolerance)
 
 
-def _verify(case: Case, inputs, outputs, expected, tolerance: str | None = None) -> dict:
-    """Compare every output of a launch with the reference (on sampled rows where set)."""
+def _verify(case: Case, inputs, outputs, expected, tolerance: str | None = None,
+            only: tuple[int, ...] | None = None) -> dict:
+    """Compare every output of a launch (or those in `only`) with the reference (on sampled rows
+    where set)."""
     reports = []
     for i, (out, ref) in enumerate(zip(outputs, expected)):
+        if out is None or (only is not None and i not in only):
+            continue
         got = _host_bits(out)
         dtype = case.dtypes[len(inputs) + i]
         if case.sample_rows:
             got = case.cut[i](got, case.sample_rows) if i in case.cut else got[: case.sample_rows]
         reports.append(compare(got, ref, dtype, tolerance_of(tolerance or case.tolerance, i)))
-    ok = all(r["pass"] for r in reports)
-    return {"pass": ok, "text": "; ".join(r["text"] for r in reports)}
+    ok = bool(reports) and all(r["pass"] for r in reports)
+    return {"pass": ok, "text": "; ".join(r["text"] for r in reports) or "no output compared"}
 
 
 def tolerance_of(tolerance: str, output: int) -> str:
@@ -595,26 +627,53 @@ def _reference(case: Case, host_inputs: list[np.ndarray]) -> list[np.ndarray]:
     return case.expected(host_inputs)
 
 
-def _rotations(inputs, outputs, l2_bytes: int, back_to_back: bool = False, past_largest: bool = False) -> int:
-    """How many input/output sets make the rotated working set exceed twice the L2. Back to back
-    (no flush between launches) one more, and at least two: between two launches on one set the
-    others read more than twice the L2. past_largest (Case.rotate_past_largest): enough that the
-    sets without their largest input exceed twice the L2 too."""
+def _rotations(inputs, outputs, l2_bytes: int, past_largest: bool = False) -> int:
+    """How many input/output sets make the rotated working set exceed twice the L2, plus one (back
+    to back, no flush between launches: between two launches on one set the others read more than
+    twice the L2), and at least two. past_largest (Case.rotate_past_largest): enough that the sets
+    without their largest input exceed twice the L2 too. One rule for all three timing modes."""
     sizes = [t.numel() * t.element_size() for t in inputs + outputs]
     sets = max(1, math.ceil(2 * l2_bytes / sum(sizes)))
     if past_largest:
         rest = sum(sizes) - max(sizes[: len(inputs)])
         sets = max(sets, math.ceil(2 * l2_bytes / max(1, rest)))
-    return max(2, sets + 1) if back_to_back else sets
+    return max(2, sets + 1)
 
 
-# Back to back: launches per pair of events, and batches timed (their median per launch).
+# Back to back and in a CUDA graph: launches per pair of events (at least this many, and at least
+# one per input set, so that a graph, which replays the same launches, rotates over every set), and
+# batches timed (their median per launch): BACK_TO_BACK_BATCHES, fewer for a long batch, never
+# fewer than MIN_BATCHES.
 BACK_TO_BACK = 20
 BACK_TO_BACK_BATCHES = 15
+MIN_BATCHES = 5
+# After timing, at most this many input sets (evenly spread, first and last included) have their
+# outputs checked again: a decode shape rotates thousands of sets of a few KiB.
+CHECKED_SETS = 64
+
+
+def _batching(sets: int) -> tuple[int, int]:
+    """(launches per batch, batches) for back-to-back and graph timing over `sets` input sets."""
+    batch = max(BACK_TO_BACK, sets)
+    batches = max(MIN_BATCHES, min(BACK_TO_BACK_BATCHES, math.ceil(BACK_TO_BACK * BACK_TO_BACK_BATCHES / batch)))
+    return batch, batches
+
+
+def _spread(n: int, at_most: int = CHECKED_SETS) -> list[int]:
+    """Indices of at most `at_most` of n items, evenly spread, the first and the last included."""
+    if n <= at_most:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (at_most - 1)) for i in range(at_most)})
+
+
+_SKIPPED_PEERS: set[str] = set()
+OPTIONS = {"library_peers": True}  # --no-library-peers turns the production peers off
 
 
 def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l2_bytes: int,
                  log=print) -> list[dict]:
+    """Every version and peer of one case, each verified, timed in the three modes (one launch after
+    an L2 flush, back to back, in a CUDA graph) over the same rotated input sets, and verified again."""
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -623,7 +682,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     inputs, outputs = _raw(typed_inputs), _raw(typed_outputs)
     host_inputs = [_host_bits(t) for t in inputs]
     expected = _reference(case, host_inputs)
-    sets = _rotations(inputs, outputs, l2_bytes, case.back_to_back, case.rotate_past_largest)
+    sets = _rotations(inputs, outputs, l2_bytes, case.rotate_past_largest)
     arg_sets = [(inputs, outputs)] + [
         ([t.clone() for t in inputs], [torch.empty_like(t) for t in outputs]) for _ in range(sets - 1)
     ]
@@ -654,36 +713,43 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
         torch.cuda.synchronize()
         # Launch i used set i % len(arg_sets): with more sets than launches (small shapes, many
         # rotations), the sets past the last launch were never written.
-        after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets[: warmup + iters]]
-        correct = all(a["pass"] for a in after)
-        if not correct:
-            bad = [i for i, a in enumerate(after) if not a["pass"]]
-            log(f"  {name}: WRONG after timing in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
-        us = t["median_us"]
-        row.update(
-            correct=correct, time_us=us, time_min_us=t["min_us"], time_max_us=t["max_us"],
-            iters=t["iters"], rotations=sets,
-            gbps=model["bytes"] / (us * 1e3) if us else None,
-            tflops=model["flops"] / (us * 1e6) if model["flops"] else None,
-        )
-        if case.back_to_back and correct:
+        launched = arg_sets[: warmup + iters]
+        after = [(i, _verify(case, *launched[i], expected)) for i in _spread(len(launched))]
+        bad = [i for i, a in after if not a["pass"]]
+        if bad:
+            text = next(a["text"] for i, a in after if i == bad[0])
+            log(f"  {name}: WRONG after timing in sets {bad} of {len(launched)}: {text[:300]}")
+        row.update(correct=not bad, time_us=t["median_us"], time_min_us=t["min_us"], time_max_us=t["max_us"],
+                   iters=t["iters"], rotations=sets)
+        if not bad:
             row.update(_back_to_back(case, name, arg_sets, expected, warmup=warmup, log=log))
+        _rates(row)
         rows.append(row)
     model_bytes = next((r["model_bytes"] for r in rows if r["kind"] == "version"), None)
     chapter = versions[0]["chapter"] if versions else "?"
-    for peer, factory in case.torch_peers.items():
-        row = measure_torch_peer(case, chapter, peer, factory(torch, typed_inputs), inputs,
-                                 expected, model_bytes, warmup=warmup, iters=iters, log=log)
-        if case.back_to_back and row["correct"]:
-            # One callable per input set (a peer that packs its weights packs each set's).
-            typed_sets = [typed_inputs] + [[t.clone() for t in typed_inputs] for _ in range(sets - 1)]
-            fns = [factory(torch, ts) for ts in typed_sets]
-            row.update(_peer_back_to_back(case, fns, inputs, expected, model_bytes, warmup=warmup, log=log))
-            del typed_sets, fns
-        rows.append(row)
-    del arg_sets, inputs, outputs, typed_inputs, typed_outputs
+    # The peers' input sets: typed views of the versions' sets (clones of set 0), never written by
+    # a peer (lkw.peers works on copies where a kernel writes its inputs).
+    typed_sets = [[r.view(ti.dtype) for r, ti in zip(ins, typed_inputs)] for ins, _ in arg_sets]
+    all_peers = [(p, f, False) for p, f in case.torch_peers.items()]
+    if OPTIONS["library_peers"]:
+        all_peers += [(p, f, True) for p, f in case.library_peers.items()]
+    for peer, factory, production in all_peers:
+        row = measure_peer(case, chapter, peer, factory, typed_sets, inputs, expected, model_bytes,
+                           production=production, warmup=warmup, iters=iters, log=log)
+        if row is not None:
+            rows.append(row)
+        torch.cuda.empty_cache()
+    del arg_sets, typed_sets, inputs, outputs, typed_inputs, typed_outputs
     torch.cuda.empty_cache()
     return rows
+
+
+def _rates(row: dict) -> None:
+    """GB/s (and TFLOP/s where the row counts FLOPs) of every mode the row was timed in."""
+    for mode in MODES:
+        us = row.get(mkey(mode, "us"))
+        row[mkey(mode, "gbps")] = row["model_bytes"] / (us * 1e3) if us and row.get("model_bytes") else None
+        row[mkey(mode, "tflops")] = row["flops"] / (us * 1e6) if us and row.get("flops") else None
 
 
 def _median(sorted_us: list[float]) -> float:
@@ -691,11 +757,37 @@ def _median(sorted_us: list[float]) -> float:
     return 0.5 * (sorted_us[(n - 1) // 2] + sorted_us[n // 2])
 
 
-def measure_torch_peer(case: Case, chapter: str, peer: str, fn: Callable, inputs, expected,
-                       model_bytes: float | None, *, warmup: int, iters: int, log=print) -> dict:
-    """A torch implementation of the op as a peer row: verified like a version (same reference,
-    same tolerance), then timed with CUDA events around each call, the L2 flushed before each
-    (the timer the registry's versions use when they do not rotate inputs)."""
+def _as_peer_call(fn) -> peers.PeerCall:
+    return fn if isinstance(fn, peers.PeerCall) else peers.PeerCall(fn)
+
+
+def _outs(result) -> list:
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _check_peer(case: Case, fn: peers.PeerCall, outs, inputs, expected) -> dict:
+    """A peer's outputs against the reference (the outputs it produces comparably), with the case's
+    peer tolerance, and the peer's own check where it has one. An in-place peer is first reset and
+    called once more: its timed calls ran on what the previous call left."""
+    import torch
+
+    if fn.reset is not None:
+        fn.reset()
+        outs = _outs(fn())
+        torch.cuda.synchronize()
+    check = _verify(case, inputs, outs, expected, case.peer_tolerance, only=fn.checked)
+    if fn.extra_check is not None:
+        ok, text = fn.extra_check(outs)
+        check = {"pass": check["pass"] and ok, "text": f"{check['text']}; {text}"}
+    return check
+
+
+def measure_peer(case: Case, chapter: str, peer: str, factory: Callable, typed_sets: list, inputs, expected,
+                 model_bytes: float | None, *, production: bool, warmup: int, iters: int, log=print) -> dict | None:
+    """A peer as a row, verified like a version (same reference, the case's peer tolerance) and timed
+    like one: one launch after an L2 flush, back to back and in a CUDA graph, rotating over one
+    prepared call per input set (a peer that packs its weights packs each set's, untimed). None for
+    a production peer whose library is not here (the reason is printed once)."""
     import torch
 
     name = f"{chapter}/{case.op}/{peer}"
@@ -703,170 +795,237 @@ def measure_torch_peer(case: Case, chapter: str, peer: str, fn: Callable, inputs
            "summary": f"torch {torch.__version__}", "shape": case.shape,
            "model_bytes": model_bytes, "flops": 0.0}
     try:
-        outs = fn()
+        fns = [_as_peer_call(factory(torch, typed_sets[0]))]
+        if production:
+            lib = peer.split()[0]
+            row["summary"] = peers.status_of(lib)
+        outs = _outs(fns[0]())
         torch.cuda.synchronize()
-    except Exception as e:  # a peer that does not run here (no Triton, unsupported dtype)
-        log(f"  {name}: does not run here: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    except peers.Absent as e:
+        if peer not in _SKIPPED_PEERS:
+            _SKIPPED_PEERS.add(peer)
+            log(f"  peer {peer}: skipped: {e}")
+        return None
+    except Exception as e:  # noqa: BLE001  (a peer that does not run here: no Triton, a signature)
+        log(f"  {name}: does not run here: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         row.update(correct=False, time_us=None, gbps=None, tflops=None, check=f"does not run: {type(e).__name__}")
         return row
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    check = _verify(case, inputs, outs, expected, case.peer_tolerance)
+    check = _verify(case, inputs, outs, expected, case.peer_tolerance, only=fns[0].checked)
+    if fns[0].extra_check is not None:
+        ok, text = fns[0].extra_check(outs)
+        check = {"pass": check["pass"] and ok, "text": f"{check['text']}; {text}"}
     if not check["pass"]:
-        log(f"  {name}: WRONG: {check['text']}")
+        log(f"  {name}: WRONG: {check['text'][:300]}")
         row.update(correct=False, time_us=None, gbps=None, tflops=None, check=check["text"])
         return row
-    for _ in range(warmup):
-        fn()
+    if fns[0].checked is not None or fns[0].extra_check is not None:
+        row["check"] = check["text"]  # what was compared, and how
+    try:
+        fns += [_as_peer_call(factory(torch, ts)) for ts in typed_sets[1:]]
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001  (say why, do not stop the run)
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        log(f"  {name}: not prepared for the {len(typed_sets)} rotated input sets: {why}")
+        row.update(correct=False, time_us=None, gbps=None, tflops=None, check=f"not prepared: {why}")
+        return row
+    for i in range(max(warmup, len(fns))):
+        fns[i % len(fns)]()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     stops = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
         ext().flush_l2()
         starts[i].record()
-        fn()
+        outs = fns[i % len(fns)]()
         stops[i].record()
     torch.cuda.synchronize()
     us = sorted(1000.0 * a.elapsed_time(b) for a, b in zip(starts, stops))
-    median = _median(us)
-    row.update(correct=True, time_us=median, time_min_us=us[0], time_max_us=us[-1], iters=iters,
-               rotations=1, gbps=model_bytes / (median * 1e3) if model_bytes else None, tflops=None)
+    after = _check_peer(case, fns[(iters - 1) % len(fns)], _outs(outs), inputs, expected)
+    if not after["pass"]:
+        log(f"  {name}: WRONG after timing: {after['text'][:300]}")
+    row.update(correct=after["pass"], time_us=_median(us), time_min_us=us[0], time_max_us=us[-1], iters=iters,
+               rotations=len(fns))
+    if after["pass"]:
+        try:
+            row.update(_peer_back_to_back(case, name, fns, inputs, expected, warmup=warmup, log=log))
+        except Exception as e:  # noqa: BLE001  (say why, keep the one-launch figure)
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            log(f"  {name}: not timed back to back: {why}")
+            torch.cuda.synchronize()
+            row.update(back_to_back_correct=None, back_to_back_us=None, graph_correct=None, graph_us=None,
+                       graph_error=f"not timed back to back: {why}")
+    _rates(row)
     return row
 
 
 def _back_to_back(case: Case, name: str, arg_sets, expected, *, warmup: int, log=print) -> dict:
     """Time a version back to back over the rotated sets, then the same batch captured in a CUDA
-    graph; before each the outputs are poisoned, after each every set's output is checked again.
-    The row's back_to_back_* and graph_* fields, or *_correct False where a check failed (a version
-    that cannot be captured keeps its back-to-back fields only)."""
+    graph; before each the outputs are poisoned, after each the outputs of (up to CHECKED_SETS of)
+    the sets are checked again. The row's back_to_back_* and graph_* fields, or *_correct False where
+    a check failed (a version that cannot be captured keeps its back-to-back fields only)."""
     import torch
+
+    batch, batches = _batching(len(arg_sets))
 
     def timed(what: str, graph: bool) -> dict | None:
         for _, outs in arg_sets:
             for o in outs:
                 o.view(torch.uint8).fill_(0xFF)
         t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
-                       iters=BACK_TO_BACK_BATCHES, batch=BACK_TO_BACK, graph=graph)
+                       iters=batches, batch=batch, graph=graph)
         torch.cuda.synchronize()
-        after = [_verify(case, ins, outs, expected) for ins, outs in arg_sets]
-        bad = [i for i, a in enumerate(after) if not a["pass"]]
+        after = [(i, _verify(case, *arg_sets[i], expected)) for i in _spread(len(arg_sets))]
+        bad = [i for i, a in after if not a["pass"]]
         if bad:
-            log(f"  {name}: WRONG after timing {what} in sets {bad} of {len(after)}: {after[bad[0]]['text'][:300]}")
+            text = next(a["text"] for i, a in after if i == bad[0])
+            log(f"  {name}: WRONG after timing {what} in sets {bad} of {len(arg_sets)}: {text[:300]}")
             return None
         return t
 
     t = timed("back to back", graph=False)
     if t is None:
-        return {"back_to_back_correct": False, "back_to_back_us": None}
+        return {"back_to_back_correct": False, "back_to_back_us": None, "graph_correct": None, "graph_us": None}
     row = {"back_to_back_correct": True, "back_to_back_us": t["median_us"], "back_to_back_min_us": t["min_us"],
-           "back_to_back_max_us": t["max_us"], "back_to_back_batches": t["iters"], "back_to_back_batch": BACK_TO_BACK}
+           "back_to_back_max_us": t["max_us"], "back_to_back_batches": t["iters"], "back_to_back_batch": batch}
     try:
         g = timed("in a CUDA graph", graph=True)
     except RuntimeError as e:  # a launch that cannot be captured
-        log(f"  {name}: not timed in a CUDA graph: {str(e).splitlines()[0][:300]}")
+        why = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        log(f"  {name}: not timed in a CUDA graph: {why}")
+        row.update(graph_correct=None, graph_us=None, graph_error=why)
         return row
     if g is None:
         row.update(graph_correct=False, graph_us=None)
     else:
         row.update(graph_correct=True, graph_us=g["median_us"], graph_min_us=g["min_us"], graph_max_us=g["max_us"],
-                   graph_launches=g["iters"], graph_batch=BACK_TO_BACK)
+                   graph_launches=g["iters"], graph_batch=batch)
     return row
 
 
-def _peer_back_to_back(case: Case, fns: list[Callable], inputs, expected, model_bytes, *, warmup: int,
+def _peer_back_to_back(case: Case, name: str, fns: list[peers.PeerCall], inputs, expected, *, warmup: int,
                        log=print) -> dict:
-    """A torch peer back to back: BACK_TO_BACK calls between two events, rotating over one callable
-    per input set, the median per call of BACK_TO_BACK_BATCHES batches; the last call's outputs
-    checked against the reference (the sets are clones of set 0). Then in a CUDA graph
-    (_peer_in_graph)."""
+    """A peer back to back: batches of calls between two events, rotating over one call per input
+    set (_batching), the median per call; then each checked call's last outputs (up to CHECKED_SETS)
+    against the reference. Then in a CUDA graph (_peer_in_graph)."""
     import torch
 
+    batch, batches = _batching(len(fns))
     calls = 0
     for _ in range(max(warmup, len(fns))):
         fns[calls % len(fns)]()
         calls += 1
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
-    outs = None
-    for b in range(BACK_TO_BACK_BATCHES):
+    checked = set(_spread(len(fns)))
+    last: dict[int, list] = {}
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
+    for b in range(batches):
         starts[b].record()
-        for _ in range(BACK_TO_BACK):
-            outs = fns[calls % len(fns)]()
+        for _ in range(batch):
+            i = calls % len(fns)
+            outs = fns[i]()
+            if i in checked:
+                last[i] = outs
             calls += 1
         stops[b].record()
     torch.cuda.synchronize()
-    us = sorted(1000.0 * a.elapsed_time(z) / BACK_TO_BACK for a, z in zip(starts, stops))
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    check = _verify(case, inputs, outs, expected, case.peer_tolerance)
-    if not check["pass"]:
-        log(f"  {case.op} peer: WRONG after back-to-back timing: {check['text'][:300]}")
-        return {"back_to_back_correct": False, "back_to_back_us": None}
+    us = sorted(1000.0 * a.elapsed_time(z) / batch for a, z in zip(starts, stops))
+    for i in sorted(last):
+        check = _check_peer(case, fns[i], _outs(last[i]), inputs, expected)
+        if not check["pass"]:
+            log(f"  {name}: WRONG after back-to-back timing (set {i}): {check['text'][:300]}")
+            return {"back_to_back_correct": False, "back_to_back_us": None, "graph_correct": None, "graph_us": None}
+    del last
     row = {"back_to_back_correct": True, "back_to_back_us": _median(us),
            "back_to_back_min_us": us[0], "back_to_back_max_us": us[-1], "back_to_back_batches": len(us),
-           "back_to_back_batch": BACK_TO_BACK}
-    row.update(_peer_in_graph(case, fns, inputs, expected, log=log))
+           "back_to_back_batch": batch}
+    row.update(_peer_in_graph(case, name, fns, inputs, expected, log=log))
     return row
 
 
-def _peer_in_graph(case: Case, fns: list[Callable], inputs, expected, *, log=print) -> dict:
-    """A torch peer in a CUDA graph, as the versions (ext's time with graph=True): BACK_TO_BACK
-    calls rotating over the sets captured once (torch.cuda.graph, after warm-up calls on the
-    capture's side stream), the graph replayed BACK_TO_BACK_BATCHES times between events; the
-    last call's outputs, which the graph rewrites on every replay, checked after."""
+def _peer_in_graph(case: Case, name: str, fns: list[peers.PeerCall], inputs, expected, *, log=print) -> dict:
+    """A peer in a CUDA graph, as the versions (ext's time with graph=True): a batch of calls
+    rotating over the sets captured once (torch.cuda.graph, after warm-up calls on the capture's
+    side stream), the graph replayed between events; then the outputs the graph rewrites on every
+    replay (of up to CHECKED_SETS calls, poisoned before the replays) checked. An in-place peer is
+    checked by a reset and one call outside the graph instead (_check_peer)."""
     import torch
 
+    batch, batches = _batching(len(fns))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
+    checked = set(_spread(len(fns)))
+    captured: dict[int, list] = {}
     try:
         with torch.cuda.stream(side):
-            for i in range(len(fns)):
-                fns[i]()
+            for fn in fns:
+                fn()
         torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph):
-            for i in range(BACK_TO_BACK):
-                outs = fns[i % len(fns)]()
-    except Exception as e:  # a peer that cannot be captured
-        log(f"  {case.op} peer: not timed in a CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            for j in range(batch):
+                i = j % len(fns)
+                outs = fns[i]()
+                if i in checked:
+                    captured[i] = _outs(outs)
+    except Exception as e:  # noqa: BLE001  (a peer that cannot be captured)
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        log(f"  {name}: not timed in a CUDA graph: {why}")
         torch.cuda.synchronize()
-        return {}
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    for t in outs:
-        t.view(torch.uint8).fill_(0xFF)
+        return {"graph_correct": None, "graph_us": None, "graph_error": why}
+    for i, outs in captured.items():
+        if fns[i].reset is None:  # an in-place peer's outputs are its next call's inputs: left as they are
+            for t in outs:
+                if t is not None:
+                    t.view(torch.uint8).fill_(0xFF)
     graph.replay()
     graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(BACK_TO_BACK_BATCHES)]
-    for b in range(BACK_TO_BACK_BATCHES):
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(batches)]
+    for b in range(batches):
         starts[b].record()
         graph.replay()
         stops[b].record()
     torch.cuda.synchronize()
-    us = sorted(1000.0 * a.elapsed_time(z) / BACK_TO_BACK for a, z in zip(starts, stops))
-    check = _verify(case, inputs, outs, expected, case.peer_tolerance)
-    del graph
-    if not check["pass"]:
-        log(f"  {case.op} peer: WRONG after timing in a CUDA graph: {check['text'][:300]}")
+    us = sorted(1000.0 * a.elapsed_time(z) / batch for a, z in zip(starts, stops))
+    checks = [_check_peer(case, fns[i], outs, inputs, expected) for i, outs in sorted(captured.items())]
+    del graph, captured
+    bad = next((c for c in checks if not c["pass"]), None)
+    if bad is not None:
+        log(f"  {name}: WRONG after timing in a CUDA graph: {bad['text'][:300]}")
         return {"graph_correct": False, "graph_us": None}
     return {"graph_correct": True, "graph_us": _median(us), "graph_min_us": us[0], "graph_max_us": us[-1],
-            "graph_launches": len(us), "graph_batch": BACK_TO_BACK}
+            "graph_launches": len(us), "graph_batch": batch}
 
 
 def versions_of(chapter: str, op: str) -> list[dict]:
     return [v for v in ext().versions() if v["chapter"] == chapter and v["op"] == op and v["kind"] != "mutant"]
 
 
-def measure_ceiling(*, warmup, iters, l2_bytes, log=print) -> tuple[float, str, list[dict]]:
+def _best_by_mode(rows: list[dict]) -> dict[str, float | None]:
+    """The best GB/s of correct version rows in each timing mode."""
+    best = {}
+    for mode in MODES:
+        rates = [r[mkey(mode, "gbps")] for r in rows
+                 if r["kind"] == "version" and r["correct"] and r.get(mkey(mode, "gbps"))]
+        best[mode] = max(rates) if rates else None
+    return best
+
+
+def measure_ceiling(*, warmup, iters, l2_bytes, log=print) -> tuple[dict[str, float | None], str, list[dict]]:
+    """The run's copy ceiling in each timing mode (the best chapter-00 copy timed that way), the
+    name of the copy that is best one launch at a time (the same-size copies run it), its rows."""
     chapter, op = CEILING_OP
     case = next(c for c in CHAPTERS[chapter]() if c.op == op)
     rows = measure_case(case, versions_of(chapter, op), warmup=warmup, iters=iters, l2_bytes=l2_bytes, log=log)
     best = max((r for r in rows if r["kind"] == "version" and r["correct"]), key=lambda r: r["gbps"])
-    return best["gbps"], best["name"], rows
+    return _best_by_mode(rows), best["name"], rows
 
 
 def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, warmup, iters,
-                   l2_bytes, log=print) -> float | None:
+                   l2_bytes, log=print) -> dict[str, float | None] | None:
     """GB/s of the ceiling's copy kernel moving the same bytes as a version's model (half read,
-    half written). The ceiling is measured on 512 MiB; a smaller transfer pays the ramp-up and
-    drain of the GPU a larger share, and this is the best a kernel of that size can hope for."""
+    half written), in each timing mode. The ceiling is measured on 512 MiB; a smaller transfer pays
+    the ramp-up and drain of the GPU a larger share, and this is the best a kernel of that size can
+    hope for."""
     if not model_bytes or model_bytes < 8 << 20 or copy_name.split("/")[0] != CEILING_OP[0]:
         return None  # below 8 MiB the rows are latency, not bandwidth
     words = int(model_bytes // 8) // 4 * 4
@@ -879,32 +1038,36 @@ def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, wa
         case = Case(CEILING_OP[1], f"n={words}", ["uint32", "uint32"], make, lambda x: [roofline.copy(x[0])])
         copy = [v for v in versions_of(*CEILING_OP) if v["name"] == copy_name]
         rows = measure_case(case, copy, warmup=warmup, iters=iters, l2_bytes=l2_bytes, log=log)
-        cache[words] = rows[0]["gbps"] if rows and rows[0]["correct"] else None
+        cache[words] = _best_by_mode(rows) if rows and rows[0]["correct"] else None
     return cache[words]
 
 
-# Peers measured under an op of their own: the INT4 GEMVs are compared with cuBLAS on BF16
-# weights (op bf16_gemv), at the same shape string.
-PEER_OPS = {op: ("bf16_gemv",) for op in ("int4_gemv", "int4i_gemv", "int4i_zp_gemv", "int4t_gemv")}
+# Peers measured under an op of their own: every INT4 GEMV is compared with cuBLAS on BF16 weights
+# (op bf16_gemv) and, but the zero-point op (a different computation), with the INT4 peers measured
+# under int4i_gemv (torch's INT4 kernel, Marlin, Machete), at the same shape string.
+PEER_OPS = {op: ("bf16_gemv",) if op == "int4i_zp_gemv" else ("bf16_gemv", "int4i_gemv")
+            for op in ("int4_gemv", "int4i_gemv", "int4i_zp_gemv", "int4t_gemv")}
 
 
 def _peer_ratios(rows: list[dict]) -> None:
     """Each version row gets, per peer of the same op (or of a PEER_OPS op) and shape: peer time /
-    version time; where both were also timed back to back, the same of those times."""
+    version time in each timing mode where both were timed so (graph_ratio, back_to_back_ratio,
+    ratio for one launch)."""
     for r in rows:
         r["peers"] = {}
-        if r["kind"] != "version" or not r.get("time_us"):
+        if r["kind"] != "version":
             continue
         ops = (r["op"], *PEER_OPS.get(r["op"], ()))
         for p in rows:
-            if p["kind"] == "peer" and p["op"] in ops and p["shape"] == r["shape"] and p.get("time_us"):
-                entry = {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
-                if r.get("back_to_back_us") and p.get("back_to_back_us"):
-                    entry["back_to_back_us"] = p["back_to_back_us"]
-                    entry["back_to_back_ratio"] = p["back_to_back_us"] / r["back_to_back_us"]
-                if r.get("graph_us") and p.get("graph_us"):
-                    entry["graph_us"] = p["graph_us"]
-                    entry["graph_ratio"] = p["graph_us"] / r["graph_us"]
+            if p["kind"] != "peer" or p["op"] not in ops or p["shape"] != r["shape"]:
+                continue
+            entry = {}
+            for mode in ("graph", "back_to_back", "one_launch"):
+                mine, theirs = r.get(mkey(mode, "us")), p.get(mkey(mode, "us"))
+                if mine and theirs:
+                    entry[mkey(mode, "us")] = theirs
+                    entry[mkey(mode, "ratio")] = theirs / mine
+            if entry:
                 r["peers"][p["version"]] = entry
 
 
@@ -915,7 +1078,7 @@ def _gpu_slug(name: str) -> str:
 def _driver() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30, check=False)
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, IndexError):
         return None
@@ -925,20 +1088,27 @@ def _commit() -> str:
     if os.environ.get("LKW_COMMIT"):
         return os.environ["LKW_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             check=False)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
+                               capture_output=True, text=True, check=False).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except OSError:
         return "unknown"
 
 
-def run_chapter(chapter: str, *, ceiling: tuple[float, str, list[dict]], warmup: int, iters: int,
-                l2_bytes: int, ops: list[str] | None = None, log=print) -> dict:
+# The results' version of the timing rule: every row timed one launch after a flush, back to back
+# and in a CUDA graph, the graph the headline (lkw.results reads older files without these).
+TIMING_MODES = ["one_launch", "back_to_back", "graph"]
+HEADLINE = "graph"
+
+
+def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: int, iters: int,
+                l2_bytes: int, ops: list[str] | None = None, peer_status: dict | None = None, log=print) -> dict:
     dev = ext().device()
-    ceiling_gbps, ceiling_name, ceiling_rows = ceiling
+    ceilings, ceiling_name, ceiling_rows = ceiling
     rows = []
-    copies: dict[int, float | None] = {}
+    copies: dict[int, dict | None] = {}
     for case in CHAPTERS[chapter]():
         if ops and case.op not in ops:
             continue
@@ -949,13 +1119,18 @@ def run_chapter(chapter: str, *, ceiling: tuple[float, str, list[dict]], warmup:
                                  l2_bytes=l2_bytes, log=log)
         model_bytes = next((r["model_bytes"] for r in case_rows if r["kind"] == "version"), None)
         same = same_size_copy(model_bytes, ceiling_name, copies, warmup=warmup, iters=iters,
-                              l2_bytes=l2_bytes, log=log)
+                              l2_bytes=l2_bytes, log=log) or {}
         for r in case_rows:
-            r["same_size_copy_gbps"] = same
-            r["pct_same_size_copy"] = 100.0 * r["gbps"] / same if same and r.get("gbps") else None
+            for mode in MODES:
+                copy = same.get(mode)
+                rate = r.get(mkey(mode, "gbps"))
+                r[mkey(mode, "same_size_copy_gbps")] = copy
+                r[mkey(mode, "pct_same_size_copy")] = 100.0 * rate / copy if copy and rate else None
         rows += case_rows
     for r in rows:
-        r["pct_ceiling"] = 100.0 * r["gbps"] / ceiling_gbps if r.get("gbps") else None
+        for mode in MODES:
+            top, rate = ceilings.get(mode), r.get(mkey(mode, "gbps"))
+            r[mkey(mode, "pct_ceiling")] = 100.0 * rate / top if top and rate else None
         r.setdefault("dram_bytes", None)
         r.setdefault("dram_ratio", None)
     _peer_ratios(rows)
@@ -965,10 +1140,13 @@ def run_chapter(chapter: str, *, ceiling: tuple[float, str, list[dict]], warmup:
         "gpu": dev["name"],
         "driver": _driver(),
         "cuda": f"{rt // 1000}.{(rt % 1000) // 10}",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _commit(),
-        "ceiling_gbps": ceiling_gbps,
+        "timing_modes": TIMING_MODES,
+        "headline": HEADLINE,
+        **{mkey(mode, "ceiling_gbps"): ceilings.get(mode) for mode in MODES},
         "ceiling_version": ceiling_name,
+        "peer_libraries": peer_status or {},
         "rows": rows,
     }
 
@@ -978,10 +1156,9 @@ def run_chapter(chapter: str, *, ceiling: tuple[float, str, list[dict]], warmup:
 
 
 # Profiled launches per version and case, each after a flush; the median is kept. One launch at a
-# time, the counters of a small working set wander: at 4096 x 4096 (8.7 MB) the same kernels of
-# chapter 06 read 0.5% to 5.5% over the byte model from run to run (four runs of 2026-12-01, the
-# same rows 3-5% apart at the extremes), as if now and then about 0.4 MB more reached the DRAM,
-# while at the 70B shapes they agree within 0.5%.
+# time, the DRAM counters of a small working set (a few MB) wander from run to run by a few percent
+# of the byte model, as if now and then a little more reached the DRAM, while at the large shapes
+# they agree to a fraction of a percent: the median of a few launches steadies the small ones.
 PROFILED_LAUNCHES = 3
 
 
@@ -990,10 +1167,10 @@ def ncu_pass(chapters: list[str], order_file: Path) -> None:
     range named "lkw"."""
     import torch
 
-    # A profiled launch of the flush alone, dropped by parse_ncu. In three runs the first kernel
-    # profiled (int4_f16 v0_naive at 8192^2) moved 7% more DRAM bytes than its model while the
-    # same version at four other shapes matched within 2%; an unprofiled launch of it first did
-    # not change that. So the first profiled launch of a process is not a version's.
+    # A profiled launch of the flush alone, dropped by parse_ncu: the first kernel profiled in a
+    # process was seen moving several percent more DRAM bytes than its model while the same version
+    # at other shapes matched (an unprofiled launch of it first did not change that), so the first
+    # profiled launch of a process is not a version's.
     ext().flush_l2()
     torch.cuda.nvtx.range_push("lkw")
     ext().flush_l2()
@@ -1040,7 +1217,7 @@ def ncu_dram_bytes(chapters: list[str], log=print) -> dict[tuple[str, str], floa
                sys.executable, str(Path(REPO) / "tools" / "bench.py"), "--ncu-pass", str(order_file)]
         for c in chapters:
             cmd += ["--chapter", c]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not order_file.exists():
             log(f"ncu run failed ({proc.returncode}): {proc.stderr[-2000:]}")
             return {}
@@ -1094,6 +1271,8 @@ def print_table(result: dict, out=sys.stdout) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lkw import results
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--list", action="store_true", help="list chapters, ops and versions")
     ap.add_argument("--chapter", action="append", default=[], help="chapter to run (repeatable)")
@@ -1104,19 +1283,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", type=Path, default=Path(REPO) / "results")
     ap.add_argument("--ncu", action="store_true", help="also measure DRAM bytes with Nsight Compute")
     ap.add_argument("--replay", action="store_true", help="print recorded results; needs no GPU")
+    ap.add_argument("--no-library-peers", action="store_true",
+                    help="skip the production peers (vLLM, FlashInfer, Liger: lkw.peers)")
+    ap.add_argument("--compare", type=Path, metavar="BASELINE",
+                    help="a results JSON (or a folder of them): print each row's change against it and "
+                         "exit 1 on a row slower beyond both runs' spread (on the GPU, never in CI)")
+    ap.add_argument("--replay-run", type=Path, metavar="NEW",
+                    help="with --compare: compare this recorded JSON (or folder) instead of running")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--ncu-pass", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    baseline = None
+    if args.compare:
+        try:
+            baseline = results.load_runs(args.compare)
+        except (OSError, ValueError) as e:
+            ap.error(f"--compare {args.compare}: {e}")
+        if not args.chapter and not args.all:
+            args.chapter = [run["chapter"] for run in baseline if run.get("chapter") in CHAPTERS]
+    if args.replay_run and not args.compare:
+        ap.error("--replay-run goes with --compare")
     chapters = sorted(CHAPTERS) if args.all or not args.chapter else args.chapter
     for c in chapters:
         if c not in CHAPTERS:
             ap.error(f"no bench cases for chapter {c} (have: {', '.join(sorted(CHAPTERS))})")
 
+    if args.compare and args.replay_run:
+        try:
+            current = [run for run in results.load_runs(args.replay_run) if run.get("chapter") in chapters]
+        except (OSError, ValueError) as e:
+            ap.error(f"--replay-run {args.replay_run}: {e}")
+        text, regressions = results.compare_runs(baseline, current)
+        print(text)
+        return 1 if regressions else 0
     if args.replay:
-        from lkw import results
-
         for c in chapters:
             data = results.load(c)
             print(results.text_table(data) if data else results.missing_message(c))
@@ -1140,10 +1342,20 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: needs torch for device arrays", file=sys.stderr)
         return 2
     print(f"bench: {dev['name']} (sm_{dev['arch']}, {dev['sms']} SMs, L2 {dev['l2_bytes'] >> 20} MiB)")
-    opts = dict(warmup=args.warmup, iters=args.iters, l2_bytes=dev["l2_bytes"])
+    if args.no_library_peers:
+        OPTIONS["library_peers"] = False
+        peer_status = {}
+        print("bench: production peers skipped (--no-library-peers)")
+    else:
+        peer_status = peers.status()
+        for lib, st in peer_status.items():
+            print(f"bench: peer library {lib}: {'loaded: ' if st['available'] else 'skipped: '}{st['detail']}")
+    opts = {"warmup": args.warmup, "iters": args.iters, "l2_bytes": dev["l2_bytes"]}
     ceiling = measure_ceiling(**opts)
-    print(f"bench: ceiling {ceiling[0]:.1f} GB/s ({ceiling[1]})")
-    results_by_chapter = {c: run_chapter(c, ceiling=ceiling, ops=args.op, **opts) for c in chapters}
+    shown = ", ".join(f"{MODE_WORDS[m]} {ceiling[0][m]:.1f}" for m in MODES if ceiling[0].get(m))
+    print(f"bench: copy ceiling GB/s: {shown} ({ceiling[1]})")
+    results_by_chapter = {c: run_chapter(c, ceiling=ceiling, ops=args.op, peer_status=peer_status, **opts)
+                          for c in chapters}
 
     if args.ncu:
         dram = ncu_dram_bytes(chapters)
@@ -1166,6 +1378,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: wrote {path}")
         if args.json and len(results_by_chapter) == 1:
             args.json.write_text(json.dumps(res, indent=1) + "\n")
+    if baseline is not None:
+        text, regressions = results.compare_runs(baseline, list(results_by_chapter.values()))
+        print()
+        print(text)
+        failed |= bool(regressions)
     return 1 if failed else 0
 
 

@@ -553,9 +553,8 @@ GEMV_OPS = ("int4_gemv", "int4i_gemv", "int4i_zp_gemv", "int4t_gemv")
 # weights), K = 352, 1152 and 4192 not multiples of 256 (the 16-byte versions' K tail, alone and
 # in the last of several K splits), N = 1. The launchers split K by the shape, so N = 37 with
 # K = 4096 also runs the split-K path. N = 4104 (257 tiles: one or two per block) with 9 steps per
-# tile cuts tiles between v6's warps at every boundary, some into three parts. v15 copies the scales
-# in blocks of 8 steps where K/128 is a multiple of 8 (M ≤ 2): N = 4104 with K = 3072 (12 steps, a
-# whole block and a half) has runs that start and end inside blocks.
+# tile cuts tiles between v5's to v7's warps at every boundary, some into three parts; N = 4104
+# with K = 3072 (12 steps) has runs that start and end inside tiles.
 GEMV_SHAPES = (
     (1, 37, 4096, 128),
     (2, 4104, 3072, 128),

@@ -34,11 +34,75 @@ SUSPECT_PCT = 100.0
 DRAM_TOLERANCE = 0.05
 
 
-def above_ceiling(row: dict) -> str | None:
-    """None, or how a row above the copy ceiling stands: "explained" when Nsight Compute saw the
-    model's bytes move through DRAM (not L2; a mix with fewer writes than a copy's 1:1 runs
-    faster), else "suspect"."""
-    pct = row.get("pct_ceiling")
+# The three timing modes of a run (tools/bench.py), the headline first. A row's fields of a mode
+# are named by mkey: one launch after an L2 flush keeps the names of the runs before the other
+# modes existed (time_us, gbps, pct_ceiling, ...), the others prefix theirs (graph_us, graph_gbps,
+# back_to_back_pct_ceiling, ...). A peer entry's ratio of a mode is mkey(mode, "ratio").
+MODES = ("graph", "back_to_back", "one_launch")
+MODE_WORDS = {"graph": "in a CUDA graph", "back_to_back": "back to back", "one_launch": "one launch"}
+_ONE_LAUNCH_KEYS = {"us": "time_us", "min_us": "time_min_us", "max_us": "time_max_us"}
+
+
+def mkey(mode: str, field: str) -> str:
+    """The name of a row's (or a run's, or a peer entry's) field of one timing mode."""
+    if mode == "one_launch":
+        return _ONE_LAUNCH_KEYS.get(field, field)
+    if mode not in MODES:
+        raise KeyError(f"no timing mode {mode}")
+    return f"{mode}_{field}"
+
+
+def headline(data: dict) -> str:
+    """The mode a run's tables lead with: the graph, unless the run has no graph times at all
+    (a run recorded before every mode was timed)."""
+    if data.get("headline") in MODES:
+        return data["headline"]
+    return "graph" if any(r.get("graph_us") is not None for r in data["rows"]) else "one_launch"
+
+
+def ceiling_of(data: dict, mode: str) -> tuple[float | None, str]:
+    """(GB/s, mode it was timed in) of the run's copy ceiling for a mode: the copy timed the same
+    way, or, in a run that recorded no such ceiling, the one-launch one."""
+    own = data.get(mkey(mode, "ceiling_gbps"))
+    return (own, mode) if own else (data.get("ceiling_gbps"), "one_launch")
+
+
+def rate(row: dict, mode: str, what: str = "gbps") -> float | None:
+    """A row's GB/s (or TFLOP/s) in one mode: recorded, or from its time and model."""
+    key = mkey(mode, what)
+    if key in row:
+        return row[key]
+    us = row.get(mkey(mode, "us"))
+    amount = row.get("model_bytes") if what == "gbps" else row.get("flops")
+    return amount / (us * (1e3 if what == "gbps" else 1e6)) if us and amount else None
+
+
+def pct_ceiling(row: dict, mode: str, data: dict | None = None) -> float | None:
+    key = mkey(mode, "pct_ceiling")
+    if key in row or data is None:
+        return row.get(key)
+    top, _ = ceiling_of(data, mode)
+    r = rate(row, mode)
+    return 100.0 * r / top if top and r else None
+
+
+def pct_same_size_copy(row: dict, mode: str) -> float | None:
+    """% of the same-size copy in one mode: recorded, or against the copy timed that way, or, in a
+    run that recorded only the one-launch copy, against that one."""
+    key = mkey(mode, "pct_same_size_copy")
+    if key in row:
+        return row[key]
+    copy = row.get(mkey(mode, "same_size_copy_gbps")) or row.get("same_size_copy_gbps")
+    r = rate(row, mode)
+    return 100.0 * r / copy if copy and r else None
+
+
+def above_ceiling(row: dict, data: dict | None = None, mode: str | None = None) -> str | None:
+    """None, or how a row above the copy ceiling (in `mode`, or in any mode) stands: "explained"
+    when Nsight Compute saw the model's bytes move through DRAM (not L2; a mix with fewer writes
+    than a copy's 1:1 runs faster), else "suspect"."""
+    pcts = [pct_ceiling(row, m, data) for m in ((mode,) if mode else MODES)]
+    pct = max((p for p in pcts if p is not None), default=None)
     if pct is None or pct <= SUSPECT_PCT:
         return None
     ratio = row.get("dram_ratio")
@@ -101,19 +165,6 @@ def ridge_point(data: dict) -> tuple[float, dict] | None:
 
 # ---- formatting ---------------------------------------------------------------------------------
 
-COLUMNS = [
-    "op",
-    "version",
-    "summary",
-    "shape",
-    "time µs",
-    "achieved",
-    "% of ceiling",
-    "% of same-size copy",
-    "DRAM bytes / model",
-    "peers (their time / ours)",
-]
-
 
 def _num(x: float | None, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
@@ -130,34 +181,41 @@ def _time(us: float | None) -> str:
 COMPUTE_BOUND_FLOP_PER_BYTE = 10.0
 
 
-# Where a run also timed its rows back to back, or in a CUDA graph (chapter 06), a column each
-# after "time µs".
-BACK_TO_BACK_COLUMN = "back to back µs"
-GRAPH_COLUMN = "in a CUDA graph µs"
-EXTRA_TIMES = {BACK_TO_BACK_COLUMN: "back_to_back_us", GRAPH_COLUMN: "graph_us"}
-
-
 def columns(data: dict) -> list[str]:
-    """COLUMNS, with the back-to-back and in-graph times after the time where any row of the run
-    has one."""
-    extra = [c for c, key in EXTRA_TIMES.items() if any(r.get(key) is not None for r in data["rows"])]
-    at = COLUMNS.index("time µs") + 1
-    return COLUMNS[:at] + extra + COLUMNS[at:]
+    """The headline mode's time, achieved rate and % of ceiling, then the other modes' times (— where
+    a row was not timed so), then the rest; every table of a run has these."""
+    h = headline(data)
+    others = [f"{MODE_WORDS[m]} µs" for m in MODES if m != h]
+    return ["op", "version", "summary", "shape", f"{MODE_WORDS[h]} µs", "achieved", "% of ceiling", *others,
+            "% of same-size copy", "DRAM bytes / model", f"peers (their time / ours, {MODE_WORDS[h]})"]
 
 
-def _cells(row: dict, extra: list[str] | tuple = ()) -> list[str]:
-    """One row as plain strings, in the order of columns(data); `extra` the EXTRA_TIMES columns
-    that has."""
+def _peer_ratios_text(row: dict, h: str) -> str:
+    """Each peer's ratio in the headline mode, or, where a side lacks that time, in the first mode
+    both have, named."""
+    out = []
+    for name, p in (row.get("peers") or {}).items():
+        for mode in (h, *(m for m in MODES if m != h)):
+            ratio = p.get(mkey(mode, "ratio"))
+            if ratio is not None:
+                out.append(f"{name} {ratio:.2f}×" + ("" if mode == h else f" ({MODE_WORDS[mode]})"))
+                break
+    return ", ".join(out) or "—"
+
+
+def _cells(row: dict, data: dict) -> list[str]:
+    """One row as plain strings, in the order of columns(data)."""
+    h = headline(data)
     intensity = (row.get("flops") or 0) / row["model_bytes"] if row.get("model_bytes") else 0
-    if row.get("tflops") is not None and intensity > COMPUTE_BOUND_FLOP_PER_BYTE:
-        achieved = f"{row['tflops']:.1f} TFLOP/s"
-    elif row.get("gbps") is not None:
-        achieved = f"{row['gbps']:.0f} GB/s"
+    tflops, gbps = rate(row, h, "tflops"), rate(row, h)
+    if tflops is not None and intensity > COMPUTE_BOUND_FLOP_PER_BYTE:
+        achieved = f"{tflops:.1f} TFLOP/s"
+    elif gbps is not None:
+        achieved = f"{gbps:.0f} GB/s"
     else:
         achieved = "—"
-    pct = row.get("pct_ceiling")
-    pct_text = _num(pct, ".1f")
-    mark = above_ceiling(row)
+    pct_text = _num(pct_ceiling(row, h, data), ".1f")
+    mark = above_ceiling(row, data, h)
     if mark:
         pct_text += " ⚠" if mark == "suspect" else " †"
     version = row["version"]
@@ -165,37 +223,66 @@ def _cells(row: dict, extra: list[str] | tuple = ()) -> list[str]:
         version += " (peer)"
     if not row.get("correct", True):
         version += " FAILED CHECK"
-    peers = ", ".join(f"{name} {p['ratio']:.2f}×" for name, p in (row.get("peers") or {}).items())
+    failed = [MODE_WORDS[m] for m in ("back_to_back", "graph") if row.get(mkey(m, "correct")) is False]
+    if failed and row.get("correct", True):
+        version += f" FAILED CHECK {' and '.join(failed)}"
     return [
         row["op"],
         version,
         row.get("summary", ""),
         row.get("shape", ""),
-        _time(row.get("time_us")),
-        *(_time(row.get(EXTRA_TIMES[c])) for c in extra),
+        _time(row.get(mkey(h, "us"))),
         achieved,
         pct_text,
-        _num(row.get("pct_same_size_copy"), ".1f"),
+        *(_time(row.get(mkey(m, "us"))) for m in MODES if m != h),
+        _num(pct_same_size_copy(row, h), ".1f"),
         _num(row.get("dram_ratio"), ".3f"),
-        peers or "—",
+        _peer_ratios_text(row, h),
     ]
 
 
 def header_line(data: dict) -> str:
-    ceiling = (
-        f"copy ceiling {data['ceiling_gbps']:.1f} GB/s ({data.get('ceiling_version', '?')})"
-        if data.get("ceiling_gbps")
-        else "no copy ceiling in this run"
-    )
+    ver = data.get("ceiling_version", "?")
+    if data.get("graph_ceiling_gbps"):
+        ways = ", ".join(f"{data[mkey(m, 'ceiling_gbps')]:.1f} GB/s {MODE_WORDS[m]}" if m != "graph" else
+                         f"{data[mkey(m, 'ceiling_gbps')]:.1f} GB/s in a CUDA graph"
+                         for m in MODES if data.get(mkey(m, "ceiling_gbps")))
+        ceiling = f"copy ceiling {ways} ({ver})"
+    elif data.get("ceiling_gbps"):
+        ceiling = f"copy ceiling {data['ceiling_gbps']:.1f} GB/s ({ver})"
+    else:
+        ceiling = "no copy ceiling in this run"
     return (
         f"{data['gpu']} · driver {data.get('driver') or '?'} · CUDA {data.get('cuda') or '?'} · "
         f"{data['date']} · commit {data['commit']} · {ceiling}"
     )
 
 
+def _timing_note(data: dict) -> str:
+    h = headline(data)
+    if h == "graph":
+        note = (
+            "Times: µs per launch, medians, in a CUDA graph (the headline: a batch of launches "
+            "rotating over input sets larger than twice the L2, captured once and replayed), back "
+            "to back over the same sets, and one launch after an L2 flush (which also charges the "
+            "CPU's launch cost). Achieved, % of ceiling and the peers' ratios (their time / ours) "
+            "are the graph's; a ratio from another mode, where a side has no graph time, says so."
+        )
+        top, mode = ceiling_of(data, "graph")
+        if top and mode != "graph":
+            note += (" This run recorded its copies one launch at a time only: % of ceiling and of "
+                     "the same-size copy are against those.")
+    else:
+        note = (
+            "This run timed one launch after an L2 flush (each launch alone, the CPU's launch cost "
+            "included); — where a row was not timed back to back or in a CUDA graph."
+        )
+    return note
+
+
 def _notes(data: dict) -> list[str]:
-    notes = []
-    marks = {above_ceiling(r) for r in data["rows"]}
+    notes = [_timing_note(data)]
+    marks = {above_ceiling(r, data) for r in data["rows"]}
     if "suspect" in marks:
         notes.append(
             "⚠ above 100% of the measured ceiling: the data sat in L2 or the byte model is wrong; "
@@ -210,14 +297,22 @@ def _notes(data: dict) -> list[str]:
         if not r.get("correct", True):
             why = ": " + " ".join(str(r["check"]).split()) if r.get("check") else ""
             notes.append(f"FAILED CHECK {r['op']}/{r['version']}: wrong output, no time{why}")
+        elif any(r.get(mkey(m, "correct")) is False for m in ("back_to_back", "graph")):
+            notes.append(f"FAILED CHECK {r['op']}/{r['version']} at {r.get('shape', '')}: wrong output after "
+                         "timing back to back or in a CUDA graph, no time there")
+        if r.get("graph_error"):
+            notes.append(f"{r['op']}/{r['version']} at {r.get('shape', '')}: not captured in a CUDA graph: "
+                         f"{r['graph_error']}")
+    absent = [st["detail"] for st in (data.get("peer_libraries") or {}).values() if not st.get("available")]
+    if absent:
+        notes.append("Production peers not in this run: " + "; ".join(absent) + ".")
     return notes
 
 
 def text_table(data: dict) -> str:
     """A fixed-width table for notebooks and terminals."""
     cols = columns(data)
-    extra = [c for c in cols if c in EXTRA_TIMES]
-    table = [cols] + [_cells(r, extra) for r in data["rows"]]
+    table = [cols] + [_cells(r, data) for r in data["rows"]]
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -234,16 +329,144 @@ def markdown_table(chapter: str) -> str:
     if data is None:
         return missing_message(chapter)
     cols = columns(data)
-    extra = [c for c in cols if c in EXTRA_TIMES]
     out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(cols) + " |"]
-    out.append("|" + ":--|" * 4 + "--:|" * (5 + len(extra)) + ":--|")  # names left, numbers right
+    out.append("|" + ":--|" * 4 + "--:|" * (len(cols) - 5) + ":--|")  # names left, numbers right
     for row in data["rows"]:
-        cells = [_md_escape(c) for c in _cells(row, extra)]
+        cells = [_md_escape(c) for c in _cells(row, data)]
         cells[0] = f"`{cells[0]}`"
         cells[1] = f"`{row['version']}`" + cells[1][len(row["version"]) :]  # name only in code
         out.append("| " + " | ".join(cells) + " |")
     out += [""] + [f"{n}\n" for n in _notes(data)]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _shape_fields(shape: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in shape.split(",") if "=" in kv)
+
+
+def ablation_rows(data: dict, ms: tuple[str, ...] = ("1", "16")) -> list[tuple[dict, dict]]:
+    """(version row, ablation row) pairs of a run: ablation_<vN>_<knob> against vN_* of the same op
+    and shape, at the decode batch sizes `ms` (shapes without an m= all)."""
+    pairs = []
+    for r in data["rows"]:
+        if r["kind"] != "ablation" or not r["version"].startswith("ablation_"):
+            continue
+        base = r["version"][len("ablation_") :].split("_", 1)[0] + "_"
+        m = _shape_fields(r["shape"]).get("m")
+        if m is not None and m not in ms:
+            continue
+        v = next((x for x in data["rows"] if x["kind"] == "version" and x["op"] == r["op"]
+                  and x["shape"] == r["shape"] and x["version"].startswith(base)), None)
+        if v is not None:
+            pairs.append((v, r))
+    return pairs
+
+
+def ablation_markdown(chapter: str) -> str:
+    """The book's knob table: each ablation entry (one knob of a version turned off) beside the
+    version, every timing mode, the change in percent (positive: the knob off is slower)."""
+    data = load(chapter)
+    if data is None:
+        return missing_message(chapter)
+    pairs = ablation_rows(data)
+    if not pairs:
+        return "No ablation entry was measured in this run.\n"
+    out = [f"Measured on {header_line(data)}; µs, the version → the knob off (change).", "",
+           "| shape | knob off | " + " | ".join(MODE_WORDS[m] for m in MODES) + " |",
+           "|:--|:--|" + "--:|" * len(MODES)]
+    for v, r in pairs:
+        cells = []
+        for mode in MODES:
+            a, b = v.get(mkey(mode, "us")), r.get(mkey(mode, "us"))
+            cells.append(f"{a:.2f} → {b:.2f} ({100 * (b / a - 1):+.1f}%)" if a and b else "—")
+        knob = r["version"][len("ablation_") :].split("_", 1)[1]
+        out.append(f"| {r['shape']} | `{knob}` | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+# ---- comparing two runs (tools/bench.py --compare) ----------------------------------------------
+
+
+def load_runs(path: Path) -> list[dict]:
+    """The runs in a results JSON file, or in every *.json of a folder (not its subfolders)."""
+    path = Path(path)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    runs = [json.loads(f.read_text()) for f in files]
+    runs = [r for r in runs if isinstance(r, dict) and isinstance(r.get("rows"), list)]
+    if not runs:
+        raise ValueError(f"no results JSON (a dict with rows) in {path}")
+    return runs
+
+
+def _row_key(chapter: str, row: dict) -> tuple:
+    return (chapter, row["op"], row.get("shape", ""), row["version"])
+
+
+def compare_row(old: dict, new: dict) -> dict:
+    """One row of two runs, mode by mode: {mode: (old µs, new µs, change %, verdict)}, verdict
+    "slower" / "faster" when the new run's [min, max] lies wholly above / below the old run's (the
+    recorded spread of both runs), else "within"; plus "failed" when the new row failed its check
+    where the old one passed."""
+    out: dict = {"modes": {}, "failed": bool(old.get("correct", True)) and not new.get("correct", True)}
+    for mode in MODES:
+        o, n = old.get(mkey(mode, "us")), new.get(mkey(mode, "us"))
+        if not o or not n:
+            continue
+        o_lo, o_hi = old.get(mkey(mode, "min_us")) or o, old.get(mkey(mode, "max_us")) or o
+        n_lo, n_hi = new.get(mkey(mode, "min_us")) or n, new.get(mkey(mode, "max_us")) or n
+        verdict = "slower" if n_lo > o_hi else "faster" if n_hi < o_lo else "within"
+        out["modes"][mode] = (o, n, 100.0 * (n / o - 1.0), verdict)
+    return out
+
+
+_SHORT = {"graph": "graph", "back_to_back": "b2b", "one_launch": "1 launch"}
+
+
+def compare_runs(baseline: list[dict], current: list[dict]) -> tuple[str, int]:
+    """Each row of the current runs against the baseline's row of the same chapter, op, shape and
+    version: (the text to print, the number of regressions: rows slower beyond both runs' spread in
+    some mode, or failing a check the baseline passed)."""
+    base = {_row_key(run.get("chapter", "?"), r): r for run in baseline for r in run["rows"]}
+    base_runs = {run.get("chapter", "?"): run for run in baseline}
+    lines, regressions, counts = [], 0, {"slower": 0, "faster": 0, "within": 0, "new": 0, "missing": 0}
+    for run in current:
+        chapter = run.get("chapter", "?")
+        old_run = base_runs.get(chapter)
+        was = f"{old_run.get('commit', '?')} ({old_run.get('date', '?')})" if old_run else "no baseline"
+        lines.append(f"== {chapter}: {was} -> {run.get('commit', '?')} ({run.get('date', '?')})")
+        seen = set()
+        for r in run["rows"]:
+            key = _row_key(chapter, r)
+            seen.add(key)
+            label = f"  {r['op']:<24} {r.get('shape', ''):<28} {r['version']:<44}"
+            old = base.get(key)
+            if old is None:
+                counts["new"] += 1
+                lines.append(f"{label} new")
+                continue
+            cmp = compare_row(old, r)
+            parts, verdicts = [], set()
+            for mode, (o, n, change, verdict) in cmp["modes"].items():
+                flag = " SLOWER" if verdict == "slower" else " faster" if verdict == "faster" else ""
+                parts.append(f"{_SHORT[mode]} {_time(o)}->{_time(n)} µs {change:+.1f}%{flag}")
+                verdicts.add(verdict)
+            if cmp["failed"]:
+                parts.insert(0, "FAILED CHECK")
+            if not parts:
+                parts.append("no time in common")
+            regressed = cmp["failed"] or "slower" in verdicts
+            regressions += regressed
+            counts["slower" if regressed else "faster" if "faster" in verdicts else "within"] += 1
+            lines.append(f"{label} " + "; ".join(parts))
+        for key, old in base.items():
+            if key[0] == chapter and key not in seen:
+                counts["missing"] += 1
+                lines.append(f"  {old['op']:<24} {old.get('shape', ''):<28} {old['version']:<44} missing in the new run")
+    lines.append(
+        f"compare: {counts['slower']} row(s) slower beyond both runs' spread or failing, {counts['faster']} "
+        f"faster, {counts['within']} within; {counts['new']} new, {counts['missing']} missing"
+    )
+    return "\n".join(lines), regressions
 
 
 def ridge_markdown(chapter: str) -> str:

@@ -47,7 +47,8 @@ __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) {
 // are 0x6400 (1024) and 0xD400 (−64).
 template <bool kMinus8 = true>
 __device__ __forceinline__ void u4_to_f16_magic(uint32_t q, half2 (&out)[4]) {
-  // BEGIN SOLUTION: two LOP3 per byte pair (masks 0x000F000F and 0x00F000F0 with 0x64006400), then HSUB2 / HFMA2 with the constants above; shift q by 8 for the second pair.
+  // BEGIN SOLUTION: per byte pair two LOP3 (masks 0x000F000F, 0x00F000F0; magic 0x64006400),
+  //   then HSUB2 / HFMA2 with the constants above; q >>= 8 for the second pair.
   constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kMagic = 0x64006400;
   const half2 kSub = as_half2(kMinus8 ? 0x64086408u : 0x64006400u),
               kSixteenth = as_half2(0x2c002c00u), kAdd = as_half2(kMinus8 ? 0xd480d480u : 0xd400d400u);
@@ -67,7 +68,8 @@ __device__ __forceinline__ void u4_to_f16_magic(uint32_t q, half2 (&out)[4]) {
 // 0x4300, = q). Four LOP3 + four HSUB2.
 template <bool kMinus8 = true>
 __device__ __forceinline__ void u4_to_bf16_magic(uint32_t q, __nv_bfloat162 (&out)[4]) {
-  // BEGIN SOLUTION: for each pair: LOP3 (mask 0x000F000F, magic 0x43004300), subtract 136 (0x43084308), shift q right by 4.
+  // BEGIN SOLUTION: per pair: LOP3 (mask 0x000F000F, magic 0x43004300), subtract 0x43084308
+  //   (136), then q >>= 4.
   constexpr uint32_t kMask = 0x000f000f, kMagic = 0x43004300;
   const __nv_bfloat162 kSub = as_bf162(kMinus8 ? 0x43084308u : 0x43004300u);
 #pragma unroll
@@ -95,7 +97,8 @@ __device__ __forceinline__ void u8_to_f16_magic(uint32_t q, half2 (&out)[2]) {
 // the exponent bias (and FP8 subnormals land on FP16 subnormals, which the multiply normalizes).
 // Finite codes only: the E4M3 NaN (S.1111.111) would come out as ±480.
 __device__ __forceinline__ void e4m3_to_f16_shift(uint32_t q, half2 (&out)[2]) {
-  // BEGIN SOLUTION: PRMT bytes 0,1 (then 2,3) into the high byte of each half; keep the sign bit, shift the rest right by 1; multiply by 256 (0x5C00).
+  // BEGIN SOLUTION: PRMT bytes 0,1 (then 2,3) into each half's high byte; keep the sign bit,
+  //   shift the rest right by 1; multiply by 256 (0x5C00).
   const half2 k256 = as_half2(0x5c005c00);
   const uint32_t x01 = __byte_perm(q, 0, 0x1404), x23 = __byte_perm(q, 0, 0x3424);
   out[0] = __hmul2(as_half2(lop3<kAndOr>(x01, 0x80008000u, (x01 >> 1) & 0x3f803f80u)), k256);

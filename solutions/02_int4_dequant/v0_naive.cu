@@ -25,7 +25,8 @@ __global__ void dequant_v0_naive_kernel(const uint32_t* __restrict__ packed,
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= n * k) return;
   const int64_t row = idx / k, col = idx % k;
-  // BEGIN SOLUTION: nibble col % 8 of word (row, col / 8); convert it, subtract 8, multiply by scale (row, col / group).
+  // BEGIN SOLUTION: nibble col % 8 of word (row, col / 8); convert it, subtract 8, multiply
+  //   by scale (row, col / group).
   const uint32_t word = packed[row * (k / 8) + col / 8];          // (N, K/8)
   const int q = (word >> (4 * (col % 8))) & 0xf;
   const Scalar s = scales[row * (k / group) + col / group];       // (N, K/G)

@@ -2,12 +2,12 @@
 //
 // Thread `row` walks its row twice: the sum of squares, then y = bf16(bf16(x·rstd)·w). Correct,
 // and slow for two reasons that every later version removes. The accesses are uncoalesced:
-// at each step the 32 lanes of a warp read 32 elements d·2 bytes apart, 32 different lines for
-// 64 useful bytes, so most of every line fetched is wasted unless the L1/L2 keeps it until the
-// lane's next 31 steps. And there is little parallelism: T = 8192 rows are 8192 threads, two
-// warps per SM, far too few loads in flight to cover HBM latency (the second pass does hit the
-// caches). Expect: a small fraction of the copy ceiling; SASS: 2-byte loads (LDG.E.U16), no
-// barriers, no shuffles.
+// at each step the 32 lanes of a warp read 32 elements d·2 bytes apart, 32 different lines of
+// which they use 64 bytes, so most of every line fetched is wasted unless the L1/L2 keeps it
+// until the lane's next 31 steps. And there is little parallelism: T = 8192 rows are 8192
+// threads, two warps per SM, far too few loads in flight to cover HBM latency (the second pass
+// does hit the caches). Expect: a small fraction of the copy ceiling; SASS: 2-byte loads
+// (LDG.E.U16), no barriers, no shuffles.
 #include "rmsnorm.cuh"
 
 namespace lkw::rmsnorm {

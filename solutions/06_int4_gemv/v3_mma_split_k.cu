@@ -1,82 +1,35 @@
-// v3_mma_split_k — the multiply-adds on the tensor cores, split-K, a wave-aware grid.
+// v3_mma_split_k — the multiply-adds on the tensor cores, weights streamed with cp.async, split-K.
 //
-// Since v2: v2 has the memory side right but spends ~4 CUDA-core instructions per weight at
-// M = 1 and one FMA more per weight and row of x: at M = 8 that is ~12, three times what the
-// SMs can issue while HBM delivers 8·10¹² weights per second. Here the unpacked weights go to
-// mma.sync m16n8k16 instead ("swap AB": the weights are the 16-row A operand, x^T the 8-column
-// B operand, so M ≤ 8 rows of x ride in one mma and M ≤ 16 in two). The tensor core is the
-// register tile over M: one instruction does 2048 multiply-adds, and what is left per weight is
-// the unpack (~1.4 instructions) whatever M is.
-//
-// Layout. A warp works on a tile of 16 rows; lane (g, t) = (lane / 4, lane % 4) holds rows g and
-// g + 8 as the mma fragments want. Per iteration a lane takes, for both of its rows, 16 bytes at
-// k0 + 128·u + 32·t (u = 0, 1): the four lanes of a row read 64 contiguous bytes per copy and
-// the whole 128-byte line per iteration. The mma does not care which k a k-slot means as long as
-// A and B agree, so lane t's slots are its own weights: for word i of chunk u, two mma steps
-// take the pairs (0, 1) and (2, 3) of the unpacked word — k0' = k0 + 8i + 4h, slots 2t, 2t+1 ←
-// k0' + 0, 1 and 2t + 8, 2t + 9 ← k0' + 2, 3 — and B is x[m, k0' .. k0' + 4): one 16-byte __ldg
-// of x serves both steps.
-//
-// Loads in flight. The weights stream through a per-warp ring in shared memory with 16-byte
-// cp.async copies (LDGSTS), kStages = 4 iterations deep: while one iteration is computed, the
-// next three (6 KB per warp) are in flight, and they hold no registers. Each lane reads back only
-// the bytes it copied itself, so cp.async.wait_group is the only synchronization — no barrier.
-// (Register double buffering does not survive ptxas: it sinks the prefetch loads to the end of
-// the loop body to shorten their register lives.)
-//
-// Scales. With G = 128 an mma step's 16 k-slots (4 lanes × 4, k0 + 128u + [0, 128)) lie in one
-// group, so A holds the exact q − 8 and the scale multiplies the FP32 sums once per group and
-// row: no rounding of the weights at all. With G = 32 or 64 the four lanes of a step cross
-// groups, so each lane scales its own weights first, BF16(s·(q − 8)) — chapter 02's W_hat, one
-// rounding per weight — and with zero points BF16(q·s − zs) by one HFMA2 (zs = BF16(z·s) once
-// per group, as chapter 02). The tolerance covers that rounding (reference/lkw/gemv.py).
-//
-// The grid: a block is 4 warps on ONE tile of 16 rows, the warps taking turns along K (warp w
-// computes iterations w, w + 4, ...): at any time a block reads 4 neighbouring 128-byte lines of
-// each of its rows, 512 contiguous bytes, and the x slices its warps read are neighbours too.
-// (Measured against a tile per warp: the same speed at M ≤ 8 — DRAM page locality was not what
-// held either back, see Expect.) At the end warp 0 adds the four warps' sums.
-//
-// Split-K: grid (ceil(N / 16), S). S splits K into slices of whole 256-k iterations so that
-// small-N shapes still fill the GPU. With T = ceil(N / 16) tiles and B resident blocks per SM
-// (read from the occupancy API for the kernel at hand), one wave holds W = 132·B blocks:
-//   T ≤ W:       the fewest splits that make the wave half full (≥ 10 warps per SM at B = 5,
-//                about 60 KB of weights in flight), without a second wave;
-//   W < T < 2W:  the S ≤ 4 whose last wave is fullest (a last wave of few blocks would run
-//                at a fraction of the bandwidth);
-//   T ≥ 2W:      S = 1: the last wave is a small part of the time.
-// S never exceeds a quarter of the iterations (every warp gets at least one). On an H200:
-// M ≤ 8 (B = 5, W = 660): S = 2 at 4096 × 4096, 14336 × 4096 and 4096 × 14336, else 1;
-// M > 8 (B = 3, W = 396): S = 3 at 8192 × 8192 and 8192 × 28672, else 1.
-// With S > 1 warp 0 of each block writes the tile's FP32 partial sums to a workspace and counts
-// itself in with an atomic; the last of the S blocks of a tile adds the S partials in split
-// order (deterministic), writes y and resets the counter: one kernel per launch, no memset. The
-// partial sums are S·M·N·4 bytes written and read, mostly in L2 (≤ 5% of the weight bytes at
-// the shapes above). The workspace and counters are one lazily grown allocation per process
-// (launches sharing it must be ordered, e.g. one stream).
-//
-// Expect: the unpack is the only per-weight cost, ~2.4 instructions per weight (SASS count: 313
-// per warp iteration of 4096 weights) at every M ≤ 8 — a third of v2's — and the speed nearly
-// flat in M; not yet at the bandwidth bound: Nsight Compute shows occupancy capped by the
-// registers and the ring, and warps stalled on the HMMA chains and the unpack between their
-// loads. DRAM bytes within a few % of the model (the partial sums add 8·S·M/K of it).
-// SASS: the weights as 16-byte async copies with the 256-byte L2 fetch
-// (LDGSTS.E.BYPASS.LTC256B.128), x as LDG.E.128, HMMA, no I2F, no local memory.
+// Since v2: v2 spends about 4 CUDA-core instructions per weight at M = 1 and one FMA more per weight
+// and row of x. Here the unpacked weights are the 16-row A operand of mma.sync m16n8k16 and x^T the
+// 8-column B ("swap AB"): one instruction does 2048 multiply-adds and what is left per weight is
+// the unpack, whatever M is. A lane's k-slots are its own weights (the mma only needs A and B to
+// agree). The weights stream through a 4-stage cp.async ring per warp (no registers held in
+// flight); a block is 4 warps taking turns along K on one tile of 16 rows. G = 128 scales the FP32
+// sums once per group; G < 128 and zero points scale in A, chapter 02's W_hat. Split-K (grid
+// (N/16, S), S chosen so the last wave is full) finishes through a workspace: the last of a tile's
+// S blocks adds the partials in split order (mma_tile.cuh).
+// Expect: about a third of v2's instructions per weight, nearly flat in M; not yet at the bound
+// (occupancy capped by registers and the ring). SASS: LDGSTS.E.BYPASS.LTC256B.128, LDG.E.128 for x,
+// HMMA, LOP3, no I2F, no local memory.
 #include <algorithm>
 
 #include "02_int4_dequant/dequant.cuh"
 #include "int4_gemv.cuh"
-#include "mma_gemv.cuh"
+#include "gemv_plan.h"
+#include "lkw/ptx.cuh"
+#include "mma_tile.cuh"
 
 namespace lkw::gemv {
 namespace {
 
-using namespace mma;  // cp_async_16, mma_bf16_16816, unpack_a, store_tile, workspace, ...
+using ptx::cp_async_16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::mma_bf16_16816;
 
 constexpr int kWarps = 4;                         // warps per block: one row tile, K interleaved
-constexpr int kIterK = 256;                       // k per iteration: 4 lanes × 2 chunks × 32
 constexpr int kStages = 4;                        // iterations of weights in the ring per warp
-constexpr int kMaxSplits = 64;
 
 struct Params {
   const __nv_bfloat16* x;       // [M, K]
@@ -262,7 +215,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNTiles == 1 ? 5 : 3)
   const int whole = k_len / kIterK;  // iterations without a tail
   const int mine = iters > warp ? (iters - warp + kWarps - 1) / kWarps : 0;  // this warp's share
   float acc[kNTiles][4] = {};
-  // BEGIN SOLUTION: prologue: copy this warp's iterations 0 .. kStages − 2 (those that exist; the i-th is iteration warp + kWarps·i), one commit each; then per whole iteration: copy the one kStages − 1 ahead if it exists, commit (always), load_globals, cp_async_wait<kStages − 1>, load_weights from its ring slot, mma_iteration; last the partial iteration (the K tail), if it is this warp's, the same with kTail and cp_async_wait<0>.
+  // BEGIN SOLUTION: prologue: copy the warp's first kStages − 1 iterations (w + 4i); per whole iteration copy one ahead, commit, load_globals, wait, load_weights, mma_iteration; then the K tail.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < mine) copy_weights(ring[s], ln, (warp + kWarps * s) * kIterK, k_len);
@@ -318,7 +271,9 @@ struct SplitK {
   int splits;
 };
 
-// The choice explained at the top of this file. `wave` = resident blocks on the whole GPU.
+// S from T = ceil(N / 16) tiles and `wave` = resident blocks on the whole GPU: with one wave or less,
+// the fewest splits that make the wave half full (never a second wave); between one and two waves,
+// the S ≤ 4 whose last wave is fullest; past two waves S = 1 (the last wave is a small part).
 SplitK plan_split_k(int64_t n, int64_t k, int64_t wave) {
   const int64_t tiles = ceil_div(n, kTileRows), iters = ceil_div(k, kIterK);
   const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(iters / kWarps, kMaxSplits));

@@ -78,6 +78,65 @@ def test_file_without_regions_is_copied_after_the_header():
     assert exercises.exercise_text(text, "p.cu") == exercises.generated_header("p.cu") + text
 
 
+LONG_HINT = (
+    "load every unit of the row into registers before the first use, reduce the sum of squares"
+    " across the block, then normalize each unit and store it"
+)
+
+
+def test_long_hint_wraps_into_lines_of_at_most_100_characters():
+    text = f"{{\n    // BEGIN SOLUTION: {LONG_HINT}\n    a();\n    b();\n    // END SOLUTION\n}}\n"
+    out = exercises.exercise_text(text, "s.cu").splitlines()[2:-1]
+    assert len(out) == 2
+    assert out[0].startswith("    // TODO(exercise): load every unit")
+    assert out[1].startswith("    //   ")
+    assert all(len(line) <= 100 for line in out)
+    words = " ".join(line.split("//", 1)[1].replace("TODO(exercise):", "") for line in out)
+    assert words.split() == [*LONG_HINT.split(), "(about", "2", "lines)"]
+    assert out[-1].endswith("store it (about 2 lines)")
+
+
+def test_the_line_count_is_never_split_across_lines():
+    hint = "x" * 70  # leaves room for "(about", not for the whole count
+    lines = exercises.wrap_todo("", hint, "(about 12 lines)")
+    assert lines == [f"// TODO(exercise): {hint}", "//   (about 12 lines)"]
+
+
+def test_hint_continues_on_lines_right_below_the_marker():
+    text = (
+        "  // BEGIN SOLUTION: first part of the hint,\n"
+        "  //   its second part.\n"
+        "  f();\n"
+        "  //   a comment below the code is code\n"
+        "  // END SOLUTION\n"
+    )
+    out = exercises.exercise_text(text, "s.cu").splitlines()
+    todo = "  // TODO(exercise): first part of the hint, its second part. (about 2 lines)"
+    assert out[1:] == [todo]
+
+
+def test_continuation_at_another_indentation_is_code():
+    text = "  // BEGIN SOLUTION: hint\n    //   nested comment\n  f();\n  // END SOLUTION\n"
+    out = exercises.exercise_text(text, "s.cu").splitlines()
+    assert out[1:] == ["  // TODO(exercise): hint (about 2 lines)"]
+
+
+def test_hint_of_three_lines_passes_and_of_four_stops_with_file_and_line():
+    three = " ".join(["word"] * 50)  # 3 lines at this indent
+    four = " ".join(["word"] * 60)
+    ok = exercises.exercise_text(f"// BEGIN SOLUTION: {three}\nf();\n// END SOLUTION\n", "s.cu")
+    assert len(ok.splitlines()) == 1 + 3
+    text = f"int a;\n  // BEGIN SOLUTION: {four}\n  f();\n  // END SOLUTION\n"
+    with pytest.raises(exercises.MarkerError, match=r"^solutions/00_x/v0.cu:2: hint too long.*4"):
+        exercises.exercise_text(text, "solutions/00_x/v0.cu")
+
+
+def test_a_word_longer_than_a_line_is_an_error():
+    text = f"// BEGIN SOLUTION: {'w' * 101}\nf();\n// END SOLUTION\n"
+    with pytest.raises(exercises.MarkerError, match=r"^s.cu:1: hint too long"):
+        exercises.exercise_text(text, "s.cu")
+
+
 @pytest.mark.parametrize(
     "text, line, words",
     [
@@ -183,6 +242,15 @@ def test_marker_error_exits_2_with_file_and_line(tree, capsys):
     assert _run(tree) == 2
     assert "solutions/01_y/v1_bad.cu:2: END SOLUTION without" in capsys.readouterr().err
     assert not (tree / "chapters").exists()
+
+
+def test_too_long_hint_exits_2_with_file_and_line(tree, capsys):
+    hint = " ".join(["word"] * 80)
+    (tree / "solutions" / "01_y" / "v1_long.cu").write_text(
+        f"void f() {{\n  // BEGIN SOLUTION: {hint}\n  g();\n  // END SOLUTION\n}}\n"
+    )
+    assert _run(tree, "--chapter", "01_y") == 2
+    assert "solutions/01_y/v1_long.cu:2: hint too long" in capsys.readouterr().err
 
 
 def test_check_runs_on_a_bare_python_without_site_packages(tree):

@@ -122,12 +122,8 @@ def test_version_of(name, expected):
 
 
 def test_kind_of():
-    assert [grade.kind_of(v) for v in ("v2_lop3_magic", "cublas", "cuda_memcpy", "mutant_x")] == [
-        "version",
-        "peer",
-        "peer",
-        "mutant",
-    ]
+    names = ("v2_lop3_magic", "cublas", "cuda_memcpy", "mutant_x", "ablation_v7_no_pdl")
+    assert [grade.kind_of(v) for v in names] == ["version", "peer", "peer", "mutant", "ablation"]
 
 
 def test_report_outcomes_and_skip_reasons():

@@ -1,13 +1,11 @@
-// Chapter 06, v8_dependent_launch: a launch that may start before the kernel ahead of it in the
-// stream has finished must still read that kernel's output. A chain of two GEMVs, y1 = x·W1^T
-// then y2 = y1·W2^T, queued back to back many times with x alternating between two random
-// inputs (so y1 differs from one link to the next), nothing between the launches; y2 of every
-// link must equal, bit for bit, what v7 (the same kernel, launched plainly, a sync after each)
-// gives for that link's x. A v8 that read y1 before the first GEMV had written it would see the
-// previous link's y1. Shapes where v8 runs its split-K workspace (S > 1) and where it does not.
-// v9 (also a dependent launch, with its own fold and cuts) is checked the same way against
-// itself launched with a sync after each link, at M = 1 and 2 (its own paths) and 8 (v8's).
-// Without a device the test skips.
+// Chapter 06, the dependent launch (v6 and v7): a launch that may start before the kernel ahead
+// of it in the stream has finished must still read that kernel's output. A chain of two GEMVs,
+// y1 = x·W1^T then y2 = y1·W2^T, queued back to back many times with x alternating between two
+// random inputs (so y1 differs from one link to the next), nothing between the launches; y2 of
+// every link must equal, bit for bit, what a reference launch gives for that link's x with a sync
+// after each launch. A kernel that read y1 before the first GEMV had written it would see the
+// previous link's y1. The knobs of v7 change no result: its ablation entries, launched plainly,
+// are that reference, bit for bit. Without a device the test skips.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -119,76 +117,31 @@ void check_chain(const Version& plain, const Version& dependent, const std::vect
   }
 }
 
-TEST(DependentLaunch, ChainReadsThePreviousKernelsOutput) {
+// The links: M = 1 (S = 1, the whole row, both links), M = 2 at K = 4096 (S = 1, even cuts) and past
+// the whole row (K = 28672 or 14336: S > 1, runs of whole tiles and the split-K finish), M = 8 (the
+// fold, no whole row), M = 16 (two n-tiles, the scale in A).
+const std::vector<std::array<int64_t, 4>> kLinks = {{1, 4096, 4096, 14336}, {2, 4096, 28672, 4096},
+                                                    {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096},
+                                                    {16, 4096, 14336, 4096}};
+
+TEST(DependentLaunch, V6ChainReadsThePreviousKernelsOutput) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v8 against v7 (the same kernel launched plainly): S = 1 at both links; long K (split-K) at
-  // the second; M with two n-tiles.
-  check_chain(version("v7_shallow_ring"), version("v8_dependent_launch"),
-              {{1, 4096, 4096, 14336}, {8, 14336, 4096, 4096}, {16, 4096, 14336, 4096}},
-              "chapter 06 dependent launch");
+  const Version& v6 = version("v6_pipelined");
+  check_chain(v6, v6, kLinks, "chapter 06 dependent launch, v6");
 }
 
-// v9's links: M = 1 (S = 1, the whole row, both links), M = 2 with one link at K = 4096 (S = 1, even
-// cuts) and the other past v9's whole row at M = 2 (K = 28672 or 14336: v8's S > 1 with the lean
-// fold), M = 8 (v8).
-const std::vector<std::array<int64_t, 4>> kBlockSplitLinks = {
-    {1, 4096, 4096, 14336}, {2, 4096, 28672, 4096}, {2, 14336, 4096, 4096}, {8, 14336, 4096, 4096}};
-
-TEST(DependentLaunch, V9ChainReadsThePreviousKernelsOutput) {
+TEST(DependentLaunch, V7ChainMatchesItsPlainLaunch) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v9 against itself with a sync after each launch.
-  const Version& v9 = version("v9_block_split_k");
-  check_chain(v9, v9, kBlockSplitLinks, "chapter 06 dependent launch, v9");
+  // The same kernels launched plainly (the pdl knob off), a sync after each launch.
+  check_chain(version("ablation_v7_no_pdl", kInt4tGemv), version("v7_tiled_stream", kInt4tGemv), kLinks,
+              "chapter 06 dependent launch, v7");
 }
 
-TEST(DependentLaunch, V10ChainReadsThePreviousKernelsOutput) {
+// The cache policy changes which lines L2 keeps, never what a kernel reads: v7's bits.
+TEST(DependentLaunch, V7EvictFirstChangesNoBit) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v10 (v9's kernels with the walk rotated) against itself, at v9's links.
-  const Version& v10 = version("v10_rotated_walk");
-  check_chain(v10, v10, kBlockSplitLinks, "chapter 06 dependent launch, v10");
-}
-
-TEST(DependentLaunch, V11ChainReadsThePreviousKernelsOutput) {
-  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v11 (v9's and v8's kernels with 128-byte copies) against itself, at v9's links (v8's at M = 8).
-  const Version& v11 = version("v11_line_prefetch");
-  check_chain(v11, v11, kBlockSplitLinks, "chapter 06 dependent launch, v11");
-}
-
-TEST(DependentLaunch, V12ChainReadsThePreviousKernelsOutput) {
-  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v12 (v11's kernels on the tiled weights of int4t_gemv) against itself, at v9's links.
-  const Version& v12 = version("v12_tiled_weights", kInt4tGemv);
-  check_chain(v12, v12, kBlockSplitLinks, "chapter 06 dependent launch, v12");
-}
-
-TEST(DependentLaunch, V13ChainReadsThePreviousKernelsOutput) {
-  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v13 (v12's kernels, each block's tiles consecutive) against itself, at v9's links. (Not against
-  // v12: a tile's place in its block sets where its steps are cut between warps, hence the order
-  // of the FP32 sums.)
-  const Version& v13 = version("v13_consecutive_tiles", kInt4tGemv);
-  check_chain(v13, v13, kBlockSplitLinks, "chapter 06 dependent launch, v13");
-}
-
-TEST(DependentLaunch, V14ChainReadsThePreviousKernelsOutput) {
-  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v14 back to back against v13 with a sync after each link: v14 is v13's kernels and cuts with
-  // the weights copied evict_first, so its sums must be v13's bit for bit (the policy changes which
-  // lines L2 keeps, never what a kernel reads).
-  const Version& v13 = version("v13_consecutive_tiles", kInt4tGemv);
-  const Version& v14 = version("v14_evict_first", kInt4tGemv);
-  check_chain(v13, v14, kBlockSplitLinks, "chapter 06 dependent launch, v14");
-}
-
-TEST(DependentLaunch, V15ChainReadsThePreviousKernelsOutput) {
-  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
-  // v15 back to back against v14 with a sync after each link: v15 is v14's kernels with the same
-  // scales brought in blocks of 8 steps, read in the same order into the same sums, so its outputs
-  // must be v14's bit for bit (a block read at the wrong step, or from the other buffer, is not).
-  const Version& v14 = version("v14_evict_first", kInt4tGemv);
-  const Version& v15 = version("v15_block_scales", kInt4tGemv);
-  check_chain(v14, v15, kBlockSplitLinks, "chapter 06 dependent launch, v15");
+  const Version& v7 = version("v7_tiled_stream", kInt4tGemv);
+  check_chain(v7, version("ablation_v7_no_evict_first", kInt4tGemv), kLinks, "chapter 06 v7 evict_first knob");
 }
 
 }  // namespace

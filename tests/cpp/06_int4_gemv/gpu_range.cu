@@ -1,9 +1,9 @@
-// Chapter 06 GPU checks beyond the golden cases: activations far from 1. v5 converts x to FP16
-// after scaling each row by a power of two; v4 and v3 fold 128 + q or 136·Σx into FP32 sums.
+// Chapter 06 GPU checks beyond the golden cases: activations far from 1. v4 to v6 fold 128 + q and
+// 136·Σx into FP32 sums (v6's Σx on the tensor cores); v3 scales the FP32 sums per group.
 // Here rows of x live around 2^100, around 2^−100 (products still FP32 normals), or spread over
 // 2^±40 within the row, and every G = 128 version of int4i_gemv at M = 1 and 2 must still match a
 // float64 reference within the chapter's tolerance (reference/lkw/gemv.py's formula, here in C++).
-// K = 4096 and 32768: v9 holds the whole row in the block (S = 1) at M = 1 and at M = 2 up to
+// K = 4096 and 32768: v6 holds the whole row in the block (S = 1) at M = 1 and at M = 2 up to
 // K = 8192, and splits K across blocks at M = 2 past it, so both of its paths see every range.
 // Fresh random inputs each run (LKW_SEED repeats one). Without a device the tests skip.
 //

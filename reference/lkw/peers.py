@@ -1,0 +1,564 @@
+"""Production peers: the kernels serving engines ship, measured by the bench beside the versions.
+
+Every peer here is an optional import, found one of two ways:
+
+- a user's install: ``pip install vllm flashinfer-python liger-kernel`` (``import
+  vllm._custom_ops``, ``import flashinfer``, ``import liger_kernel``);
+- the offline kit (``../shared/peers/README.md``): ``$LKW_PEERS_DIR`` names a folder holding the
+  kit's files. Its wheels are installed into ``$LKW_PEERS_SITE`` (default /tmp/lkw_peers/site;
+  ``tools/device_check.sh peers`` does it beforehand) and that folder goes on ``sys.path``; the
+  FlashInfer AOT tarball is extracted into ``<site>/flashinfer/data/aot/`` so nothing compiles on
+  the GPU; ``vllm_so/_C_*.so.xz`` are decompressed into ``$LKW_PEERS_CACHE`` (default
+  /tmp/lkw_peers) and loaded with ``torch.ops.load_library``; ``vllm_so/vllm_scalar_type.py``
+  gives Marlin's and Machete's type ids.
+
+A library that is absent raises ``Absent`` with the reason; the bench prints it and records no row,
+it never fakes one. The calling conventions are those of the kit (vLLM 0.34.0, FlashInfer
+0.6.18.post1, Liger 0.8.5, checked on the H200 by the kit's peer_test.py); another version whose
+signature differs makes its peer "not run here" with the error.
+
+A peer factory is ``factory(torch, typed_inputs) -> PeerCall``: it prepares what the library
+needs (its own weight packing, its own buffers) untimed, and the bench times ``PeerCall()`` exactly
+as it times the torch peers: one launch after an L2 flush, back to back over one PeerCall per
+rotated input set, and in a CUDA graph. The factories never write the bench's input tensors: an
+in-place kernel (vLLM's fused_add_rms_norm writes its input and residual) works on copies that
+``PeerCall.reset`` restores from the pristine inputs, untimed. Repeated timed calls run on the
+values the previous call left there; these kernels' times do not depend on the values, and every
+check after timing calls ``reset`` first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+KIT_ENV = "LKW_PEERS_DIR"
+SITE_ENV = "LKW_PEERS_SITE"
+CACHE_ENV = "LKW_PEERS_CACHE"
+LIBRARIES = ("vllm", "flashinfer", "liger")
+
+# Wheel (distribution) name -> the package it installs, for the kit's wheels.
+_KIT_PACKAGES = {"flashinfer_python": "flashinfer", "apache_tvm_ffi": "tvm_ffi",
+                 "liger_kernel": "liger_kernel", "humming_kernels": "humming"}
+
+
+class Absent(Exception):
+    """A peer library that is not here; str() says why."""
+
+
+@dataclass
+class PeerCall:
+    """One prepared peer. `call()` runs the library's kernel(s) and returns the op's outputs in the
+    op's order (None for an output the peer does not produce comparably). `reset()` restores the
+    inputs an in-place kernel overwrote (untimed). `checked` lists the outputs compared with the
+    reference (None: all); `extra_check(outputs) -> (ok, text)` checks what the reference cannot
+    (a different quantization of the same values)."""
+
+    call: Callable[[], Sequence]
+    reset: Callable[[], None] | None = None
+    checked: tuple[int, ...] | None = None
+    extra_check: Callable[[Sequence], tuple[bool, str]] | None = None
+
+    def __call__(self):
+        return self.call()
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding the libraries
+
+_LOADED: dict[str, object] = {}
+_ABSENT: dict[str, str] = {}
+_DETAIL: dict[str, str] = {}
+
+
+def kit_dir() -> Path | None:
+    d = os.environ.get(KIT_ENV)
+    return Path(d) if d else None
+
+
+def _cache() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or "/tmp/lkw_peers")
+
+
+def _site() -> Path:
+    return Path(os.environ.get(SITE_ENV) or _cache() / "site")
+
+
+def _flashinfer_env() -> None:
+    # The kit has FlashInfer's CUDA norm modules prebuilt (no CuTe DSL), for sm_90 only; its JIT
+    # cache goes under /tmp, never into the repository.
+    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", str(_cache() / "fi_ws"))
+    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0")
+    os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
+    os.environ.setdefault("FLASHINFER_LOGLEVEL", "0")
+
+
+def _installed(site: Path, wheel: Path) -> bool:
+    dist = wheel.name.split("-")[0]
+    return any(site.glob(f"{dist}-*.dist-info"))
+
+
+def prepare_kit(kit: Path, log=print) -> None:
+    """Install the kit's wheels into the site folder (once), put it on sys.path, extract the
+    FlashInfer AOT modules into the installed package, set FlashInfer's environment."""
+    site = _site()
+    wheels = sorted(kit.glob("*.whl"))
+    missing = [w for w in wheels if not _installed(site, w)]
+    if missing:
+        site.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+               "--no-cache-dir", "--target", str(site), *map(str, missing)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            log(f"peers: installing the kit's wheels into {site} failed: {proc.stderr.strip()[-500:]}")
+    if site.is_dir() and str(site) not in sys.path:
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+    _flashinfer_env()
+    tarballs = sorted(kit.glob("fi_aot_*.tar.xz"))
+    spec = importlib.util.find_spec("flashinfer") if tarballs else None
+    if spec and spec.submodule_search_locations:
+        aot = Path(next(iter(spec.submodule_search_locations))) / "data" / "aot"
+        done = aot / ".lkw_extracted"
+        names = "\n".join(t.name for t in tarballs)
+        if not (done.is_file() and done.read_text() == names):
+            try:
+                aot.mkdir(parents=True, exist_ok=True)
+                for t in tarballs:
+                    with tarfile.open(t) as tf:
+                        if hasattr(tarfile, "data_filter"):
+                            tf.extractall(aot, filter="data")
+                        else:  # Python before the extraction filters: the kit's own tarball
+                            tf.extractall(aot)
+                done.write_text(names)
+            except OSError as e:
+                log(f"peers: FlashInfer AOT modules not extracted into {aot}: {e}")
+
+
+_KIT_PREPARED = False
+
+
+def _prepare(log=print) -> None:
+    global _KIT_PREPARED
+    kit = kit_dir()
+    if kit is not None and not _KIT_PREPARED:
+        _KIT_PREPARED = True
+        if kit.is_dir():
+            prepare_kit(kit, log=log)
+        else:
+            log(f"peers: {KIT_ENV}={kit} is not a folder")
+    _flashinfer_env()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+@dataclass
+class VLLM:
+    ops: object  # torch.ops._C
+    scalar_types: object  # vllm.scalar_type.scalar_types (Marlin/Machete type ids)
+
+
+def _load_vllm(torch) -> tuple[VLLM, str]:
+    kit = kit_dir()
+    libs = sorted((kit / "vllm_so").glob("_C_*.so.xz")) if kit else []
+    if libs:
+        out_dir = _cache() / "vllm_so"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for xz in libs:
+            so = out_dir / xz.name[: -len(".xz")]
+            if not so.exists() or so.stat().st_mtime < xz.stat().st_mtime:
+                tmp = so.with_suffix(".part")
+                with lzma.open(xz) as fi, open(tmp, "wb") as fo:
+                    shutil.copyfileobj(fi, fo, 1 << 24)
+                tmp.replace(so)
+            torch.ops.load_library(str(so))
+        sys.path.insert(0, str(kit / "vllm_so"))
+        from vllm_scalar_type import scalar_types
+
+        return VLLM(torch.ops._C, scalar_types), f"vLLM kernel libraries ({', '.join(x.stem for x in libs)}, peer kit)"
+    import vllm
+    import vllm._custom_ops
+    from vllm.scalar_type import scalar_types
+
+    return VLLM(torch.ops._C, scalar_types), f"vLLM {getattr(vllm, '__version__', '?')} (installed)"
+
+
+def _load_flashinfer(torch):
+    import flashinfer
+
+    where = "kit" if kit_dir() else "installed"
+    return flashinfer, f"FlashInfer {getattr(flashinfer, '__version__', '?')} ({where})"
+
+
+def _load_liger(torch):
+    import liger_kernel
+    from liger_kernel.ops import fused_add_rms_norm, rms_norm
+
+    version = getattr(liger_kernel, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+
+            version = dist_version("liger_kernel")
+        except Exception:  # noqa: BLE001  (a version string only)
+            version = "?"
+    where = "kit" if kit_dir() else "installed"
+    return {"fused_add_rms_norm": fused_add_rms_norm, "rms_norm": rms_norm}, f"Liger {version} ({where})"
+
+
+_LOADERS = {"vllm": _load_vllm, "flashinfer": _load_flashinfer, "liger": _load_liger}
+
+
+def library(name: str, log=print):
+    """The loaded library (cached), or raises Absent with the reason (cached too)."""
+    if name in _LOADED:
+        return _LOADED[name]
+    if name in _ABSENT:
+        raise Absent(_ABSENT[name])
+    _prepare(log=log)
+    try:
+        import torch
+
+        lib, detail = _LOADERS[name](torch)
+    except Exception as e:  # noqa: BLE001  (any failure to load is a reason to skip, recorded)
+        how = f"{KIT_ENV}={kit_dir()}" if kit_dir() else f"no {KIT_ENV} set and no install"
+        _ABSENT[name] = f"{name} not available ({how}): {_first_line(e)}"
+        raise Absent(_ABSENT[name]) from None
+    _LOADED[name] = lib
+    _DETAIL[name] = detail
+    return lib
+
+
+def status(log=print) -> dict[str, dict]:
+    """{library: {"available": bool, "detail": what was loaded, or why not}} for the run's header,
+    loading each library once."""
+    out = {}
+    for name in LIBRARIES:
+        try:
+            library(name, log=log)
+            out[name] = {"available": True, "detail": _DETAIL[name]}
+        except Absent as e:
+            out[name] = {"available": False, "detail": str(e)}
+    return out
+
+
+def status_of(name: str) -> str:
+    """What was loaded for a library (the peer rows' summary), or why it is absent."""
+    return _DETAIL.get(name) or _ABSENT.get(name) or f"{name}: not loaded yet"
+
+
+def reset_cache() -> None:
+    """Forget what was loaded or found absent (tests)."""
+    global _KIT_PREPARED
+    _LOADED.clear()
+    _ABSENT.clear()
+    _DETAIL.clear()
+    _KIT_PREPARED = False
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 03: dynamic activation quantization. Inputs [x bf16 [T, d]].
+
+# vLLM's per-group floor is max(absmax, eps) / 448; with eps = 448 * MIN_SCALE = 1/512 it is the
+# contract's max(absmax / 448, MIN_SCALE) (lkw.quant), bit for bit in FP32.
+_GROUP_EPS = 1.0 / 512
+
+
+def quant_peers(op: str) -> dict[str, Callable]:
+    """vLLM's kernels for chapter 03's ops (none for per_tensor_fp8: vLLM's dynamic per-tensor quant
+    needs a zeroed scale each call and has no minimum scale)."""
+
+    def per_token_fp8(torch, ins):
+        ops = library("vllm").ops
+        (x,) = ins
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+
+        def call():
+            ops.dynamic_per_token_scaled_fp8_quant(q, x, s, None)
+            return q, s
+
+        return PeerCall(call)
+
+    def per_token_int8(torch, ins):
+        ops = library("vllm").ops
+        (x,) = ins
+        q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+        s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+
+        def call():
+            ops.dynamic_scaled_int8_quant(q, x, s, None)
+            return q, s
+
+        return PeerCall(call)
+
+    def per_group_fp8(torch, ins):
+        ops = library("vllm").ops
+        (x,) = ins
+        t, d = x.shape
+        q = torch.empty(t, d, dtype=torch.float8_e4m3fn, device=x.device)
+        # vLLM's own row-major scales [T, d/128] (the same bytes as ours); handed to the check as
+        # the [d/128, T] view the op's column-major output has.
+        s = torch.empty(t, d // 128, dtype=torch.float32, device=x.device)
+
+        def call():
+            ops.per_token_group_fp8_quant(x, q, s, 128, _GROUP_EPS, -448.0, 448.0, False, False, False)
+            return q, s.t()
+
+        return PeerCall(call)
+
+    table = {
+        "per_token_fp8": {"vllm dynamic_per_token_scaled_fp8_quant": per_token_fp8},
+        "per_token_int8": {"vllm dynamic_scaled_int8_quant": per_token_int8},
+        "per_group_fp8": {"vllm per_token_group_fp8_quant": per_group_fp8},
+    }
+    return table.get(op, {})
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 04: RMSNorm and its fusions. Inputs [x, (residual,) w], all BF16.
+
+# A static-scale peer's q against y = RMSNorm(x + residual) * w dequantized with its one scale:
+# E4M3 rounds to 2^-4 of the value (normals) and 2^-10 of the scale (subnormals); the peer's y may
+# differ from the torch one by a BF16 rounding (2^-8).
+STATIC_RTOL = 2.0**-4 + 2.0**-7
+STATIC_ATOL_SCALES = 2.0**-9
+
+
+def _hf_norm(torch, v, w, eps):
+    """y = w * bf16(v * rsqrt(mean(v^2) + eps)) in FP32 (the Hugging Face Llama RMSNorm)."""
+    h = v.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w.float() * h.to(torch.bfloat16).float()
+
+
+def _copies(torch, tensors):
+    work = [t.clone() for t in tensors]
+
+    def reset():
+        for w, t in zip(work, tensors):
+            w.copy_(t)
+
+    return work, reset
+
+
+def norm_peers(op: str, eps: float) -> dict[str, Callable]:
+    """vLLM, FlashInfer and Liger kernels for chapter 04's ops, at the case's eps."""
+
+    def vllm_rms_norm(torch, ins):
+        ops = library("vllm").ops
+        x, w = ins
+        y = torch.empty_like(x)
+
+        def call():
+            ops.rms_norm(y, x, w, eps)
+            return (y,)
+
+        return PeerCall(call)
+
+    def flashinfer_rmsnorm(torch, ins):
+        fi = library("flashinfer")
+        x, w = ins
+        y = torch.empty_like(x)
+
+        def call():
+            fi.rmsnorm(x, w, eps, out=y)
+            return (y,)
+
+        return PeerCall(call)
+
+    def liger_rms_norm(torch, ins):
+        forward = library("liger")["rms_norm"].rms_norm_forward
+        x, w = ins
+        return PeerCall(lambda: (forward(x, w, eps, 0.0, "llama", None)[0],))
+
+    def vllm_fused_add(torch, ins):
+        ops = library("vllm").ops
+        (x, res), reset = _copies(torch, ins[:2])
+        w = ins[2]
+
+        def call():  # x <- RMSNorm(x + res) * w, res <- x + res
+            ops.fused_add_rms_norm(x, res, w, eps)
+            return x, res
+
+        return PeerCall(call, reset=reset)
+
+    def flashinfer_fused_add(torch, ins):
+        fi = library("flashinfer")
+        (x, res), reset = _copies(torch, ins[:2])
+        w = ins[2]
+
+        def call():
+            fi.fused_add_rmsnorm(x, res, w, eps)
+            return x, res
+
+        return PeerCall(call, reset=reset)
+
+    def liger_fused_add(torch, ins):
+        forward = library("liger")["fused_add_rms_norm"].fused_add_rms_norm_forward
+        x, res, w = ins
+        return PeerCall(lambda: forward(x, res, w, eps, 0.0, "llama")[:2])  # out of place
+
+    def vllm_dynamic_quant(dtype_name):
+        def factory(torch, ins):
+            ops = library("vllm").ops
+            x, res_in, w = ins
+            (res,), reset = _copies(torch, [res_in])
+            t, d = x.shape
+            q = torch.empty(t, d, dtype=getattr(torch, dtype_name), device=x.device)
+            s = torch.empty(t, 1, dtype=torch.float32, device=x.device)
+
+            def call():  # res <- x + res; q, s <- per-token quant of RMSNorm(res) * w
+                ops.rms_norm_dynamic_per_token_quant(q, x, w, s, eps, None, res)
+                return q, s, res
+
+            return PeerCall(call, reset=reset)
+
+        return factory
+
+    def static_quant(lib):
+        """The static per-tensor FP8 scale peers: a different quantization from the op's (one
+        scale for the tensor, given, not one per token computed), so only the residual is compared
+        with the reference; q is checked against y / scale within STATIC_RTOL, STATIC_ATOL_SCALES.
+        The scale is the tensor's absmax(y) / 448, computed untimed, so nothing saturates."""
+
+        def factory(torch, ins):
+            x0, res0, w = ins
+            (x, res), reset = _copies(torch, [x0, res0])
+            t, d = x.shape
+            y = _hf_norm(torch, (x0.float() + res0.float()).to(torch.bfloat16), w, eps)
+            scale = (y.abs().amax() / 448.0).reshape(1).to(torch.float32)
+            del y
+            q = torch.empty(t, d, dtype=torch.float8_e4m3fn, device=x.device)
+            if lib == "vllm":
+                ops = library("vllm").ops
+
+                def call():
+                    ops.fused_add_rms_norm_static_fp8_quant(q, x, res, w, scale, eps)
+                    return q, None, res
+            else:
+                fi = library("flashinfer")
+
+                def call():
+                    fi.fused_add_rmsnorm_quant(q, x, res, w, scale, eps)
+                    return q, None, res
+
+            def extra_check(outs):
+                y = _hf_norm(torch, (x0.float() + res0.float()).to(torch.bfloat16), w, eps)
+                deq = outs[0].float() * scale
+                err = (deq - y).abs()
+                bound = STATIC_RTOL * y.abs() + STATIC_ATOL_SCALES * scale
+                bad = int((err > bound).sum())
+                text = (f"q * scale vs y (static scale {float(scale):.4g}): {bad} of {err.numel()} beyond "
+                        f"{STATIC_RTOL:.4g}|y| + {STATIC_ATOL_SCALES:.4g} scale")
+                return bad == 0, text
+
+            return PeerCall(call, reset=reset, checked=(2,), extra_check=extra_check)
+
+        return factory
+
+    table = {
+        "rmsnorm": {"vllm rms_norm": vllm_rms_norm, "flashinfer rmsnorm": flashinfer_rmsnorm,
+                    "liger rms_norm": liger_rms_norm},
+        "fused_add_rmsnorm": {"vllm fused_add_rms_norm": vllm_fused_add,
+                              "flashinfer fused_add_rmsnorm": flashinfer_fused_add,
+                              "liger fused_add_rms_norm": liger_fused_add},
+        "fused_add_rmsnorm_fp8": {
+            "vllm rms_norm_dynamic_per_token_quant": vllm_dynamic_quant("float8_e4m3fn"),
+            "vllm fused_add_rms_norm_static_fp8_quant (static scale)": static_quant("vllm"),
+            "flashinfer fused_add_rmsnorm_quant (static scale)": static_quant("flashinfer"),
+        },
+        "fused_add_rmsnorm_int8": {"vllm rms_norm_dynamic_per_token_quant": vllm_dynamic_quant("int8")},
+    }
+    return table.get(op, {})
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 06: W4A16 GEMV/GEMM. Inputs [x bf16 [M, K], words int32 [N, K/8], scales bf16 [N, K/G]];
+# y = x @ W^T with W[n, k] = scales[n, k // G] * (q[n, k] - 8): GPTQ's uint4b8 with group scales.
+
+_PACK_ROWS = 4096  # weight rows packed at a time (bounds the temporary int64 nibbles)
+
+
+def gptq_pack(torch, q):
+    """4-bit values q [N, K] (0..15) -> GPTQ words [K/8, N] int32: word [i, n] holds q[n, 8i + j]
+    in bits 4j..4j+3."""
+    n, k = q.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=q.device)
+    words = (q.t().reshape(k // 8, 8, n).to(torch.int64) << shifts[None, :, None]).sum(dim=1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def marlin_permute_scales(torch, s, size_k: int, size_n: int, group_size: int):
+    """vLLM's marlin_permute_scales (marlin_utils.py): scales [K/G, N] into Marlin's order."""
+    perm = [i + 8 * j for i in range(8) for j in range(8)]
+    single = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
+    if group_size < size_k and group_size != -1:
+        s = s.reshape((-1, len(perm)))[:, perm]
+    else:
+        s = s.reshape((-1, len(single)))[:, single]
+    return s.reshape((-1, size_n)).contiguous()
+
+
+def gemv_peers(interleaved: bool, nibbles: Callable) -> dict[str, Callable]:
+    """Marlin and Machete on the op's weights, each packed with the library's own packer from the
+    GPTQ words of the same q (untimed). `nibbles(torch, words, interleaved)` turns our words into
+    q [R, K] in element order."""
+
+    def gptq_of(torch, words):
+        n = words.shape[0]
+        k = 8 * words.shape[1]
+        out = torch.empty(k // 8, n, dtype=torch.int32, device=words.device)
+        for r in range(0, n, _PACK_ROWS):
+            out[:, r : r + _PACK_ROWS] = gptq_pack(torch, nibbles(torch, words[r : r + _PACK_ROWS], interleaved))
+        return out
+
+    def marlin(torch, ins):
+        v = library("vllm")
+        x, words, scales = ins
+        m, k = x.shape
+        n = words.shape[0]
+        g = k // scales.shape[1]
+        packed = v.ops.gptq_marlin_repack(gptq_of(torch, words), k, n, 4)
+        s = marlin_permute_scales(torch, scales.t().contiguous(), k, n, g)
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        workspace = torch.zeros(sms * 4, dtype=torch.int32, device=x.device)  # locks, left zero
+        tid = v.scalar_types.uint4b8.id
+        torch.cuda.synchronize()
+
+        def call():
+            return (v.ops.marlin_gemm(x, None, packed, None, s, None, None, workspace, tid, m, n, k,
+                                      False, True, False),)
+
+        return PeerCall(call)
+
+    def machete(torch, ins):
+        v = library("vllm")
+        x, words, scales = ins
+        k = x.shape[1]
+        g = k // scales.shape[1]
+        tid = v.scalar_types.uint4b8.id
+        column_major = gptq_of(torch, words).t().contiguous().t()  # [K/8, N], K/8 contiguous
+        packed = v.ops.machete_prepack_B(column_major, torch.bfloat16, tid, torch.bfloat16)
+        s = scales.t().contiguous()  # [K/G, N]
+        del column_major
+        torch.cuda.synchronize()
+
+        def call():
+            return (v.ops.machete_mm(x, packed, tid, None, s, None, g, None, None, None),)
+
+        return PeerCall(call)
+
+    return {"vllm marlin_gemm": marlin, "vllm machete_mm": machete}

@@ -1,0 +1,32 @@
+"""The book's knob table (results.ablation_markdown): each ablation entry beside its version."""
+
+from lkw import results
+
+
+def _row(version, kind, shape, graph, b2b, one):
+    return {"name": f"06_int4_gemv/int4t_gemv/{version}", "op": "int4t_gemv", "version": version, "kind": kind,
+            "shape": shape, "graph_us": graph, "back_to_back_us": b2b, "time_us": one}
+
+
+def test_pairs_each_knob_with_its_version_at_the_decode_sizes():
+    rows = [_row("v7_tiled_stream", "version", "m=1,n=64,k=256,g=128", 10.0, 11.0, 12.0),
+            _row("ablation_v7_no_pdl", "ablation", "m=1,n=64,k=256,g=128", 12.0, 11.0, 12.0),
+            _row("ablation_v7_no_pdl", "ablation", "m=4,n=64,k=256,g=128", 12.0, 11.0, 12.0),  # not shown
+            _row("v6_pipelined", "version", "m=1,n=64,k=256,g=128", 20.0, 21.0, 22.0)]
+    pairs = results.ablation_rows({"rows": rows})
+    assert [(v["version"], a["version"], a["shape"]) for v, a in pairs] == [
+        ("v7_tiled_stream", "ablation_v7_no_pdl", "m=1,n=64,k=256,g=128")]
+
+
+def test_markdown_shows_every_mode_and_the_change(monkeypatch):
+    data = {"gpu": "NVIDIA H200", "date": "d", "commit": "c", "driver": "x", "cuda": "13.0",
+            "rows": [_row("v7_tiled_stream", "version", "m=1,n=64,k=256,g=128", 10.0, 11.0, 12.0),
+                     _row("ablation_v7_no_evict_first", "ablation", "m=1,n=64,k=256,g=128", 11.0, 11.0, 6.0)]}
+    monkeypatch.setattr(results, "load", lambda chapter, gpu=None: data)
+    md = results.ablation_markdown("06_int4_gemv")
+    line = next(x for x in md.splitlines() if "no_evict_first" in x)
+    assert "10.00 → 11.00 (+10.0%)" in line  # graph first
+    assert "11.00 → 11.00 (+0.0%)" in line
+    assert "12.00 → 6.00 (-50.0%)" in line
+    monkeypatch.setattr(results, "load", lambda chapter, gpu=None: {**data, "rows": data["rows"][:1]})
+    assert "No ablation entry" in results.ablation_markdown("06_int4_gemv")

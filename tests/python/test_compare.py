@@ -1,0 +1,87 @@
+"""tools/bench.py --compare: each row's change against a baseline run, and a non-zero exit when a
+row is slower beyond the spread both runs recorded (min/max), or fails a check the baseline passed.
+Synthetic runs only: the comparison is logic, the runs it compares come from the GPU."""
+
+import json
+
+import pytest
+from lkw import bench, results
+
+
+def row(version, us, spread=0.05, op="op", shape="n=1", correct=True, **modes):
+    """A row timed one launch at a time (us) and in any of the other modes (graph=..., back_to_back=...),
+    each with [min, max] = us * (1 -+ spread)."""
+    r = {"name": f"c/{op}/{version}", "op": op, "version": version, "kind": "version", "shape": shape,
+         "correct": correct}
+    for mode, t in {"one_launch": us, **modes}.items():
+        r[results.mkey(mode, "us")] = t
+        if t is not None:
+            r[results.mkey(mode, "min_us")] = t * (1 - spread)
+            r[results.mkey(mode, "max_us")] = t * (1 + spread)
+    return r
+
+
+def run(*rows, chapter="04_rmsnorm", commit="c"):
+    return {"chapter": chapter, "gpu": "TEST", "date": "d", "commit": commit, "rows": list(rows)}
+
+
+def test_slower_beyond_both_spreads_is_a_regression_and_overlap_is_not():
+    old = row("v1", 10.0, graph=8.0, back_to_back=9.0)
+    # The graph's fastest new launch is slower than the slowest old one: a regression.
+    cmp = results.compare_row(old, row("v1", 10.0, graph=9.0, back_to_back=9.2))
+    assert cmp["modes"]["graph"][3] == "slower" and cmp["modes"]["back_to_back"][3] == "within"
+    assert cmp["modes"]["graph"][2] == pytest.approx(12.5)
+    # 5% slower with 5% spreads on both sides: the intervals overlap.
+    assert results.compare_row(old, row("v1", 10.5, graph=8.4))["modes"]["graph"][3] == "within"
+    assert results.compare_row(old, row("v1", 8.0, graph=6.0))["modes"]["graph"][3] == "faster"
+
+
+def test_compare_counts_regressions_failures_new_and_missing_rows():
+    base = [run(row("v1", 10.0, graph=8.0), row("v2", 5.0, graph=4.0), row("gone", 1.0))]
+    new = [run(row("v1", 10.0, graph=9.0), row("v2", 5.0, graph=4.0, correct=False), row("v3", 2.0))]
+    text, regressions = results.compare_runs(base, new)
+    assert regressions == 2  # v1 slower in the graph, v2 failing its check
+    lines = {line.split()[2]: line for line in text.splitlines() if line.startswith("  ")}
+    assert "SLOWER" in lines["v1"] and "+12.5%" in lines["v1"]
+    assert lines["v2"].split(None, 3)[3].startswith("FAILED CHECK")
+    assert lines["v3"].endswith("new") and lines["gone"].endswith("missing in the new run")
+    assert text.splitlines()[-1].startswith("compare: 2 row(s) slower")
+
+
+def test_a_baseline_without_graph_times_is_compared_on_the_modes_both_runs_have():
+    old = row("v1", 10.0)  # one launch only (a run before every mode was timed)
+    cmp = results.compare_row(old, row("v1", 10.1, graph=7.0, back_to_back=8.0))
+    assert set(cmp["modes"]) == {"one_launch"} and cmp["modes"]["one_launch"][3] == "within"
+    text, regressions = results.compare_runs([run(old)], [run(row("v1", 10.1, graph=7.0))])
+    assert regressions == 0 and "1 launch 10.00->10.10 µs +1.0%" in text
+
+
+def test_rows_match_by_chapter_op_shape_and_version():
+    base = [run(row("v1", 10.0, shape="t=1")), run(row("v1", 1.0, shape="t=1"), chapter="03_dynamic_quant")]
+    new = [run(row("v1", 10.0, shape="t=1")), run(row("v1", 20.0, shape="t=1"), chapter="03_dynamic_quant")]
+    _, regressions = results.compare_runs(base, new)
+    assert regressions == 1
+
+
+def test_the_cli_replays_two_recorded_runs_and_exits_non_zero_on_a_regression(tmp_path, capsys):
+    base, same, slower = tmp_path / "base.json", tmp_path / "same.json", tmp_path / "slower.json"
+    base.write_text(json.dumps(run(row("v1", 10.0, graph=8.0))))
+    same.write_text(json.dumps(run(row("v1", 10.2, graph=8.1))))
+    slower.write_text(json.dumps(run(row("v1", 10.0, graph=9.5))))
+    assert bench.main(["--compare", str(base), "--replay-run", str(same)]) == 0
+    assert "compare: 0 row(s) slower" in capsys.readouterr().out
+    assert bench.main(["--compare", str(base), "--replay-run", str(slower)]) == 1
+    assert "SLOWER" in capsys.readouterr().out
+    # A folder of results compares every chapter in it.
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "04_rmsnorm.json").write_text(slower.read_text())
+    assert bench.main(["--compare", str(base), "--replay-run", str(folder)]) == 1
+
+
+def test_the_cli_refuses_a_replay_without_a_baseline_and_an_unreadable_baseline(tmp_path):
+    with pytest.raises(SystemExit):
+        bench.main(["--replay-run", str(tmp_path)])
+    (tmp_path / "x.json").write_text("[]")
+    with pytest.raises(SystemExit):
+        bench.main(["--compare", str(tmp_path / "x.json"), "--replay-run", str(tmp_path / "x.json")])

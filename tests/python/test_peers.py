@@ -1,0 +1,129 @@
+"""lkw.peers without a GPU: an absent library is skipped with its reason, never faked; the offline
+kit's preparation (wheels into the site folder once, FlashInfer's AOT modules into the installed
+package, FlashInfer's environment); and, where torch is installed, the mapping of our INT4 words to
+GPTQ's uint4b8 words that Marlin's and Machete's packers take."""
+
+import io
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+from lkw import bench, peers
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    peers.reset_cache()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv(peers.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(peers.SITE_ENV, str(tmp_path / "site"))
+    for var in ("FLASHINFER_WORKSPACE_BASE", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_USE_CUDA_NORM"):
+        monkeypatch.delenv(var, raising=False)
+    yield tmp_path
+    peers.reset_cache()
+
+
+def test_an_absent_library_raises_absent_with_the_reason_every_time(fresh, monkeypatch):
+    kit = fresh / "kit"
+    kit.mkdir()
+    monkeypatch.setenv(peers.KIT_ENV, str(kit))
+    for name in ("vllm", "flashinfer", "liger_kernel"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    for lib in peers.LIBRARIES:
+        with pytest.raises(peers.Absent) as first:
+            peers.library(lib, log=lambda *_: None)
+        assert lib in str(first.value) and str(kit) in str(first.value)
+        with pytest.raises(peers.Absent) as again:  # cached: the same reason, no second attempt
+            peers.library(lib)
+        assert str(again.value) == str(first.value)
+    status = peers.status()
+    assert set(status) == set(peers.LIBRARIES)
+    assert not any(s["available"] for s in status.values())
+    assert all(s["detail"] for s in status.values())
+
+
+def test_a_factory_of_an_absent_library_raises_absent_before_touching_its_inputs(fresh, monkeypatch):
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    factories = {**peers.quant_peers("per_group_fp8"), **peers.norm_peers("fused_add_rmsnorm", 1e-6),
+                 **peers.gemv_peers(True, bench._torch_nibbles)}
+    for factory in factories.values():
+        with pytest.raises(peers.Absent):
+            factory(None, None)  # torch and the inputs are never reached
+
+
+def _tar_xz(path, members: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w:xz") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_the_kit_puts_the_aot_modules_into_the_installed_flashinfer_and_sets_its_environment(fresh):
+    site = fresh / "site"
+    (site / "flashinfer").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    (site / "flashinfer_python-0.6.18.post1.dist-info").mkdir()  # the wheel is already installed
+    kit = fresh / "kit"
+    kit.mkdir()
+    (kit / "flashinfer_python-0.6.18.post1-py3-none-any.whl").write_bytes(b"")
+    _tar_xz(kit / "fi_aot_test_sm90a.tar.xz", {"norm/norm.so": b"ELF"})
+    calls = []
+    peers.prepare_kit(kit, log=calls.append)
+    assert (site / "flashinfer" / "data" / "aot" / "norm" / "norm.so").read_bytes() == b"ELF"
+    assert str(site) in sys.path and calls == []
+    import os
+
+    assert os.environ["FLASHINFER_CUDA_ARCH_LIST"] == "9.0" and os.environ["FLASHINFER_USE_CUDA_NORM"] == "1"
+    assert os.environ["FLASHINFER_WORKSPACE_BASE"].startswith(str(fresh))
+
+
+def test_the_kit_installs_only_the_wheels_not_yet_in_the_site(fresh, monkeypatch):
+    kit = fresh / "kit"
+    kit.mkdir()
+    for wheel in ("liger_kernel-0.8.5-py3-none-any.whl", "apache_tvm_ffi-0.1.15.post2-cp312-abi3.whl"):
+        (kit / wheel).write_bytes(b"")
+    (fresh / "site").mkdir()
+    (fresh / "site" / "liger_kernel-0.8.5.dist-info").mkdir()
+    ran = []
+    monkeypatch.setattr(peers.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
+    peers.prepare_kit(kit)
+    assert len(ran) == 1
+    cmd = ran[0]
+    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and "--no-index" in cmd and "--no-deps" in cmd
+    assert cmd[cmd.index("--target") + 1] == str(fresh / "site")
+    assert [c for c in cmd if c.endswith(".whl")] == [str(kit / "apache_tvm_ffi-0.1.15.post2-cp312-abi3.whl")]
+
+
+def test_our_interleaved_int4_words_become_gptq_uint4b8_words_of_the_same_q(rng):
+    """Marlin's and Machete's packers take GPTQ words [K/8, N] (q[n, 8i + j] in bits 4j of word
+    [i, n]); ours are [N, K/8], element e of a word at nibble GEMV_INV_PERM[e], the same q with the
+    same bias of 8."""
+    torch = pytest.importorskip("torch")
+    n, k = 24, 256
+    q = rng.integers(0, 16, (n, k), dtype=np.int64)
+    words = np.zeros((n, k // 8), np.int64)
+    for e, nibble in enumerate(bench.GEMV_INV_PERM):
+        words |= q[:, e::8] << (4 * nibble)
+    ours = torch.from_numpy(np.where(words >= 2**31, words - 2**32, words).astype(np.int32))
+    back = bench._torch_nibbles(torch, ours, interleaved=True)
+    assert np.array_equal(back.numpy(), q)
+    gptq = peers.gptq_pack(torch, back).numpy().astype(np.int64) & 0xFFFFFFFF
+    assert gptq.shape == (k // 8, n)
+    for j in range(8):
+        assert np.array_equal((gptq >> (4 * j)) & 0xF, q[:, j::8].T)
+
+
+def test_marlin_scales_keep_every_scale_once(rng):
+    torch = pytest.importorskip("torch")
+    k, n, g = 512, 128, 128
+    s = torch.from_numpy(rng.standard_normal((k // g, n)).astype(np.float32))
+    permuted = peers.marlin_permute_scales(torch, s, k, n, g)
+    assert permuted.shape == (k // g, n)
+    assert np.array_equal(np.sort(permuted.numpy().ravel()), np.sort(s.numpy().ravel()))
