@@ -4,9 +4,9 @@
 import os
 import sys
 
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference")
-)
+# The package instead of this script's folder: tools/profile.py would shadow the standard
+# library's profile module, which libraries the bench imports (Liger's Triton) load.
+sys.path[0] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference")
 
 from lkw.bench import main
 

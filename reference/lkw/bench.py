@@ -1354,8 +1354,17 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = measure_ceiling(**opts)
     shown = ", ".join(f"{MODE_WORDS[m]} {ceiling[0][m]:.1f}" for m in MODES if ceiling[0].get(m))
     print(f"bench: copy ceiling GB/s: {shown} ({ceiling[1]})")
-    results_by_chapter = {c: run_chapter(c, ceiling=ceiling, ops=args.op, peer_status=peer_status, **opts)
-                          for c in chapters}
+    def write(c: str, res: dict) -> None:
+        path = args.results_dir / _gpu_slug(res["gpu"]) / f"{c}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"bench: wrote {path}")
+
+    results_by_chapter = {}
+    for c in chapters:
+        results_by_chapter[c] = run_chapter(c, ceiling=ceiling, ops=args.op, peer_status=peer_status, **opts)
+        if args.write_results and not args.ncu:  # each chapter as it ends: a run cut short keeps them
+            write(c, results_by_chapter[c])
 
     if args.ncu:
         dram = ncu_dram_bytes(chapters)
@@ -1371,11 +1380,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(res)
         failed |= not all(r["correct"] for r in res["rows"])
-        if args.write_results:
-            path = args.results_dir / _gpu_slug(res["gpu"]) / f"{c}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(res, indent=1) + "\n")
-            print(f"bench: wrote {path}")
+        if args.write_results and args.ncu:
+            write(c, res)
         if args.json and len(results_by_chapter) == 1:
             args.json.write_text(json.dumps(res, indent=1) + "\n")
     if baseline is not None:

@@ -19,7 +19,7 @@ def test_every_chapter_registers_versions_with_sass_promises():
     assert len(names) == len(set(names)), "a version is registered twice"
     for v in versions:
         assert v["name"] == f"{v['chapter']}/{v['op']}/{v['id']}"
-        assert v["kind"] in ("version", "peer", "mutant")
+        assert v["kind"] in ("version", "peer", "mutant", "ablation")
         if v["kind"] == "version":
             assert v["summary"] and v["sass"], f"{v['name']} promises nothing checkable"
 
