@@ -14,16 +14,21 @@
 # ---
 
 # %% [markdown]
-# # 06 · INT4 GEMV: speed-up over cuBLAS BF16 against the batch size M
+# # 06 · INT4 GEMV: eight versions against cuBLAS BF16, Marlin and Machete
 #
-# The headline question of weight-only quantization at decode: how much faster is a GEMV on INT4
-# weights than cuBLAS on BF16 weights, for M = 1 … 16 tokens? The ideal answer is the ratio of the
-# bytes the two must read (both at the bandwidth bound); the measured answer is each version's.
+# The question of weight-only quantization at decode: how much faster is a GEMV on INT4 weights
+# than cuBLAS on BF16 weights, for M = 1 … 16 tokens, and how close does the teaching path
+# (`v0_warp_per_column` … `v7_tiled_stream`) come to the bandwidth bound and to vLLM's production
+# INT4 kernels? This notebook looks at the two Llama-70B MLP shapes, 28672 × 8192 and
+# 8192 × 28672 (N × K), in the headline timing mode: launches in a CUDA graph.
 #
 # - **Replay** (the default without a GPU, or with `LKW_REPLAY=1`): it reads the recorded run
 #   `results/h200/06_int4_gemv.json` (the folder can be changed with `LKW_RESULTS_DIR`).
 # - **Live** (a GPU and the compiled extension `lkw._ext`): it runs
 #   `tools/bench.py --chapter 06_int4_gemv` and shows what it just measured.
+#
+# The full table (every shape, every timing mode, DRAM bytes) is in the book's Results section, or
+# `print(results.text_table(data))` after the cells below.
 
 # %%
 import sys
@@ -33,15 +38,19 @@ ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "reference" / "
 sys.path.insert(0, str(ROOT / "reference"))
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from lkw import results  # noqa: E402
 
 CHAPTER = "06_int4_gemv"
+SHAPES_70B = [(28672, 8192), (8192, 28672)]  # (N, K) of the Llama-70B MLP
+MS = (1, 8, 16)  # the batch sizes of the summary
 
 # %% [markdown]
 # ## The bound, before any measurement
 #
 # Bytes per GEMV: INT4 reads N·K/2 of weights plus a BF16 scale per 128 of them; BF16 reads N·K·2.
-# Both read x (M·K·2) and write y (M·N·2). The ideal speed-up is the ratio of the two.
+# Both read x (M·K·2) and write y (M·N·2). At the bandwidth bound the speed-up INT4 can buy is the
+# ratio of the two byte counts: the ceiling of every ×BF16 figure below.
 
 # %%
 def ideal_speedup(m, n, k, g=128):
@@ -49,18 +58,29 @@ def ideal_speedup(m, n, k, g=128):
     return (2 * n * k + act) / (n * k / 2 + n * (k // g) * 2 + act)
 
 
-for n, k in [(28672, 8192), (4096, 4096)]:
-    cells = "  ".join(f"M={m}: {ideal_speedup(m, n, k):.2f}x" for m in (1, 2, 4, 8, 16))
-    print(f"N={n:>5}, K={k:>4}  {cells}")
+for n, k in SHAPES_70B:
+    cells = "  ".join(f"M={m}: {ideal_speedup(m, n, k):.2f}×" for m in MS)
+    print(f"{n:>5} × {k:<5}  ideal INT4 speed-up over BF16  {cells}")
 
 # %% [markdown]
-# ## The measured versions
+# ## The run
+#
+# Which GPU and commit, and what the run holds: the teaching path's versions (op `int4_gemv` for
+# `v0`, `int4i_gemv` for the interleaved words of `v1` … `v6`, `int4i_zp_gemv` for `v3` with zero
+# points, `int4t_gemv` for `v7`'s tiled words), the ablation entries (`v7` with one knob off) and
+# the peers.
 
 # %%
 data = results.notebook_results(CHAPTER)
 if data:
-    print()
-    print(results.text_table(data))
+    H = results.headline(data)  # the timing mode the tables lead with: the graph, where timed
+    print(results.header_line(data))
+    print(f"headline timing: {results.MODE_WORDS[H]}\n")
+    seen = {}
+    for r in data["rows"]:
+        seen.setdefault((r["op"], r["version"]), r)
+    for (op, version), r in seen.items():
+        print(f"  {r['kind']:<8} {op:<14} {version:<28} {r.get('summary', '')[:70]}")
 
 
 # %%
@@ -68,133 +88,241 @@ def parse(shape):
     return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in shape.split(",")}
 
 
-def speedups(data, n, k, key="time_us"):
-    """{name: [(M, cuBLAS time / its time)]} at one (N, K), for the versions and torch peers;
-    key="back_to_back_us" compares the back-to-back times, key="graph_us" those in a CUDA graph."""
-    cublas = {parse(r["shape"])["m"]: r[key] for r in data["rows"]
-              if r["op"] == "bf16_gemv" and r.get(key) and parse(r["shape"])["n"] == n
-              and parse(r["shape"])["k"] == k}
-    out = {}
-    for r in data["rows"]:
-        s = parse(r["shape"])
-        if r["op"] == "bf16_gemv" or not r.get(key) or (s["n"], s["k"]) != (n, k):
-            continue
-        if s["m"] in cublas:
-            out.setdefault(f"{r['op']}/{r['version']}", []).append((s["m"], cublas[s["m"]] / r[key]))
-    return out
+def us(row, mode=None):
+    return row.get(results.mkey(mode or H, "us")) if row else None
 
 
-# %% [markdown]
-# One panel per weight shape: the speed-up over cuBLAS BF16 at each M, every version and peer, and
-# the bound's ideal curve (dashed). Where a version falls away from the dashed line, it stopped
-# being bound by bytes. The first row compares one launch at a time (L2 flushed before each); the
-# second, where the run has it, the same launches back to back, as a decoder's stream runs them;
-# the third, where the run has it, those launches captured once in a CUDA graph and replayed, as a
-# decoder that captures its step runs them (each timed the same way for cuBLAS and the peers).
-
-
-# %%
-def panels(data, key, title, axes):
-    shapes = sorted({(parse(r["shape"])["n"], parse(r["shape"])["k"]) for r in data["rows"]})
-    for ax, (n, k) in zip(axes, shapes):
-        ms = [1, 2, 4, 8, 16]
-        ax.plot(ms, [ideal_speedup(m, n, k) for m in ms], "k--", label="ideal (bytes)")
-        for name, pts in speedups(data, n, k, key).items():
-            pts.sort()
-            ax.plot([m for m, _ in pts], [s for _, s in pts], "o-", label=name)
-        ax.axhline(1, color="gray", lw=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("M (tokens)")
-        ax.set_ylabel("cuBLAS BF16 time / time")
-        ax.set_title(f"{title}: N={n}, K={k}", fontsize=9)
-        ax.legend(fontsize=6)
+def is_bf16(row):  # cuBLAS on BF16 weights: op bf16_gemv, or torch's x @ W^T on the dequantized W
+    return row["op"] == "bf16_gemv" or row["version"] == "torch_matmul"
 
 
 if data:
-    shapes = {(parse(r["shape"])["n"], parse(r["shape"])["k"]) for r in data["rows"]}
-    ways = [(key, title) for key, title in [("time_us", "one launch"), ("back_to_back_us", "back to back"),
-                                            ("graph_us", "in a CUDA graph")]
-            if any(r.get(key) for r in data["rows"])]
-    fig, axes = plt.subplots(len(ways), len(shapes), figsize=(5.5 * len(shapes), 4 * len(ways)), squeeze=False)
-    for row, (key, title) in zip(axes, ways):
-        panels(data, key, title, row)
+    # (op, version, n, k, m) -> row; the shapes of the run; the fastest BF16 and each named peer.
+    at = {}
+    for r in data["rows"]:
+        s = parse(r["shape"])
+        at[(r["op"], r["version"], s["n"], s["k"], s["m"])] = r
+    run_shapes = sorted({(n, k) for (_, _, n, k, _) in at}, key=lambda nk: -nk[0] * nk[1])
+    # The 70B shapes, or (a run without them) its two largest.
+    SHOWN = [s for s in SHAPES_70B if s in run_shapes] or run_shapes[:2]
+    run_ms = sorted({m for (*_, m) in at})
+
+    def peer_time(match, n, k, m):
+        """The fastest time of the rows `match` accepts at one shape and M, and that row."""
+        cands = [r for (op, v, n2, k2, m2), r in at.items() if (n2, k2, m2) == (n, k, m)
+                 and match(r) and us(r)]
+        best = min(cands, key=us, default=None)
+        return (us(best), best) if best else (None, None)
+
+    PEERS = {  # the columns of ratios: their time / ours
+        "BF16": is_bf16,
+        "Marlin": lambda r: "marlin" in r["version"],
+        "Machete": lambda r: "machete" in r["version"],
+    }
+    entries = list(dict.fromkeys((r["op"], r["version"]) for r in data["rows"]
+                                 if r["kind"] in ("version", "peer")))
+    versions = [e for e in entries if at.get((*e, *SHOWN[0], run_ms[0]), {}).get("kind") == "version"
+                or any(r["kind"] == "version" for r in data["rows"] if (r["op"], r["version"]) == e)]
+
+# %% [markdown]
+# ## Summary: the 70B shapes at M = 1, 8 and 16
+#
+# Per op, each version and peer in the headline mode: µs per launch, % of the copy ceiling, and
+# the ratio *their time / ours* against the faster of the BF16 peers (cuBLAS, torch's matmul on
+# the dequantized BF16 weights), Marlin and Machete: above 1, this row is the faster.
+
+# %%
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+if data:
+    for n, k in SHOWN:
+        groups = "".join(f"{'M = ' + str(m):^34}" for m in MS)
+        print(f"{n} × {k} (N × K), {results.MODE_WORDS[H]}".ljust(36) + groups)
+        sub = f"{'µs':>8}{'%ceil':>6}{'×BF16':>7}{'×Marl':>7}{'×Mach':>6}"
+        print(f"{'op / version':<36}" + "".join(f"{sub:>34}" for _ in MS))
+        marks = set()
+        for op in dict.fromkeys(op for op, _ in entries):
+            print(op)
+            mine = [e for e in entries if e[0] == op]
+            mine.sort(key=lambda e: e not in versions)  # versions, then peers
+            for e in mine:
+                cells = []
+                for m in MS:
+                    row = at.get((*e, n, k, m))
+                    t = us(row)
+                    pct = results.pct_ceiling(row, H, data) if row else None
+                    mark = results.above_ceiling(row, data, H) if row else None
+                    marks.add(mark)
+                    ratios = []
+                    for name, match in PEERS.items():
+                        pt, prow = peer_time(match, n, k, m)
+                        ratios.append(pt / t if pt and t and prow is not row else None)
+                    cells.append(f"{fmt(t, '.2f'):>8}{fmt(pct, '.1f'):>5}{'⚠' if mark == 'suspect' else '†' if mark else ' '}"
+                                 + "".join(f"{fmt(x, '.2f'):>7}" for x in ratios[:2]) + f"{fmt(ratios[2], '.2f'):>6}")
+                label = e[1] + ("" if e in versions else " (peer)")
+                print(f"  {label:<34}" + "".join(f"{c:>34}" for c in cells))
+        print()
+    if marks & {"suspect", "explained"}:
+        print("⚠ / †: above 100% of the copy ceiling; ⚠ without a DRAM measurement that settles it "
+              "(the book's table notes say what each mark means).")
+    print("—: not timed in this mode, not in this run, or the peer itself.")
+
+# %% [markdown]
+# ## Time against M
+#
+# One panel per 70B shape, both axes logarithmic: the teaching path's milestones (`v0`'s scalar
+# kernel, `v2`'s memory side done right on the CUDA cores, `v3`'s tensor cores, `v6`'s pipeline
+# and `v7`'s tiled stream) against cuBLAS on BF16 weights and vLLM's Marlin and Machete, all in
+# the headline mode. The dashed line is the INT4 byte model at the copy ceiling: no INT4 kernel
+# can run below it. The table above has every version.
+
+# %%
+MILESTONES = ("v0_", "v2_", "v3_", "v6_", "v7_")
+PEER_STYLES = {"BF16": ("black", "s", "cuBLAS BF16"), "Marlin": ("tab:red", "^", "vLLM Marlin"),
+               "Machete": ("tab:purple", "v", "vLLM Machete")}
+
+if data:
+    plotted = [e for e in versions if e[0] != "int4i_zp_gemv" and e[1].startswith(MILESTONES)]
+    colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(plotted), 1)))
+    top, _ = results.ceiling_of(data, H)
+    fig, axes = plt.subplots(1, len(SHOWN), figsize=(6.5 * len(SHOWN), 4.6), squeeze=False)
+    for ax, (n, k) in zip(axes[0], SHOWN):
+        for color, e in zip(colors, plotted):
+            pts = [(m, us(at.get((*e, n, k, m)))) for m in run_ms]
+            pts = [(m, t) for m, t in pts if t]
+            ax.plot(*zip(*pts), "o-", color=color, label=f"{e[0]}/{e[1]}") if pts else None
+        for name, (color, marker, label) in PEER_STYLES.items():
+            match = (lambda r: r["op"] == "bf16_gemv") if name == "BF16" else PEERS[name]
+            pts = [(m, peer_time(match, n, k, m)[0]) for m in run_ms]
+            pts = [(m, t) for m, t in pts if t]
+            if pts:
+                ax.plot(*zip(*pts), marker + "--", color=color, label=label, alpha=0.8)
+        ref = next((at[(*e, n, k, m)] for m in run_ms for e in versions if (*e, n, k, m) in at
+                    and e[0] != "int4i_zp_gemv"), None)
+        if top and ref is not None:
+            bound = [(m, at_row["model_bytes"] / (top * 1e3)) for m in run_ms
+                     if (at_row := next((at[(*e, n, k, m)] for e in versions
+                                         if (*e, n, k, m) in at and e[0] != "int4i_zp_gemv"), None))]
+            ax.plot(*zip(*bound), "k:", lw=1.5, label="INT4 bytes at the copy ceiling")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(run_ms, [str(m) for m in run_ms])
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel(f"µs per launch, {results.MODE_WORDS[H]}")
+        ax.set_title(f"N = {n}, K = {k}", fontsize=10)
+        ax.grid(True, which="both", lw=0.3)
+    axes[0][0].legend(fontsize=7)
     plt.tight_layout()
     plt.show()
 
 # %% [markdown]
-# ## Reading the panels
+# ## The knobs (ablation)
 #
-# - `v0` … `v2` do their multiply-adds on the CUDA cores: one FMA per weight and row of x, so
-#   their curves fall as M grows.
-# - `v3`, `v4` and `v5` hand the multiply-adds to the tensor cores: their time is nearly flat in
-#   M, so their speed-up follows the dashed line's shape, below it by a factor that is the same at
-#   every M up to 8. That factor is the work around the mma: the SM still moves every nibble into
-#   a mantissa itself, and at M = 1 that instruction stream, not HBM, sets the pace (the book's
-#   chapter 06 has the profile and the probe that takes it apart). `v5` unpacks into FP16, two
-#   nibbles per half word, and gains at M ≤ 2; from M = 4 it runs `v4`'s kernel. `v6` shares a
-#   block's steps evenly over its warps where whole tiles would fall unevenly on the schedulers
-#   (28672 × 8192, most M) and runs `v5`'s kernel elsewhere, where balancing's tail after the
-#   loop would cost more than it gains. `v7` runs `v5`'s kernel with one step in flight per warp
-#   instead of three: the bytes in flight were far more than the bandwidth needs, and every other
-#   access (x, the split-K sums) waited behind them; and it cuts a block's partial last round of
-#   tiles at half tiles, so that every scheduler gets the same share. It flattens the curve up to
-#   M = 8 at the large shapes and gains most at M = 8 and 16.
-# - `v8` is `v7` launched as a programmatic dependent: back to back its blocks start as the
-#   kernel before finishes, with the weights' first copies already on their way, and only x waits
-#   for the kernel before. It is slower one launch at a time (x after the ring) and the fastest in
-#   the back-to-back row almost everywhere; compare its curve with `v7`'s in the two rows.
-# - `v9` is `v8` at M ≤ 2 with its two ends reworked: at M = 1 (and at M = 2 up to K = 8192) each
-#   block holds the whole row of x and its tiles' K split is summed in shared memory (no split-K
-#   finish through global memory, about 2 µs at the end of the kernel at 8192 × 28672), and the
-#   BF16 fold's Σx pass runs over the rows of x only, on the tensor cores (x in A, a one-hot B).
-#   Past M = 2 it is `v8`; back to back and in a graph it is below `v8` at every shape at M ≤ 2 in
-#   the recorded run, most at 14336 × 4096, M = 2, where `v8` splits K in two.
-# - `v10` is `v9` with every tile's walk along K rotated by a hash of the tile, so that the warps
-#   reading at the same moment read at different offsets of their rows: the same bytes, asked of
-#   the DRAM in another order. Back to back and in a graph it is below `v9` where the warps' runs
-#   line up (the 70B shapes and 8192 × 8192 at M ≤ 2, by 0.4 to 1.1 µs) and within a few tenths
-#   elsewhere; compare the two curves at M = 1 and 2.
-# - `v11` is `v9` (and `v8` past M = 2) with every copy asking L2 for its own 128-byte line instead
-#   of the aligned 256-byte pair: with pairs, every warp asks the DRAM for new bytes only on every
-#   second step, all at once; with lines, on every step. In the recorded run it is the fastest
-#   of `int4i_gemv`'s versions back to back at 23 of the 30 shapes and in a graph at 24, gains
-#   most over `v8` past M = 2 (2.48 µs back to back at M = 8, 8192 × 28672) and needs no
-#   rotation. At M ≤ 2 on the 70B shapes it trails `v10` by 0.37 to 0.65 µs back to back in the
-#   recorded run and led it at every shape with M ≤ 2 in the run before
-#   (`results/h200/history/06_int4_gemv_87c1cce.json`): there the two are within the runs'
-#   spread of each other. Compare its curve with `v10`'s and `v8`'s.
-# - `int4t_gemv/v12_tiled_weights` is `v11`'s kernel on the same words stored in the order it
-#   reads them (tiles of 16 rows, steps of 256 k: each warp step 2 KB of contiguous memory), a new
-#   op because the layout is new. Its curve sits above `v11`'s where the rows are long (at M = 1
-#   to 8 on the 70B shapes, 0.7 to 1.5 µs faster back to back in the recorded run) and on it
-#   elsewhere.
-# - `int4t_gemv/v13_consecutive_tiles` is `v12`'s kernel with each block's tiles next to one
-#   another in memory instead of 132 tiles apart. Its curve lies on `v12`'s but at M ≤ 2 on
-#   28672 × 8192, where a block holds 13 or 14 tiles: there it is 0.3 to 0.5 µs faster back to
-#   back and in a graph.
-# - `int4t_gemv/v14_evict_first` is `v13` with the weights copied under an L2 evict_first policy,
-#   so that the lines the kernel reads again (scales, x) stay in L2 while the weights stream past.
-#   Its curve lies a little above `v13`'s at M ≤ 2 on the 70B shapes (0.2 to 0.3 µs back to back
-#   in the run of 9b072d6, 0.07 to 0.43 µs in the recorded run) and on it elsewhere; at M = 1 on
-#   the 70B shapes, one launch at a time, it is level with `v7`, `v13` and `v15` (within 0.2 µs,
-#   whichever the run puts first). Its input sets rotate past the
-#   weights (the book's `v14` section says why).
-# - `int4t_gemv/v15_block_scales` is `v14` with the scales copied 8 steps at a time, 16 bytes a
-#   lane, where the block split leaves K whole at M ≤ 2; elsewhere it runs `v14`'s kernels. There
-#   its curve lies a little above `v14`'s back to back and in a graph (0.29 to 0.53 µs at M = 1 on
-#   the 70B shapes and M = 2 on 28672 × 8192 in the recorded run). It is the version that reaches
-#   3.5× cuBLAS back to back and in a graph at M = 1 on both 70B shapes, in the recorded run and in
-#   the one before it, where the margin was thin (the book's Results read both); one launch at a
-#   time it is level with `v14`.
-# - In a CUDA graph (the third row) the launches reach the SMs faster than from a stream: `v7`
-#   comes close to `v8` there, and `v9` to `v15` gain a little over their back-to-back time,
-#   about the same share of their time as cuBLAS does, so the ratios hardly move (the book's
-#   section "In a CUDA graph").
-# - At the small shape the fixed costs of a launch (a first memory round trip, filling the SMs,
-#   `v4` staging x) are a large part of a few microseconds, and the simpler versions can win.
+# Each ablation entry is `v7` with one knob of its `Stream` off, the same result bit for bit:
+# `no_pdl` launches it as an ordinary kernel (no programmatic dependent launch), `no_evict_first`
+# copies the weights under the default L2 policy. Per shape at M = 1 and 16, every timing mode:
+# `v7`'s µs → the knob off (change; positive: the knob off is slower).
+
+# %%
+if data:
+    pairs = results.ablation_rows(data)
+    if not pairs:
+        print("No ablation entry was measured in this run.")
+    else:
+        print(f"{'shape':<26}{'knob off':<18}" + "".join(f"{results.MODE_WORDS[m] + ' µs':<26}"
+                                                         for m in results.MODES))
+        effect = {}
+        for v, r in pairs:
+            knob = r["version"][len("ablation_"):].split("_", 1)[1]
+            cells = []
+            for mode in results.MODES:
+                a, b = us(v, mode), us(r, mode)
+                if a and b:
+                    effect.setdefault((knob, mode), []).append(100 * (b / a - 1))
+                cells.append(f"{a:.2f} → {b:.2f} ({100 * (b / a - 1):+.1f}%)" if a and b else "—")
+            print(f"{r['shape']:<26}{knob:<18}" + "".join(f"{c:<26}" for c in cells))
+        print()
+        for knob in dict.fromkeys(kn for kn, _ in effect):
+            parts = []
+            for mode in results.MODES:
+                ch = effect.get((knob, mode))
+                if ch:
+                    parts.append(f"{results.MODE_WORDS[mode]}: slower at {sum(c > 0 for c in ch)} of "
+                                 f"{len(ch)}, median {np.median(ch):+.1f}%")
+            print(f"{knob} off — " + "; ".join(parts))
+
+# %% [markdown]
+# ## Reading the run
+#
+# The cell below reads the run and prints, for the 70B shapes:
+#
+# 1. **The best of the path.** At each M, the fastest teaching-path version in the headline mode:
+#    its % of the copy ceiling, its speed-up over the faster BF16 peer beside the ideal (the byte
+#    ratio above), and its ratios to Marlin and Machete. The % of the ceiling says how much of the
+#    bound is left; the gap between ×BF16 and the ideal says the same from the other side, since
+#    cuBLAS streams BF16 weights close to the ceiling.
+# 2. **Growth with M.** Each version's time at M = 16 over its time at M = 1. `v0` … `v2` do their
+#    multiply-adds on the CUDA cores, one FMA per weight and row of x, so by the design their time
+#    should grow with M; from `v3` on the multiply-adds go to the tensor cores and what remains per
+#    weight is the unpack, so theirs should stay nearly flat. A ratio far from that expectation is
+#    worth a look at the version's section in the book.
+# 3. **Timing modes.** At M = 1, each kernel's one-launch time (after an L2 flush, the CPU's launch
+#    included) over its graph time: what a kernel pays when nothing hides its launch. `v6` and
+#    `v7` start streaming weights before the kernel ahead ends (a dependent launch), which only
+#    back-to-back and graph launches can use; the library peers are launched through torch.
+#
+# Where production still wins (the book's *Where production kernels win*): at the top of the range
+# a GEMM built for reuse beats a GEMV, which chapter 07 takes on.
+
+# %%
+def name_of(e):
+    return e[1].split("_")[0] if e in versions else e[1]
+
+
+if data:
+    path = [e for e in versions if e[0] != "int4i_zp_gemv"]
+    print(f"1. The fastest version of the path, {results.MODE_WORDS[H]}:")
+    for n, k in SHOWN:
+        for m in MS:
+            timed = [(us(at[(*e, n, k, m)]), e) for e in path if us(at.get((*e, n, k, m)))]
+            if not timed:
+                continue
+            t, e = min(timed)
+            row = at[(*e, n, k, m)]
+            pct = results.pct_ceiling(row, H, data)
+            ratios = {name: peer_time(match, n, k, m)[0] for name, match in PEERS.items()}
+            text = f"{fmt(pct, '.1f')}% of the ceiling"
+            if ratios["BF16"]:
+                text += f", {ratios['BF16'] / t:.2f}× BF16 (ideal {ideal_speedup(m, n, k):.2f}×)"
+            for name in ("Marlin", "Machete"):
+                if ratios[name]:
+                    text += f", {ratios[name] / t:.2f}× {name} ({'faster' if ratios[name] > t else 'slower'})"
+            print(f"   {n:>5}×{k:<5} M={m:<2}  {e[0]}/{e[1]:<22} {t:8.2f} µs  {text}")
+    print("\n2. Time at M = 16 / time at M = 1, each version:")
+    for n, k in SHOWN:
+        growth = [f"{name_of(e)} {us(at[(*e, n, k, 16)]) / us(at[(*e, n, k, 1)]):.1f}×" for e in path
+                  if us(at.get((*e, n, k, 16))) and us(at.get((*e, n, k, 1)))]
+        print(f"   {n:>5}×{k:<5} " + ", ".join(growth))
+    print("\n3. One launch after a flush / in a CUDA graph, at M = 1:")
+    for n, k in SHOWN:
+        best = min(((us(at[(*e, n, k, 1)]), e) for e in path if us(at.get((*e, n, k, 1)))), default=None)
+        shown = [best[1]] if best else []
+        shown += [(r["op"], r["version"]) for name in PEERS
+                  for r in [peer_time(PEERS[name], n, k, 1)[1]] if r is not None]
+        cells = []
+        for e in dict.fromkeys(shown):
+            row = at[(*e, n, k, 1)]
+            one, graph = us(row, "one_launch"), us(row, "graph")
+            if one and graph:
+                cells.append(f"{name_of(e)} {one / graph:.2f}×")
+        print(f"   {n:>5}×{k:<5} " + (", ".join(cells) or "not timed both ways"))
 
 # %% [markdown]
 # ## Try
 #
-# - Predict from the ideal curve where the INT4 advantage would vanish if M kept growing, then
+# - Predict from the ideal column where the INT4 advantage would vanish if M kept growing, then
 #   compare with chapter 07's Tensor Core GEMM, which is built for that regime.
+# - Redo the summary with `H = "back_to_back"` and `H = "one_launch"`: which ratios move, and
+#   which versions gain most from being launched in a graph?

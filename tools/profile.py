@@ -18,6 +18,10 @@ import argparse
 import sys
 from pathlib import Path
 
+# The package, and not this script's folder: this file would shadow the standard library's profile
+# module, which libraries the bench imports load.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reference"))
 
 from lkw import bench  # noqa: E402

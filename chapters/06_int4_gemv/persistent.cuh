@@ -287,29 +287,41 @@ __device__ __forceinline__ void compute_step(const Stage& st, const float* xsum_
   }
 }
 
-// The launch every persistent version shares: one block of 16 warps per SM and split, the dynamic
-// shared memory the plan asks for; pdl (sm_90 on): as a programmatic dependent of the kernel
-// before it in the stream.
+// The launch every persistent version shares: the plan's S and shared memory, the split-K
+// workspace where S > 1, one block of 16 warps per SM and split (the same number for every split,
+// rounded down: a split with fewer blocks would set the pace), a block's share of the tiles (v5
+// on: base + 1 for the first `extra` blocks); pdl (sm_90 on): as a programmatic dependent of the
+// kernel before it in the stream.
 template <class Kernel>
-Status launch_persistent(Kernel kernel, const char* name, dim3 grid, size_t smem, bool pdl, Params p,
+Status launch_persistent(Kernel kernel, const GemvOp& op, const GemvArgs& a, const Plan& plan, bool pdl,
                          cudaStream_t stream) {
+  if (plan.smem > smem_optin())
+    return error(Code::kInvalidArgument, std::string(op.name) + ": M × 256 of x does not fit in shared memory");
   const cudaError_t attr = allow_shared_memory(reinterpret_cast<const void*>(kernel), smem_optin());
-  if (attr != cudaSuccess) return error(Code::kCudaError, std::string(name) + ": " + cudaGetErrorString(attr));
+  if (attr != cudaSuccess) return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(attr));
+  const int64_t tiles = ceil_div(a.n, kTileRows);
+  const int per_split = std::max(1, sm_count() / plan.splits);
   static const bool can_depend = device_arch() >= 90;
-  p.pdl = pdl && can_depend ? 1 : 0;
+  Params p{a.x, a.w, a.scales, a.y, nullptr, nullptr, int(a.m), int(a.k), int(plan.k_split), plan.splits,
+           log2_of(a.group), int(tiles), int(tiles / per_split), int(tiles % per_split), a.n,
+           pdl && can_depend ? 1 : 0};
+  if (plan.splits > 1) {
+    Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
+    if (!s.ok()) return s;
+  }
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = grid;
+  config.gridDim = dim3(unsigned(per_split), unsigned(plan.splits));
   config.blockDim = dim3(kBlockWarps * 32);
-  config.dynamicSmemBytes = smem;
+  config.dynamicSmemBytes = plan.smem;
   config.stream = stream;
   config.attrs = p.pdl ? &dependent : nullptr;
   config.numAttrs = p.pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
-  if (e != cudaSuccess) return error(Code::kCudaError, std::string(name) + ": " + cudaGetErrorString(e));
-  return last_launch_status(name);
+  if (e != cudaSuccess) return error(Code::kCudaError, std::string(op.name) + ": " + cudaGetErrorString(e));
+  return last_launch_status(op.name);
 }
 
 // The arguments every persistent version refuses before launching: the scales are copied in

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1) gemv_v5_kernel(const Para
   // TODO(exercise): lo = start_of(warp), count = start_of(warp + 1) − lo; tile0 = the block's first
   //   tile (block·base + min(block, extra)) + lo / iters, it0 = lo % iters (by subtraction: no
   //   division). (about 4 lines)
+  const int count = 0, it0 = 0, tile0 = 0;
 
   // Load: x first, then the ring's first stages.
   copy_x<Fetch::kPair256>(x_sh, p, ln);
@@ -120,18 +121,7 @@ template <int kNTiles, int kMode>
 Status launch_v5(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   const Plan plan = plan_persistent(a.m, a.n, a.k, sm_count(), smem_optin(), SplitModel::kBalanced,
                                     [&](int64_t ks) { return smem_v5<kNTiles, kMode>(a.m, ks); });
-  if (plan.smem > smem_optin())
-    return error(Code::kInvalidArgument, std::string(op.name) + ": M × 256 of x does not fit in shared memory");
-  const int64_t tiles = ceil_div(a.n, kTileRows);
-  const int per_split = std::max(1, sm_count() / plan.splits);
-  Params p{a.x, a.w, a.scales, a.y, nullptr, nullptr, int(a.m), int(a.k), int(plan.k_split), plan.splits,
-           log2_of(a.group), int(tiles), int(tiles / per_split), int(tiles % per_split), a.n, 0};
-  if (plan.splits > 1) {
-    Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
-    if (!s.ok()) return s;
-  }
-  const dim3 grid(unsigned(per_split), unsigned(plan.splits));
-  return launch_persistent(gemv_v5_kernel<kNTiles, kMode>, op.name, grid, plan.smem, false, p, stream);
+  return launch_persistent(gemv_v5_kernel<kNTiles, kMode>, op, a, plan, false, stream);
 }
 
 template <const GemvOp& kOp>

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1) gemv_v6_kernel(const Para
   // TODO(exercise): lo = start_of(warp), count = start_of(warp + 1) − lo; tile0 = the block's first
   //   tile (block·base + min(block, extra)) + lo / iters, it0 = lo % iters (by subtraction: no
   //   division). (about 4 lines)
+  const int count = 0, it0 = 0, tile0 = 0;
 
   // Load: x first, unless launched as a dependent: then the weights first and x, the output of the
   // kernel ahead, once that kernel is done (below).
@@ -128,18 +129,7 @@ Status launch_v6(const GemvOp& op, const GemvArgs& a, cudaStream_t stream, bool 
   const int64_t force = kMode == kFold && a.m <= 2 ? whole_row_force(a.m, a.k) : 0;
   Plan plan = plan_persistent(a.m, a.n, a.k, sm_count(), smem_optin(), SplitModel::kRounds, smem_of, force);
   if (force && plan.splits != 1) plan = plan_persistent(a.m, a.n, a.k, sm_count(), smem_optin(), SplitModel::kRounds, smem_of);
-  if (plan.smem > smem_optin())
-    return error(Code::kInvalidArgument, std::string(op.name) + ": M × 256 of x does not fit in shared memory");
-  const int64_t tiles = ceil_div(a.n, kTileRows);
-  const int per_split = std::max(1, sm_count() / plan.splits);
-  Params p{a.x, a.w, a.scales, a.y, nullptr, nullptr, int(a.m), int(a.k), int(plan.k_split), plan.splits,
-           log2_of(a.group), int(tiles), int(tiles / per_split), int(tiles % per_split), a.n, 0};
-  if (plan.splits > 1) {
-    Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
-    if (!s.ok()) return s;
-  }
-  const dim3 grid(unsigned(per_split), unsigned(plan.splits));
-  return launch_persistent(gemv_v6_kernel<kNTiles, kMode>, op.name, grid, plan.smem, pdl, p, stream);
+  return launch_persistent(gemv_v6_kernel<kNTiles, kMode>, op, a, plan, pdl, stream);
 }
 
 template <const GemvOp& kOp>

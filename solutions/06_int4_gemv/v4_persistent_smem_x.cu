@@ -112,19 +112,8 @@ template <int kNTiles, int kMode>
 Status launch_v4(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   const Plan plan = plan_persistent(a.m, a.n, a.k, sm_count(), smem_optin(), SplitModel::kWholeTiles,
                                     [&](int64_t ks) { return smem_v4<kNTiles, kMode>(a.m, ks); });
-  if (plan.smem > smem_optin())
-    return error(Code::kInvalidArgument, std::string(op.name) + ": M × 256 of x does not fit in shared memory");
-  const int64_t tiles = ceil_div(a.n, kTileRows);
-  Params p{a.x, a.w, a.scales, a.y, nullptr, nullptr, int(a.m), int(a.k), int(plan.k_split), plan.splits,
-           log2_of(a.group), int(tiles), 0, 0, a.n, 0};
-  if (plan.splits > 1) {
-    Status s = workspace(tiles * tile_partials(plan.splits, int(a.m)), tiles, &p.partials, &p.arrivals);
-    if (!s.ok()) return s;
-  }
-  // The same number of blocks for every split (rounded down): a split with fewer sets the pace.
-  const dim3 grid(unsigned(std::max(1, sm_count() / plan.splits)), unsigned(plan.splits));
-  if constexpr (kMode == kFold) return launch_persistent(gemv_v4_fold_kernel, op.name, grid, plan.smem, false, p, stream);
-  else return launch_persistent(gemv_v4_scale_in_a_kernel<kNTiles>, op.name, grid, plan.smem, false, p, stream);
+  if constexpr (kMode == kFold) return launch_persistent(gemv_v4_fold_kernel, op, a, plan, false, stream);
+  else return launch_persistent(gemv_v4_scale_in_a_kernel<kNTiles>, op, a, plan, false, stream);
 }
 
 template <const GemvOp& kOp>

@@ -360,7 +360,7 @@ def check_results_schema(run: dict, name: str) -> None:
         where = f"{name}: {r.get('name')} at {r.get('shape')}"
         for key, kind in ROW.items():
             assert isinstance(r.get(key), kind), f"{where}: {key} missing or not {kind.__name__}"
-        assert r["kind"] in ("version", "peer", "variant"), where
+        assert r["kind"] in ("version", "peer", "variant", "ablation"), where
         assert isinstance(r.get("time_us"), MAYBE) and "model_bytes" in r, where
         assert isinstance(r.get("peers", {}), dict), where
         for peer, entry in (r.get("peers") or {}).items():

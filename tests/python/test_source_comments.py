@@ -1,0 +1,53 @@
+"""Source comments say why, never log measurements: no times, dates or commit hashes in the kernel
+trees (the measured figures live in results/ and the book). A bound's derivation may name a time
+next to the bandwidth it comes from ("117 MB, 28 µs at 4.17 TB/s")."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TIME = re.compile(r"\b[0-9][0-9.]* ?(us|µs)\b")
+DATE = re.compile(r"\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b")
+COMMIT = re.compile(r"\bcommits? [0-9a-f]{7,40}\b")
+SOURCES = (".cu", ".cuh", ".h", ".hpp", ".cc", ".cpp")
+
+
+def _files():
+    for top in ("solutions", "chapters", "common"):
+        yield from (p for p in sorted((REPO / top).rglob("*")) if p.suffix in SOURCES)
+
+
+def test_no_measurement_logs_in_kernel_sources():
+    logs = []
+    for path in _files():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "//" not in line and "/*" not in line and not line.lstrip().startswith("*"):
+                continue
+            bound = "TB/s" in line or "GB/s" in line
+            if (TIME.search(line) and not bound) or DATE.search(line) or COMMIT.search(line):
+                logs.append(f"{path.relative_to(REPO)}:{n}: {line.strip()[:120]}")
+    assert not logs, "measurement logs in source comments:\n" + "\n".join(logs[:20])
+
+
+def test_the_check_sees_a_log():
+    assert TIME.search("// 31.2 µs back to back") and DATE.search("// (H200, 2026-12-03)")
+    assert COMMIT.search("// the bench of commit cca4c62") and not TIME.search("// 64 useful bytes")
+
+
+def test_a_chapter_is_at_most_eight_lesson_versions():
+    for chapter in sorted((REPO / "solutions").glob("[0-9][0-9]_*")):
+        versions = [p.name for p in chapter.glob("v*.cu") if re.match(r"v\d+_", p.name)]
+        assert len(versions) <= 8, f"{chapter.name}: {len(versions)} version files"
+
+
+def test_chapter_06_files_stay_readable():
+    for path in sorted((REPO / "solutions" / "06_int4_gemv").iterdir()):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 400, f"{path.name}: {lines} lines"
+        if re.match(r"v\d+_", path.name):
+            header = 0
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if not line.startswith("//"):
+                    break
+                header += 1
+            assert header <= 15, f"{path.name}: a header of {header} lines"
