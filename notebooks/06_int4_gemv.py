@@ -121,8 +121,9 @@ if data:
     }
     entries = list(dict.fromkeys((r["op"], r["version"]) for r in data["rows"]
                                  if r["kind"] in ("version", "peer")))
-    versions = [e for e in entries if at.get((*e, *SHOWN[0], run_ms[0]), {}).get("kind") == "version"
-                or any(r["kind"] == "version" for r in data["rows"] if (r["op"], r["version"]) == e)]
+    kinds = {(r["op"], r["version"]): r["kind"] for r in data["rows"]}
+    versions = [e for e in entries if kinds[e] == "version"]
+    path = [e for e in versions if e[0] != "int4i_zp_gemv"]  # one op per version: no zero points
 
 # %% [markdown]
 # ## Summary: the 70B shapes at M = 1, 8 and 16
@@ -138,10 +139,10 @@ def fmt(x, spec):
 
 if data:
     for n, k in SHOWN:
-        groups = "".join(f"{'M = ' + str(m):^34}" for m in MS)
+        groups = "".join(f"{'M = ' + str(m):^38}" for m in MS)
         print(f"{n} × {k} (N × K), {results.MODE_WORDS[H]}".ljust(36) + groups)
-        sub = f"{'µs':>8}{'%ceil':>6}{'×BF16':>7}{'×Marl':>7}{'×Mach':>6}"
-        print(f"{'op / version':<36}" + "".join(f"{sub:>34}" for _ in MS))
+        sub = f"{'µs':>9}{'%ceil':>7} {'×BF16':>7}{'×Marl':>7}{'×Mach':>7}"
+        print(f"{'op / version':<36}" + "".join(f"{sub:>38}" for _ in MS))
         marks = set()
         for op in dict.fromkeys(op for op, _ in entries):
             print(op)
@@ -159,10 +160,11 @@ if data:
                     for name, match in PEERS.items():
                         pt, prow = peer_time(match, n, k, m)
                         ratios.append(pt / t if pt and t and prow is not row else None)
-                    cells.append(f"{fmt(t, '.2f'):>8}{fmt(pct, '.1f'):>5}{'⚠' if mark == 'suspect' else '†' if mark else ' '}"
-                                 + "".join(f"{fmt(x, '.2f'):>7}" for x in ratios[:2]) + f"{fmt(ratios[2], '.2f'):>6}")
+                    sign = "⚠" if mark == "suspect" else "†" if mark else " "
+                    cells.append(f"{fmt(t, '.2f'):>9}{fmt(pct, '.1f'):>7}{sign}"
+                                 + "".join(f"{fmt(x, '.2f'):>7}" for x in ratios))
                 label = e[1] + ("" if e in versions else " (peer)")
-                print(f"  {label:<34}" + "".join(f"{c:>34}" for c in cells))
+                print(f"  {label:<34}" + "".join(f"{c:>38}" for c in cells))
         print()
     if marks & {"suspect", "explained"}:
         print("⚠ / †: above 100% of the copy ceiling; ⚠ without a DRAM measurement that settles it "
@@ -184,7 +186,7 @@ PEER_STYLES = {"BF16": ("black", "s", "cuBLAS BF16"), "Marlin": ("tab:red", "^",
                "Machete": ("tab:purple", "v", "vLLM Machete")}
 
 if data:
-    plotted = [e for e in versions if e[0] != "int4i_zp_gemv" and e[1].startswith(MILESTONES)]
+    plotted = [e for e in path if e[1].startswith(MILESTONES)]
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(plotted), 1)))
     top, _ = results.ceiling_of(data, H)
     fig, axes = plt.subplots(1, len(SHOWN), figsize=(6.5 * len(SHOWN), 4.6), squeeze=False)
@@ -192,22 +194,26 @@ if data:
         for color, e in zip(colors, plotted):
             pts = [(m, us(at.get((*e, n, k, m)))) for m in run_ms]
             pts = [(m, t) for m, t in pts if t]
-            ax.plot(*zip(*pts), "o-", color=color, label=f"{e[0]}/{e[1]}") if pts else None
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=color, label=f"{e[0]}/{e[1]}")
         for name, (color, marker, label) in PEER_STYLES.items():
             match = (lambda r: r["op"] == "bf16_gemv") if name == "BF16" else PEERS[name]
             pts = [(m, peer_time(match, n, k, m)[0]) for m in run_ms]
             pts = [(m, t) for m, t in pts if t]
             if pts:
                 ax.plot(*zip(*pts), marker + "--", color=color, label=label, alpha=0.8)
-        ref = next((at[(*e, n, k, m)] for m in run_ms for e in versions if (*e, n, k, m) in at
-                    and e[0] != "int4i_zp_gemv"), None)
-        if top and ref is not None:
-            bound = [(m, at_row["model_bytes"] / (top * 1e3)) for m in run_ms
-                     if (at_row := next((at[(*e, n, k, m)] for e in versions
-                                         if (*e, n, k, m) in at and e[0] != "int4i_zp_gemv"), None))]
+        bound = []  # the byte model of the path's first version, at the ceiling of the mode
+        for m in run_ms:
+            row = next((at[(*e, n, k, m)] for e in path if (*e, n, k, m) in at), None)
+            if top and row and row.get("model_bytes"):
+                bound.append((m, row["model_bytes"] / (top * 1e3)))
+        if bound:
             ax.plot(*zip(*bound), "k:", lw=1.5, label="INT4 bytes at the copy ceiling")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(plt.FuncFormatter(  # label 2, 3 and 5 · 10^j only
+            lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v))) in (2, 3, 5) else ""))
         ax.set_xticks(run_ms, [str(m) for m in run_ms])
         ax.set_xlabel("M (tokens)")
         ax.set_ylabel(f"µs per launch, {results.MODE_WORDS[H]}")
@@ -231,8 +237,8 @@ if data:
     if not pairs:
         print("No ablation entry was measured in this run.")
     else:
-        print(f"{'shape':<26}{'knob off':<18}" + "".join(f"{results.MODE_WORDS[m] + ' µs':<26}"
-                                                         for m in results.MODES))
+        print((f"{'shape':<26}{'knob off':<18}" + "".join(f"{results.MODE_WORDS[m] + ' µs':<26}"
+                                                          for m in results.MODES)).rstrip())
         effect = {}
         for v, r in pairs:
             knob = r["version"][len("ablation_"):].split("_", 1)[1]
@@ -242,16 +248,16 @@ if data:
                 if a and b:
                     effect.setdefault((knob, mode), []).append(100 * (b / a - 1))
                 cells.append(f"{a:.2f} → {b:.2f} ({100 * (b / a - 1):+.1f}%)" if a and b else "—")
-            print(f"{r['shape']:<26}{knob:<18}" + "".join(f"{c:<26}" for c in cells))
+            print((f"{r['shape']:<26}{knob:<18}" + "".join(f"{c:<26}" for c in cells)).rstrip())
         print()
         for knob in dict.fromkeys(kn for kn, _ in effect):
-            parts = []
+            print(f"{knob} against v7, over the shapes above:")
             for mode in results.MODES:
                 ch = effect.get((knob, mode))
                 if ch:
-                    parts.append(f"{results.MODE_WORDS[mode]}: slower at {sum(c > 0 for c in ch)} of "
-                                 f"{len(ch)}, median {np.median(ch):+.1f}%")
-            print(f"{knob} off — " + "; ".join(parts))
+                    slower = sum(c > 0 for c in ch)
+                    print(f"   {results.MODE_WORDS[mode]:<16} slower at {slower:>2} of {len(ch)}, "
+                          f"median change {np.median(ch):+.1f}%")
 
 # %% [markdown]
 # ## Reading the run
@@ -261,8 +267,8 @@ if data:
 # 1. **The best of the path.** At each M, the fastest teaching-path version in the headline mode:
 #    its % of the copy ceiling, its speed-up over the faster BF16 peer beside the ideal (the byte
 #    ratio above), and its ratios to Marlin and Machete. The % of the ceiling says how much of the
-#    bound is left; the gap between ×BF16 and the ideal says the same from the other side, since
-#    cuBLAS streams BF16 weights close to the ceiling.
+#    bound is left; the gap between ×BF16 and the ideal says the same from the other side, as far
+#    as the BF16 peer streams its weights at the ceiling (its % in the summary).
 # 2. **Growth with M.** Each version's time at M = 16 over its time at M = 1. `v0` … `v2` do their
 #    multiply-adds on the CUDA cores, one FMA per weight and row of x, so by the design their time
 #    should grow with M; from `v3` on the multiply-adds go to the tensor cores and what remains per
@@ -271,7 +277,8 @@ if data:
 # 3. **Timing modes.** At M = 1, each kernel's one-launch time (after an L2 flush, the CPU's launch
 #    included) over its graph time: what a kernel pays when nothing hides its launch. `v6` and
 #    `v7` start streaming weights before the kernel ahead ends (a dependent launch), which only
-#    back-to-back and graph launches can use; the library peers are launched through torch.
+#    back-to-back and graph launches can use; Marlin and Machete are called as torch operators
+#    from Python, whose cost a CUDA graph removes.
 #
 # Where production still wins (the book's *Where production kernels win*): at the top of the range
 # a GEMM built for reuse beats a GEMV, which chapter 07 takes on.
@@ -282,7 +289,6 @@ def name_of(e):
 
 
 if data:
-    path = [e for e in versions if e[0] != "int4i_zp_gemv"]
     print(f"1. The fastest version of the path, {results.MODE_WORDS[H]}:")
     for n, k in SHOWN:
         for m in MS:
@@ -298,16 +304,21 @@ if data:
                 text += f", {ratios['BF16'] / t:.2f}× BF16 (ideal {ideal_speedup(m, n, k):.2f}×)"
             for name in ("Marlin", "Machete"):
                 if ratios[name]:
-                    text += f", {ratios[name] / t:.2f}× {name} ({'faster' if ratios[name] > t else 'slower'})"
+                    side = "faster" if ratios[name] > t else "slower"
+                    text += f", {ratios[name] / t:.2f}× {name} ({side})"
             print(f"   {n:>5}×{k:<5} M={m:<2}  {e[0]}/{e[1]:<22} {t:8.2f} µs  {text}")
     print("\n2. Time at M = 16 / time at M = 1, each version:")
     for n, k in SHOWN:
-        growth = [f"{name_of(e)} {us(at[(*e, n, k, 16)]) / us(at[(*e, n, k, 1)]):.1f}×" for e in path
-                  if us(at.get((*e, n, k, 16))) and us(at.get((*e, n, k, 1)))]
+        growth = []
+        for e in path:
+            t1, t16 = us(at.get((*e, n, k, 1))), us(at.get((*e, n, k, 16)))
+            if t1 and t16:
+                growth.append(f"{name_of(e)} {t16 / t1:.1f}×")
         print(f"   {n:>5}×{k:<5} " + ", ".join(growth))
     print("\n3. One launch after a flush / in a CUDA graph, at M = 1:")
     for n, k in SHOWN:
-        best = min(((us(at[(*e, n, k, 1)]), e) for e in path if us(at.get((*e, n, k, 1)))), default=None)
+        timed = [(us(at[(*e, n, k, 1)]), e) for e in path if us(at.get((*e, n, k, 1)))]
+        best = min(timed, default=None)
         shown = [best[1]] if best else []
         shown += [(r["op"], r["version"]) for name in PEERS
                   for r in [peer_time(PEERS[name], n, k, 1)[1]] if r is not None]

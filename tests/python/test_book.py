@@ -179,3 +179,11 @@ def test_rows_above_the_ceiling_with_dram_bytes_matching_the_model_are_explained
     table = results.markdown_table("00_roofline")
     assert "101.0 †" in table and "not served from L2" in table.replace("\n", " ")
     assert "101.0 ⚠" in table
+
+
+def test_every_chapter_page_is_at_most_30_kb():
+    # A chapter is read in one sitting: the problem, its bound, each step, the results, the
+    # exercises. Research records go to an appendix page (lab_notes_NN.md).
+    docs = Path(__file__).resolve().parents[2] / "book" / "docs"
+    for page in sorted(docs.glob("[0-9][0-9]_*.md")):
+        assert page.stat().st_size <= 30 * 1024, f"{page.name}: {page.stat().st_size} bytes"
