@@ -811,24 +811,17 @@ def example(chapter: str) -> dict:
                     ("int4i_gemv", "torch_int4pack_mm", "peer", int4, 0.35 / m ** 0.3),
                     ("int4i_zp_gemv", "v3_mma_split_k", "version", int4 + n_rows * (k // g) // 2, 0.6),
                     ("int4i_gemv", "v4_persistent_smem_x", "version", int4, 0.68 - 0.015 * m),
-                    ("int4i_zp_gemv", "v4_persistent_smem_x", "version", int4 + n_rows * (k // g) // 2, 0.62),
-                    ("int4i_gemv", "v5_f16_activations", "version", int4, 0.72 - 0.02 * m),
-                    ("int4i_gemv", "v6_balanced_steps", "version", int4, 0.74 - 0.02 * m),
-                    ("int4i_gemv", "v7_shallow_ring", "version", int4, 0.76 - 0.015 * m),
-                    ("int4i_gemv", "v8_dependent_launch", "version", int4, 0.74 - 0.015 * m),
-                    ("int4i_gemv", "v9_block_split_k", "version", int4, 0.745 - 0.015 * m),
-                    ("int4i_gemv", "v10_rotated_walk", "version", int4, 0.75 - 0.015 * m),
-                    ("int4i_gemv", "v11_line_prefetch", "version", int4, 0.77 - 0.015 * m),
-                    ("int4t_gemv", "v12_tiled_weights", "version", int4, 0.78 - 0.015 * m),
-                    ("int4t_gemv", "v13_consecutive_tiles", "version", int4, 0.785 - 0.015 * m),
-                    ("int4t_gemv", "v14_evict_first", "version", int4, 0.79 - 0.015 * m),
+                    ("int4i_gemv", "v5_balanced_steps", "version", int4, 0.72 - 0.02 * m),
+                    ("int4i_gemv", "v6_pipelined", "version", int4, 0.76 - 0.015 * m),
+                    ("int4t_gemv", "v7_tiled_stream", "version", int4, 0.79 - 0.015 * m),
+                    ("int4t_gemv", "ablation_v7_no_pdl", "ablation", int4, 0.76 - 0.015 * m),
                     ("bf16_gemv", "cublas", "peer", bf16, 0.9),
                 ]:
                     time_us = model / (share * ceiling * 1e3)
                     rows.append(row(op, version, kind, "example row", shape, time_us, model,
                                     flops=0, dram_ratio=None if kind == "peer" else 1.01))
                     # Back to back: the launch partly hidden, more for the dependent launch.
-                    rows[-1]["back_to_back_us"] = time_us - (3.0 if version.startswith(("v8", "v9", "v10", "v11", "v12", "v13", "v14")) else 0.5)
+                    rows[-1]["back_to_back_us"] = time_us - (3.0 if version.startswith(("v6", "v7")) else 0.5)
                     # In a CUDA graph: less of the launch again.
                     rows[-1]["graph_us"] = rows[-1]["back_to_back_us"] - 0.5
         for r in rows:
