@@ -30,6 +30,7 @@
 
 # %%
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "reference" / "lkw").is_dir())
@@ -222,10 +223,49 @@ if mix:
 # ## Part 3 · The measured versions
 
 # %%
+def fmt_us(t):
+    return "—" if t is None else f"{t:.1f}" if t >= 100 else f"{t:.2f}" if t >= 1 else f"{t:.3f}"
+
+
+def summary(data):
+    """One short table per op: each version and peer, its time in the headline mode at every shape
+    of the run, and its % of the copy ceiling at the largest shape (⚠ / † above the ceiling, ✗ a
+    failed check: the full table's notes say why)."""
+    H = results.headline(data)
+    print(textwrap.fill(results.header_line(data), 100, subsequent_indent="  "))
+    print(f"µs per launch {results.MODE_WORDS[H]}; % of the copy ceiling at the op's largest shape.\n"
+          "Every timing mode and column: print(results.text_table(data))\n")
+    for op in dict.fromkeys(r["op"] for r in data["rows"]):
+        rows = [r for r in data["rows"] if r["op"] == op and r["kind"] in ("version", "peer")]
+        shapes = list(dict.fromkeys(r["shape"] for r in rows))
+        fields = [dict(kv.split("=", 1) for kv in s.split(",")) for s in shapes]
+        varying = [k for k in fields[0] if len({f.get(k) for f in fields}) > 1]
+        fixed = ", ".join(f"{k}={v}" for k, v in fields[0].items() if k not in varying) if varying else ""
+        labels = ["×".join(f.get(k, "?") for k in varying) for f in fields] if varying else shapes
+        largest = max(shapes, key=lambda s: max(r.get("model_bytes") or 0 for r in rows if r["shape"] == s))
+        w = max(9, *(len(x) + 2 for x in labels))
+        print(f"{op}  ({'×'.join(varying)}{'; ' + fixed if fixed else ''})" if varying else op)
+        print(f"  {'version / peer':<36}" + "".join(f"{x:>{w}}" for x in labels) + f"{'% ceil':>9}")
+        names = dict.fromkeys((r["kind"], r["version"]) for r in rows)
+        for kind, name in sorted(names, key=lambda kn: kn[0] != "version"):  # versions, then peers
+            at = {r["shape"]: r for r in rows if r["version"] == name}
+            big = at.get(largest)
+            pct = results.pct_ceiling(big, H, data) if big else None
+            mark = results.above_ceiling(big, data, H) if big else None
+            sign = "⚠" if mark == "suspect" else "†" if mark else ""
+            if any(not r.get("correct", True) for r in at.values()):
+                sign += "✗"
+            label = name if kind == "version" else f"{name} (peer)"
+            label = label if len(label) <= 36 else label[:35] + "…"
+            times = "".join(f"{fmt_us(at[s].get(results.mkey(H, 'us')) if s in at else None):>{w}}"
+                            for s in shapes)
+            print(f"  {label:<36}{times}{'—' if pct is None else format(pct, '.1f'):>8}{sign}")
+        print()
+
+
 data = results.notebook_results(CHAPTER)
 if data:
-    print()
-    print(results.text_table(data))
+    summary(data)
 
 # %% [markdown]
 # ## The versions side by side
@@ -236,11 +276,12 @@ if data:
 
 # %%
 if data:
-    measured = [r for r in results.rows(data, kind="version") if r.get("gbps")]
+    H = results.headline(data)  # the timing mode the figures show: the graph, where timed
+    measured = [r for r in results.rows(data, kind="version") if results.rate(r, H)]
     shapes = list(dict.fromkeys(r["shape"] for r in measured))
     versions = sorted({r["version"] for r in measured})
     colors = dict(zip(versions, plt.cm.tab10.colors))
-    ceiling = data.get("ceiling_gbps")
+    ceiling, _ = results.ceiling_of(data, H)
     fig, axes = plt.subplots(len(shapes), 1, figsize=(11, 3.4 * len(shapes)), squeeze=False)
     for ax, shape in zip(axes[:, 0], shapes):
         here = [r for r in measured if r["shape"] == shape]
@@ -250,14 +291,14 @@ if data:
             group = [r for r in here if r["op"] == op]
             for j, r in enumerate(group):
                 x = i + (j - (len(group) - 1) / 2) * width
-                bar = ax.bar(x, r["gbps"], width, color=colors[r["version"]], label=r["version"])
-                if r.get("pct_ceiling") is not None:
-                    ax.bar_label(bar, labels=[f"{r['pct_ceiling']:.0f}%"], fontsize=7)
+                bar = ax.bar(x, results.rate(r, H), width, color=colors[r["version"]], label=r["version"])
+                if results.pct_ceiling(r, H, data) is not None:
+                    ax.bar_label(bar, labels=[f"{results.pct_ceiling(r, H, data):.0f}%"], fontsize=7)
         if ceiling:
             ax.axhline(ceiling, color="black", label=f"ceiling {ceiling:.0f} GB/s")
         ax.set_xticks(range(len(ops)), ops, fontsize=8)
-        ax.set_ylim(0, 1.35 * max([ceiling or 0] + [r["gbps"] for r in here]))  # legend room
-        ax.set_ylabel("GB/s")
+        ax.set_ylim(0, 1.35 * max([ceiling or 0] + [results.rate(r, H) for r in here]))  # legend room
+        ax.set_ylabel(f"GB/s ({results.MODE_WORDS[H]})")
         ax.set_title(f"{shape}  ({data['gpu']})", fontsize=9)
         unique = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per version
         ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left", ncol=4)
@@ -280,7 +321,7 @@ if data and mix:
     totals = {r["name"]: r for r in mix}
     points = [
         r for r in results.rows(data, kind="version")
-        if r["op"].startswith("int4") and r["shape"] == SHAPE and r.get("time_us")
+        if r["op"].startswith("int4") and r["shape"] == SHAPE and r.get(results.mkey(H, "us"))
         and r["name"] in totals
     ]
     if points:
@@ -290,15 +331,15 @@ if data and mix:
         for ax, shown in ((ax_all, points), (ax_vec, vectorized)):
             for r in shown:
                 per_word = totals[r["name"]]["total"] * 8 / weights_per_thread(r["version"])
-                ax.scatter(per_word, r["time_us"], color=colors.get(r["version"], "gray"),
+                ax.scatter(per_word, r[results.mkey(H, "us")], color=colors.get(r["version"], "gray"),
                            marker=markers[r["op"]], s=50, label=f"{r['op']}/{r['version']}")
-            if data.get("ceiling_gbps"):
+            if ceiling:
                 plain = [r for r in points if "_zp_" not in r["op"]]
-                bound_us = min(r["model_bytes"] for r in plain) / (data["ceiling_gbps"] * 1e3)
+                bound_us = min(r["model_bytes"] for r in plain) / (ceiling * 1e3)
                 ax.axhline(bound_us, color="black", ls="--", label="INT4 bytes at the ceiling")
-            ax.set_ylim(0, 1.2 * max([r["time_us"] for r in shown] or [1]))
+            ax.set_ylim(0, 1.2 * max([r[results.mkey(H, "us")] for r in shown] or [1]))
             ax.set_xlabel(f"static instructions per weight word ({results.SASS_ARCH})")
-            ax.set_ylabel("time µs")
+            ax.set_ylabel(f"µs per launch, {results.MODE_WORDS[H]}")
         ax_all.set_xscale("log")
         ax_all.set_title(f"all INT4 versions, {SHAPE}", fontsize=9)
         ax_vec.set_title(f"without v0_naive  ({data['gpu']})", fontsize=9)
@@ -322,20 +363,20 @@ if data and mix:
 
 # %%
 if data:
-    timed = [r for r in results.rows(data, kind="version") if r.get("time_us")]
+    timed = [r for r in results.rows(data, kind="version") if r.get(results.mkey(H, "us"))]
     for op, version in dict.fromkeys((r["op"], r["version"]) for r in timed):
         here = [r for r in timed if (r["op"], r["version"]) == (op, version)]
         if len(here) < 3:
             print(f"{op}/{version}: {len(here)} shape(s), no fit")
             continue
         x = np.array([r["model_bytes"] for r in here])
-        y = np.array([r["time_us"] for r in here])
+        y = np.array([r[results.mkey(H, "us")] for r in here])
         us_per_byte, t0 = np.polyfit(x, y, 1)
         rate = 1e-3 / us_per_byte  # bytes per µs → GB/s
         miss = np.abs(y - (t0 + us_per_byte * x)).max()
         share = ""
-        if data.get("ceiling_gbps"):
-            share = f" ({100 * rate / data['ceiling_gbps']:.0f}% of the ceiling)"
+        if ceiling:
+            share = f" ({100 * rate / ceiling:.0f}% of the ceiling)"
         print(f"{op}/{version}: t0 = {t0:.1f} µs, B = {rate:.0f} GB/s{share}; "
               f"the worst of {len(here)} shapes is {miss:.2f} µs off the line")
 

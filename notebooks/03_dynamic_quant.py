@@ -27,6 +27,7 @@
 
 # %%
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "reference" / "lkw").is_dir())
@@ -106,22 +107,63 @@ print(group_scales)
 # ## Part 2 · The measured versions
 
 # %%
+def fmt_us(t):
+    return "—" if t is None else f"{t:.1f}" if t >= 100 else f"{t:.2f}" if t >= 1 else f"{t:.3f}"
+
+
+def summary(data):
+    """One short table per op: each version and peer, its time in the headline mode at every shape
+    of the run, and its % of the copy ceiling at the largest shape (⚠ / † above the ceiling, ✗ a
+    failed check: the full table's notes say why)."""
+    H = results.headline(data)
+    print(textwrap.fill(results.header_line(data), 100, subsequent_indent="  "))
+    print(f"µs per launch {results.MODE_WORDS[H]}; % of the copy ceiling at the op's largest shape.\n"
+          "Every timing mode and column: print(results.text_table(data))\n")
+    for op in dict.fromkeys(r["op"] for r in data["rows"]):
+        rows = [r for r in data["rows"] if r["op"] == op and r["kind"] in ("version", "peer")]
+        shapes = list(dict.fromkeys(r["shape"] for r in rows))
+        fields = [dict(kv.split("=", 1) for kv in s.split(",")) for s in shapes]
+        varying = [k for k in fields[0] if len({f.get(k) for f in fields}) > 1]
+        fixed = ", ".join(f"{k}={v}" for k, v in fields[0].items() if k not in varying) if varying else ""
+        labels = ["×".join(f.get(k, "?") for k in varying) for f in fields] if varying else shapes
+        largest = max(shapes, key=lambda s: max(r.get("model_bytes") or 0 for r in rows if r["shape"] == s))
+        w = max(9, *(len(x) + 2 for x in labels))
+        print(f"{op}  ({'×'.join(varying)}{'; ' + fixed if fixed else ''})" if varying else op)
+        print(f"  {'version / peer':<36}" + "".join(f"{x:>{w}}" for x in labels) + f"{'% ceil':>9}")
+        names = dict.fromkeys((r["kind"], r["version"]) for r in rows)
+        for kind, name in sorted(names, key=lambda kn: kn[0] != "version"):  # versions, then peers
+            at = {r["shape"]: r for r in rows if r["version"] == name}
+            big = at.get(largest)
+            pct = results.pct_ceiling(big, H, data) if big else None
+            mark = results.above_ceiling(big, data, H) if big else None
+            sign = "⚠" if mark == "suspect" else "†" if mark else ""
+            if any(not r.get("correct", True) for r in at.values()):
+                sign += "✗"
+            label = name if kind == "version" else f"{name} (peer)"
+            label = label if len(label) <= 36 else label[:35] + "…"
+            times = "".join(f"{fmt_us(at[s].get(results.mkey(H, 'us')) if s in at else None):>{w}}"
+                            for s in shapes)
+            print(f"  {label:<36}{times}{'—' if pct is None else format(pct, '.1f'):>8}{sign}")
+        print()
+
+
 data = results.notebook_results(CHAPTER)
 if data:
-    print()
-    print(results.text_table(data))
+    summary(data)
 
 # %% [markdown]
-# Prefill: one group of bars per op, one bar per version and torch peer, at the prefill shapes
-# (T = 8192). Every op reads 2 bytes and writes 1 per element, so the bars are comparable
-# against the copy ceiling of the same run.
+# Prefill: one group of bars per op, one bar per version and peer, at the prefill shapes
+# (T = 8192), in the run's headline mode. Every op reads 2 bytes and writes 1 per element, so the
+# bars are comparable against the copy ceiling of the same run.
 
 # %%
 def shape_rows(data, shape):
-    return [r for r in data["rows"] if r["shape"] == shape and r.get("gbps")]
+    return [r for r in data["rows"] if r["shape"] == shape and results.rate(r, H)]
 
 
 if data:
+    H = results.headline(data)  # the timing mode the figures show: the graph, where timed
+    ceiling, _ = results.ceiling_of(data, H)
     prefill = [s for s in dict.fromkeys(r["shape"] for r in data["rows"]) if s.startswith("t=8192")]
     fig, axes = plt.subplots(1, len(prefill), figsize=(6 * len(prefill), 4.5), squeeze=False)
     for ax, shape in zip(axes[0], prefill):
@@ -133,18 +175,19 @@ if data:
             placed = [(i, next((r for r in rows if r["op"] == op and r["version"] == name), None))
                       for i, op in enumerate(ops)]
             placed = [(i, r) for i, r in placed if r]
-            ax.bar([i - 0.4 + (j + 0.5) * width for i, _ in placed], [r["gbps"] for _, r in placed],
+            ax.bar([i - 0.4 + (j + 0.5) * width for i, _ in placed], [results.rate(r, H) for _, r in placed],
                    width, label=name)
-        ax.axhline(data["ceiling_gbps"], color="black", label="copy ceiling")
+        ax.axhline(ceiling, color="black", label="copy ceiling")
         ax.set_xticks(range(len(ops)), ops, rotation=15)
-        ax.set_ylabel("GB/s (model bytes / time)")
+        ax.set_ylabel(f"GB/s (model bytes / time, {results.MODE_WORDS[H]})")
         ax.set_title(shape)
         ax.legend(fontsize=7)
     plt.show()
 
 # %% [markdown]
 # Decode: at T = 1, 16 and 64 tokens the bytes are a few kilobytes and the time is the launch and
-# one pass through a block. The latency in microseconds per op, versions and torch eager:
+# one pass through a block. The latency in microseconds per op, versions and peers, on a log scale
+# (the torch peers run several kernels each and take many times longer):
 
 # %%
 if data:
@@ -155,11 +198,12 @@ if data:
         for name in dict.fromkeys(r["version"] for r in data["rows"] if r["op"] == op):
             pts = [(s, results.find_row({"rows": [r for r in data["rows"] if r["shape"] == s]}, op, name))
                    for s in decode]
-            pts = [(s, r["time_us"]) for s, r in pts if r and r.get("time_us")]
+            pts = [(s, r[results.mkey(H, "us")]) for s, r in pts if r and r.get(results.mkey(H, "us"))]
             if pts:
                 ax.plot([s.split(",")[0] for s, _ in pts], [t for _, t in pts], "o-", label=name)
+        ax.set_yscale("log")
         ax.set_title(op, fontsize=9)
-        ax.set_ylabel("µs")
+        ax.set_ylabel(f"µs, {results.MODE_WORDS[H]}")
         ax.legend(fontsize=6)
     plt.show()
 

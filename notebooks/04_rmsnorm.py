@@ -27,6 +27,7 @@
 
 # %%
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "reference" / "lkw").is_dir())
@@ -76,31 +77,74 @@ for name, other in [("variance of the unrounded sum", y1), ("one rounding of x·
 # ## Part 2 · The measured versions
 
 # %%
+def fmt_us(t):
+    return "—" if t is None else f"{t:.1f}" if t >= 100 else f"{t:.2f}" if t >= 1 else f"{t:.3f}"
+
+
+def summary(data):
+    """One short table per op: each version and peer, its time in the headline mode at every shape
+    of the run, and its % of the copy ceiling at the largest shape (⚠ / † above the ceiling, ✗ a
+    failed check: the full table's notes say why)."""
+    H = results.headline(data)
+    print(textwrap.fill(results.header_line(data), 100, subsequent_indent="  "))
+    print(f"µs per launch {results.MODE_WORDS[H]}; % of the copy ceiling at the op's largest shape.\n"
+          "Every timing mode and column: print(results.text_table(data))\n")
+    for op in dict.fromkeys(r["op"] for r in data["rows"]):
+        rows = [r for r in data["rows"] if r["op"] == op and r["kind"] in ("version", "peer")]
+        shapes = list(dict.fromkeys(r["shape"] for r in rows))
+        fields = [dict(kv.split("=", 1) for kv in s.split(",")) for s in shapes]
+        varying = [k for k in fields[0] if len({f.get(k) for f in fields}) > 1]
+        fixed = ", ".join(f"{k}={v}" for k, v in fields[0].items() if k not in varying) if varying else ""
+        labels = ["×".join(f.get(k, "?") for k in varying) for f in fields] if varying else shapes
+        largest = max(shapes, key=lambda s: max(r.get("model_bytes") or 0 for r in rows if r["shape"] == s))
+        w = max(9, *(len(x) + 2 for x in labels))
+        print(f"{op}  ({'×'.join(varying)}{'; ' + fixed if fixed else ''})" if varying else op)
+        print(f"  {'version / peer':<36}" + "".join(f"{x:>{w}}" for x in labels) + f"{'% ceil':>9}")
+        names = dict.fromkeys((r["kind"], r["version"]) for r in rows)
+        for kind, name in sorted(names, key=lambda kn: kn[0] != "version"):  # versions, then peers
+            at = {r["shape"]: r for r in rows if r["version"] == name}
+            big = at.get(largest)
+            pct = results.pct_ceiling(big, H, data) if big else None
+            mark = results.above_ceiling(big, data, H) if big else None
+            sign = "⚠" if mark == "suspect" else "†" if mark else ""
+            if any(not r.get("correct", True) for r in at.values()):
+                sign += "✗"
+            label = name if kind == "version" else f"{name} (peer)"
+            label = label if len(label) <= 36 else label[:35] + "…"
+            times = "".join(f"{fmt_us(at[s].get(results.mkey(H, 'us')) if s in at else None):>{w}}"
+                            for s in shapes)
+            print(f"  {label:<36}{times}{'—' if pct is None else format(pct, '.1f'):>8}{sign}")
+        print()
+
+
 data = results.notebook_results(CHAPTER)
 if data:
-    print()
-    print(results.text_table(data))
+    summary(data)
 
 # %% [markdown]
 # ### The version ladder (prefill)
 #
-# Time per op at the prefill shapes (T = 8192), versions and peers side by side.
+# Time per op at the prefill shapes (T = 8192) in the run's headline mode, versions and peers side
+# by side, on a log scale: `v0_scalar` takes a hundred times longer than the best.
 
 # %%
 def rows_at(data, shape):
-    return [r for r in data["rows"] if r["shape"] == shape and r.get("time_us")]
+    return [r for r in data["rows"] if r["shape"] == shape and r.get(results.mkey(H, "us"))
+            and r["kind"] in ("version", "peer")]
 
 
 if data:
+    H = results.headline(data)  # the timing mode the figures show: the graph, where timed
     prefill = [s for s in dict.fromkeys(r["shape"] for r in data["rows"]) if s.startswith("t=8192")]
     fig, axes = plt.subplots(len(prefill), 1, figsize=(11, 3.8 * len(prefill)), squeeze=False)
     for ax, shape in zip(axes[:, 0], prefill):
         rows = rows_at(data, shape)
         labels = [f"{r['op']}\n{r['version']}" for r in rows]
         colors = ["tab:blue" if r["kind"] == "version" else "tab:gray" for r in rows]
-        ax.bar(range(len(rows)), [r["time_us"] for r in rows], color=colors)
+        ax.bar(range(len(rows)), [r[results.mkey(H, "us")] for r in rows], color=colors)
         ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=90)
-        ax.set_ylabel("µs")
+        ax.set_yscale("log")
+        ax.set_ylabel(f"µs, {results.MODE_WORDS[H]}")
         ax.set_title(f"{shape}: versions (blue) and peers (gray)")
     plt.show()
 
@@ -139,7 +183,7 @@ if data:
             bars.append(("quant alone (chapter 03)", *per_element(row)))
     print(f"{'path':<32} {'model B/elem':>12} {'DRAM B/elem':>12}")
     for label, model, dram in bars:
-        print(f"{label:<32} {model:>12.2f} {dram if dram is None else format(dram, '.2f'):>12}")
+        print(f"{label:<32} {model:>12.2f} {'—' if dram is None else format(dram, '.2f'):>12}")
     fig, ax = plt.subplots(figsize=(9, 3.8))
     ys = np.arange(len(bars))
     ax.barh(ys - 0.2, [b[1] for b in bars], 0.4, label="model")
@@ -153,19 +197,27 @@ if data:
 # ### Decode latency
 #
 # At T = 1, 16 and 64 tokens a row is a few kilobytes: the time is the launch and one trip through
-# a block, not bandwidth. Microseconds per op and path:
+# a block, not bandwidth. Microseconds per op and path, on a log scale (the summary above has the
+# numbers):
 
 # %%
 if data:
     decode = [s for s in dict.fromkeys(r["shape"] for r in data["rows"]) if not s.startswith("t=8192")]
-    names = list(dict.fromkeys((r["op"], r["version"]) for r in data["rows"] if r["shape"] in decode))
-    print(f"{'op / version':<50}" + "".join(f"{s:>16}" for s in decode))
-    for op, version in names:
-        cells = []
-        for s in decode:
-            row = next((r for r in data["rows"] if (r["op"], r["version"], r["shape"]) == (op, version, s)), None)
-            cells.append(f"{row['time_us']:>16.2f}" if row and row.get("time_us") else f"{'—':>16}")
-        print(f"{op + ' / ' + version:<50}" + "".join(cells))
+    ops = list(dict.fromkeys(r["op"] for r in data["rows"]))
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.8), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        here = [r for s in decode for r in rows_at(data, s) if r["op"] == op]
+        for name in dict.fromkeys(r["version"] for r in here):
+            mine = [r for r in here if r["version"] == name]
+            style = "o-" if mine[0]["kind"] == "version" else "s--"  # versions solid, peers dashed
+            ax.plot([r["shape"].split(",")[0] for r in mine], [r[results.mkey(H, "us")] for r in mine],
+                    style, label=name[:28])
+        ax.set_yscale("log")
+        ax.set_title(op, fontsize=9)
+        ax.set_ylabel(f"µs, {results.MODE_WORDS[H]}")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # ## Try

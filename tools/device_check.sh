@@ -18,8 +18,9 @@ out="${OUT:-$repo/device-out}"
 mkdir -p "$out"
 stages="${*:-build test sanitize peers bench ncu grade}"
 archs="${LKW_ARCHS:-90a}"
-chapters="${LKW_CHAPTERS:-$(ls solutions | tr '\n' ' ')}"  # LKW_CHAPTERS="02_int4_dequant": only these
-only="$(echo ${LKW_CHAPTERS:-} | tr ' ' ';')"  # and only these are built (00_roofline always)
+tree=solutions; [ -d solutions ] || tree=chapters  # a student hand-out has no solutions/
+chapters="${LKW_CHAPTERS:-$(ls -d $tree/[0-9][0-9]_* | xargs -n1 basename | tr '\n' ' ')}"  # LKW_CHAPTERS="02_int4_dequant": only these
+only="$(echo ${LKW_CHAPTERS:-} | tr ' ' ';')"  # and only these are built (with what they link: CMakeLists.txt)
 py="$(command -v python3)"
 log="$out/device.log"
 status=0

@@ -13,20 +13,33 @@ Steps, each printed as it runs:
    settable with --seed);
 3. run the tests, one process per version: a kernel that faults leaves the CUDA context broken
    for the rest of its process, so one student bug must not fail the versions after it;
-4. score each (op, version) from the tests whose names carry it: GoogleTest names them
-   `Suite.Test/<op>__<version>[__<case>]`. A version earns --points-per-version × passed / run,
-   where a skipped test (no GPU, or an older GPU than the version needs) counts as run and not
-   passed, so a TODO stub never scores because its GPU tests could not run here. Peers
-   (cublas, cuda_memcpy) and mutants (mutant_*) and tests of no version are reported with
-   max_score 0: they are not the student's work;
-5. with --bench and a GPU: build the Python extension from the same tree and time every version
+4. check the SASS facts of this very build (`lkw_sass_check`, the chapter's lines only): no GPU
+   needed, so a version whose machine code breaks a promise (a 16-byte load that became 4-byte
+   loads, a spill, a missing shuffle) shows it even on a laptop. Feedback, never points;
+5. score each (op, version) from its golden tests: GoogleTest names them
+   `Suite.Test/<op>__<version>[__<case>]`. A version earns
+   --points-per-version x (golden tests passed) / (golden tests of the version), where the golden
+   tests are every test of the version except the argument-validation ones (`*Validation*`):
+   the golden cases on the GPU (Golden.MatchesReference and the chapter's own versioned tests,
+   e.g. 04's FusedVsChain) and the host-built ones (01's HostBits). A skipped golden test (no
+   GPU, or an older GPU than the version needs) counts as not passed, so a TODO stub never
+   scores because its GPU tests could not run here. Argument-validation tests pass for a TODO
+   stub (the checks come before the kernel), so they carry no score: they are reported, like the
+   chapter's host checks and the SASS facts, as feedback (max_score 0). Mutants (mutant_*: the
+   tests must catch each planted bug), peers (cublas, cuda_memcpy) and ablations are reported
+   with max_score 0 too; any entry whose tests were skipped says so and is never "passed";
+6. with --bench and a GPU: build the Python extension from the same tree and time every version
    with tools/bench.py (LKW_BUILD_DIR=<build-dir>, so it times the student's kernels); report
    "% of bound" per version and shape (max_score 0, plus a leaderboard). Correctness and speed
    never mix in the score.
 
+Without a GPU the report says so in its second line (correctness needs an sm_80+ GPU): every
+version then scores only its host-built golden tests (chapter 01's bit functions), and the
+feedback entries (host checks, argument validation, SASS facts per version) are what differs
+between a correct solution and a planted bug.
+
 The exit status is 0 whenever grading ran, whatever the score, and 1 when the build or the tooling
 failed (the reason is printed, and results.json still says it, with a score of 0).
-Works on a machine without a GPU: the GPU tests skip, visibly, and score nothing.
 """
 
 from __future__ import annotations
@@ -35,9 +48,11 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -229,6 +244,7 @@ def run_tests(
     try:
         listing = subprocess.run(
             [str(exe), "--gtest_list_tests"],
+            check=False,
             env=env,
             capture_output=True,
             text=True,
@@ -255,6 +271,7 @@ def run_tests(
         try:
             done = subprocess.run(
                 command,
+                check=False,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -284,6 +301,23 @@ def run_tests(
 # Scoring
 
 
+def _suite_and_test(test_name: str) -> tuple[str, str]:
+    """("Validation", "RefusesBadArguments") of `Chapter/Validation.RefusesBadArguments/p`."""
+    suite, _, test = test_name.partition(".")
+    return suite.split("/")[-1], test.split("/")[0]
+
+
+def is_validation(test_name: str) -> bool:
+    """An argument-validation test (`Chapter/Validation.RefusesBadArguments/...`,
+    `HostValidation.*`): it passes for a TODO stub, so it is feedback, never points."""
+    return any("Validation" in part for part in _suite_and_test(test_name))
+
+
+def is_host_check(test_name: str) -> bool:
+    """A chapter test that runs without a GPU: its suite's name starts with Host."""
+    return _suite_and_test(test_name)[0].startswith("Host")
+
+
 def _entry(name: str, score: float, max_score: float, passed: bool, output: str) -> dict:
     return {
         "name": name,
@@ -305,8 +339,10 @@ def describe(outcomes: list[Outcome]) -> str:
     count = Counter(o.status for o in outcomes)
     seconds = sum(o.seconds for o in outcomes)
     lines = [
-        f"{count['passed']} of {len(outcomes)} tests passed, {count['failed']} failed,"
-        f" {count['skipped']} skipped ({seconds:.2f} s)."
+        (
+            f"{count['passed']} of {len(outcomes)} tests passed, {count['failed']} failed,"
+            f" {count['skipped']} skipped ({seconds:.2f} s)."
+        )
     ]
     failed = [o for o in outcomes if o.status == "failed"]
     for o in failed[:MAX_FAILURES_SHOWN]:
@@ -318,19 +354,42 @@ def describe(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def version_entry(op: str, version: str, outcomes: list[Outcome], points: float) -> dict:
-    count = Counter(o.status for o in outcomes)
-    total = len(outcomes)
+def all_passed(outcomes: list[Outcome]) -> bool:
+    """Passed means run and passed: a skipped test is never a pass."""
+    return bool(outcomes) and all(o.status == "passed" for o in outcomes)
+
+
+def version_entry(
+    op: str, version: str, outcomes: list[Outcome], points: float, validation: list[Outcome]
+) -> dict:
+    """points x passed golden tests / golden tests; the validation tests are only mentioned."""
+    golden = [o for o in outcomes if not is_validation(o.name)]
+    count = Counter(o.status for o in golden)
+    total = len(golden)
     score = points * count["passed"] / total if total else 0.0
-    text = describe(outcomes)
-    if count["skipped"] == total:
+    if not total:
         text = (
-            "Could not be graded on this machine: every test of this version was skipped,"
-            " so it scores 0 here. Grade it on a machine that can run it.\n" + text
+            "No golden test of this version ran, so it scores 0: does the golden data have a case"
+            " for its op? (see 'host checks')"
         )
-    elif count["skipped"]:
-        text += "\nSkipped tests count as not passed: grade on a machine that can run them."
-    return _entry(f"{op}/{version}", score, points, count["passed"] == total, text)
+    else:
+        text = "Golden tests: " + describe(golden)
+        if count["skipped"] == total:
+            text = (
+                "Not checked on this machine: every golden test of this version was skipped, so"
+                " it scores 0 here. Grade it on a machine that can run it (an sm_80+ GPU).\n" + text
+            )
+        elif count["skipped"]:
+            text += "\nSkipped tests count as not passed: grade on a machine that can run them."
+    if validation:
+        v_count = Counter(o.status for o in validation)
+        text += (
+            f"\nArgument validation (feedback, no points): {v_count['passed']} of"
+            f" {len(validation)} passed"
+            + (" (see 'argument validation')" if v_count["failed"] else "")
+            + "."
+        )
+    return _entry(f"{op}/{version}", score, points, all_passed(golden), text)
 
 
 def ungraded_entry(version: str, points: float, reason: str) -> dict:
@@ -338,8 +397,20 @@ def ungraded_entry(version: str, points: float, reason: str) -> dict:
 
 
 def informational_entry(label: str, outcomes: list[Outcome]) -> dict:
-    ok = all(o.status != "failed" for o in outcomes)
-    return _entry(label, 0.0, 0.0, ok, describe(outcomes))
+    """max_score 0; "passed" only when every test ran and passed: skipped is not passed, and an
+    entry with skips and no failure says SKIPPED first (the summary shows it as skipped)."""
+    text = describe(outcomes)
+    count = Counter(o.status for o in outcomes)
+    if outcomes and count["skipped"] == len(outcomes):
+        text = "SKIPPED, not checked on this machine (not a pass).\n" + text
+    elif count["skipped"] and not count["failed"]:
+        text = (
+            f"SKIPPED in part: {count['skipped']} of {len(outcomes)} tests could not run on this"
+            " machine (not a pass).\n" + text
+        )
+    elif count["skipped"]:
+        text += "\nSome tests were skipped: this entry is not a pass until they run."
+    return _entry(label, 0.0, 0.0, all_passed(outcomes), text)
 
 
 def _order(op: str, version: str) -> tuple:
@@ -348,11 +419,90 @@ def _order(op: str, version: str) -> tuple:
     return (rank, op, int(graded.group(1)) if graded else 0, version)
 
 
+# ---------------------------------------------------------------------------------------------
+# SASS facts (no GPU needed): lkw_sass_check prints `ok|FAIL <arch> <chapter/op/version> <promise>`
+
+SASS_LINE = re.compile(
+    r"^(?P<status>ok|FAIL)\s+(?P<arch>sm_\w+)\s+(?P<name>[^\s/]+/[^\s/]+/\S+)\s*(?P<text>.*)$"
+)
+SASS_TALLY = re.compile(r"^\d+ passed, \d+ failed$")
+
+
+@dataclass
+class SassFact:
+    ok: bool
+    arch: str
+    chapter: str
+    op: str
+    version: str
+    text: str  # the promise, and after ': ' what is wrong when it failed
+
+
+@dataclass
+class SassReport:
+    facts: list[SassFact]
+    problems: list[str]  # lines about the whole check (no cuobjdump, no SASS for an arch, ...)
+    error: str = ""  # the check could not run at all (the reason)
+
+
+def parse_sass_check(text: str, chapter: str) -> SassReport:
+    """The chapter's facts from lkw_sass_check's output; lines of other chapters are dropped,
+    lines about the check itself (FAIL without a version) are kept as problems."""
+    facts, problems = [], []
+    for line in text.splitlines():
+        line = line.rstrip()
+        found = SASS_LINE.match(line)
+        if found:
+            parts = found["name"].split("/")
+            if parts[0] != chapter or len(parts) != 3:
+                continue
+            facts.append(
+                SassFact(found["status"] == "ok", found["arch"], *parts, found["text"].strip())
+            )
+        elif line.strip() and not SASS_TALLY.match(line.strip()):
+            problems.append(line.strip())
+    return SassReport(facts, problems)
+
+
+def sass_entries(report: SassReport | None) -> list[dict]:
+    """One feedback entry per (op, version) with SASS facts, each arch's verdict per promise."""
+    if report is None:
+        return []
+    if report.error or (not report.facts and report.problems):
+        reason = report.error or "\n".join(report.problems)
+        return [_entry("SASS facts (feedback, not graded)", 0, 0, False, "Not checked: " + reason)]
+    by_version: dict[tuple[str, str], list[SassFact]] = {}
+    for fact in report.facts:
+        by_version.setdefault((fact.op, fact.version), []).append(fact)
+    entries = []
+    for op, version in sorted(by_version, key=lambda key: _order(*key)):
+        facts = by_version[(op, version)]
+        bad = [f for f in facts if not f.ok]
+        lines = [
+            (
+                f"{len(facts) - len(bad)} of {len(facts)} SASS facts hold (read from this build's"
+                " machine code, no GPU needed)."
+            )
+        ]
+        lines += [f"{'ok  ' if f.ok else 'FAIL'} {f.arch:<6} {f.text}" for f in facts]
+        if report.problems:
+            lines.append("The check itself reported: " + "; ".join(report.problems))
+        kind = kind_of(version)
+        label = f"{op}/{version}: SASS facts" + (f" ({kind})" if kind != "version" else "")
+        entries.append(_entry(f"{label} (feedback, not graded)", 0, 0, not bad, "\n".join(lines)))
+    return entries
+
+
 def grade_entries(
-    outcomes: list[Outcome], points: float, expected_versions: list[str]
+    outcomes: list[Outcome],
+    points: float,
+    expected_versions: list[str],
+    sass: SassReport | None = None,
 ) -> list[dict]:
-    """One Gradescope test per (op, version); peers, mutants and tests of no version follow with
-    max_score 0; an expected version that no test ran scores 0 with the reason."""
+    """One Gradescope test per graded (op, version), scored from its golden tests; then, with
+    max_score 0: ablations, peers and mutants, the SASS facts per version, the argument
+    validation, the host checks and the chapter's GPU checks of no version. An expected version
+    that no test ran scores 0 with the reason."""
     by_version: dict[tuple[str, str], list[Outcome]] = {}
     no_version = []
     for o in outcomes:
@@ -361,14 +511,16 @@ def grade_entries(
             by_version.setdefault(found, []).append(o)
         else:
             no_version.append(o)
-    entries = []
+    entries, validation, informational = [], [], []
     for op, version in sorted(by_version, key=lambda key: _order(*key)):
         tests = by_version[(op, version)]
         kind = kind_of(version)
+        checks = [o for o in tests if is_validation(o.name)]
         if kind == "version":
-            entries.append(version_entry(op, version, tests, points))
+            validation += checks
+            entries.append(version_entry(op, version, tests, points, checks))
         else:
-            entries.append(informational_entry(f"{op}/{version} ({kind}, not graded)", tests))
+            informational.append(informational_entry(f"{op}/{version} ({kind}, not graded)", tests))
     seen = {version for _, version in by_version}
     for version in expected_versions:
         if version not in seen:
@@ -377,11 +529,21 @@ def grade_entries(
                     version,
                     points,
                     f"No test of {version} ran: is the version registered under this id, and does"
-                    " the golden data have a case for its op? (see 'chapter checks')",
+                    " the golden data have a case for its op? (see 'host checks')",
                 )
             )
-    if no_version:
-        entries.append(informational_entry("chapter checks (not graded)", no_version))
+    entries += informational
+    entries += sass_entries(sass)
+    if validation:
+        entries.append(
+            informational_entry("argument validation (feedback, not graded)", validation)
+        )
+    host = [o for o in no_version if is_host_check(o.name)]
+    gpu = [o for o in no_version if not is_host_check(o.name)]
+    if host:
+        entries.append(informational_entry("host checks (feedback, not graded)", host))
+    if gpu:
+        entries.append(informational_entry("chapter checks (not graded)", gpu))
     return entries
 
 
@@ -431,15 +593,44 @@ def results_document(
     return document
 
 
-def summary_text(chapter: str, entries: list[dict], notes: list[str]) -> str:
+NO_GPU_SUMMARY = (
+    "Correctness needs an sm_80+ GPU: none here, so the GPU tests were skipped and score 0."
+)
+NO_GPU_BLIND_SPOT = (
+    "Not visible without a GPU: whether any kernel's output is right (a race, a missing barrier,\n"
+    "wrong shuffle offsets or indices pass every check above). Grade on an sm_80+ GPU for that."
+)
+
+
+def summary_text(chapter: str, entries: list[dict], notes: list[str], has_gpu: bool = True) -> str:
+    """The score, the no-GPU line, the graded versions, then a line per kind of feedback."""
     graded = [e for e in entries if e["max_score"] > 0]
     score = sum(e["score"] for e in graded)
     total = sum(e["max_score"] for e in graded)
     lines = [f"Chapter {chapter} from chapters/{chapter}: {score:.2f} / {total:g} points"]
+    if not has_gpu:
+        lines.append(NO_GPU_SUMMARY)
     lines += [f"  {e['score']:6.2f} / {e['max_score']:g}  {e['name']}" for e in graded]
-    failed_info = [e["name"] for e in entries if e["max_score"] == 0 and e["status"] == "failed"]
-    if failed_info:
-        lines.append("Also failed, outside the score: " + "; ".join(failed_info))
+    feedback = [e for e in entries if e["max_score"] == 0]
+    sass = [e for e in feedback if ": SASS facts" in e["name"]]
+    others = [e for e in feedback if e not in sass]
+    if feedback:
+        lines.append("Feedback, not graded:")
+    for e in others:
+        skipped = e["output"].startswith("SKIPPED")
+        verdict = "skipped" if skipped else ("ok" if e["status"] == "passed" else "FAILED")
+        lines.append(f"  {verdict:<7} {e['name']}")
+    if sass:
+        broken = [e["name"].split(": SASS facts")[0] for e in sass if e["status"] == "failed"]
+        lines.append(
+            f"  SASS facts: {len(sass) - len(broken)} of {len(sass)} versions keep every promise"
+            + ("; broken:" if broken else "")
+        )
+        lines += textwrap.wrap(
+            ", ".join(broken), 96, initial_indent="    ", subsequent_indent="    "
+        )
+    if not has_gpu:
+        lines.append(NO_GPU_BLIND_SPOT)
     return "\n".join(lines + notes)
 
 
@@ -450,7 +641,13 @@ def summary_text(chapter: str, entries: list[dict], notes: list[str]) -> str:
 def run_step(label: str, command: list[str], env: dict | None = None, check: bool = True) -> str:
     print(f"grade: {label}: {' '.join(command)}", flush=True)
     done = subprocess.run(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        check=False,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     if check and done.returncode != 0:
         raise ToolFailure(
@@ -459,14 +656,28 @@ def run_step(label: str, command: list[str], env: dict | None = None, check: boo
     return done.stdout
 
 
+def find_cuobjdump() -> str | None:
+    """cuobjdump for the SASS facts: $LKW_CUOBJDUMP, PATH, the CUDA toolkit, else the venv's
+    PyPI copy (nvidia-cuda-cuobjdump, which tools/setup.sh installs)."""
+    candidates = [os.environ.get("LKW_CUOBJDUMP", ""), shutil.which("cuobjdump") or ""]
+    candidates.append(str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/cuobjdump"))
+    candidates += sorted(
+        str(p) for p in REPO.glob(".venv/lib/python*/site-packages/nvidia/*/bin/cuobjdump")
+    )
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
 def configure(chapter: str, build: Path, archs: str, python_extension: bool) -> None:
-    """CMake with the chapter taken from chapters/ (the others from solutions/)."""
+    """CMake with the chapter taken from chapters/ and only that chapter built (with the chapters
+    it links, CMakeLists.txt): $LKW_ONLY overrides the list, LKW_ONLY= (empty) builds every chapter."""
     if not (REPO / "chapters" / chapter).is_dir():
         raise ToolFailure(f"no chapters/{chapter}: generate it with python3 tools/exercises.py")
     command = ["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja"]
     command += [f"-DLKW_EXERCISES={chapter}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
-    # LKW_ONLY="03_dynamic_quant;04_rmsnorm": build only those chapters (with 00, the ceiling).
-    command += [f"-DLKW_ONLY={os.environ.get('LKW_ONLY', '')}"]
+    command += [f"-DLKW_ONLY={os.environ.get('LKW_ONLY', chapter)}"]
+    cuobjdump = find_cuobjdump()
+    if cuobjdump:
+        command += [f"-DLKW_CUOBJDUMP={cuobjdump}"]
     run_step("configure", command + [f"-DLKW_BUILD_PYTHON={'ON' if python_extension else 'OFF'}"])
 
 
@@ -474,6 +685,45 @@ def build_tests(chapter: str, build: Path, archs: str) -> Path:
     configure(chapter, build, archs, python_extension=False)
     run_step("build", ["cmake", "--build", str(build), "--target", f"test_{chapter}"])
     return build / f"test_{chapter}"
+
+
+def cmake_cache_value(build: Path, key: str) -> str:
+    try:
+        text = (build / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return ""
+    found = re.search(rf"^{re.escape(key)}:[A-Z]+=(.*)$", text, re.MULTILINE)
+    return found.group(1).strip() if found else ""
+
+
+def check_sass(chapter: str, build: Path, timeout_s: float) -> SassReport:
+    """Builds lkw_sass_check from the same build (it links the kernels the tests ran) and keeps
+    the chapter's lines. Never fails the grading: a problem becomes the report's error."""
+    try:
+        run_step("build SASS check", ["cmake", "--build", str(build), "--target", "lkw_sass_check"])
+    except ToolFailure as failure:
+        return SassReport([], [], f"lkw_sass_check did not build: {failure}")
+    exe = build / "lkw_sass_check"
+    cuobjdump = cmake_cache_value(build, "LKW_CUOBJDUMP")
+    path = os.environ.get("PATH", "")
+    if cuobjdump and "NOTFOUND" not in cuobjdump:  # nvdisasm sits beside cuobjdump
+        path = os.pathsep.join([str(Path(cuobjdump).parent), path])
+    print(f"grade: SASS facts: {exe}", flush=True)
+    try:
+        done = subprocess.run(
+            [str(exe)],
+            check=False,
+            env=dict(os.environ, PATH=path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return SassReport([], [], f"lkw_sass_check did not run: {e}")
+    (build / "grade").mkdir(parents=True, exist_ok=True)
+    (build / "grade" / "sass_check.log").write_text(done.stdout)
+    return parse_sass_check(done.stdout, chapter)
 
 
 def write_golden(chapter: str, golden_dir: Path, seed: int | None) -> str:
@@ -528,9 +778,12 @@ def grade(args: argparse.Namespace) -> tuple[dict, int]:
         summary = summary_text(chapter, entries, [f"Grading did not run: {failure}"])
         return results_document(entries, summary, time.monotonic() - start, []), 1
 
-    entries = grade_entries(run.outcomes, points, versions)
-    if not run.has_gpu:
-        notes.append("No CUDA device here: GPU tests were skipped and count as not passed.")
+    sass = None
+    if getattr(args, "sass", True):
+        sass = check_sass(chapter, build, args.timeout)
+    else:
+        notes.append("SASS facts: not checked (--no-sass).")
+    entries = grade_entries(run.outcomes, points, versions, sass)
     leaderboard: list[dict] = []
     status = 0
     if not args.bench:
@@ -548,7 +801,7 @@ def grade(args: argparse.Namespace) -> tuple[dict, int]:
                 _entry("speed (not graded)", 0, 0, False, f"The bench failed: {failure}")
             )
             status = 1
-    summary = summary_text(chapter, entries, [n for n in notes if n])
+    summary = summary_text(chapter, entries, [n for n in notes if n], run.has_gpu)
     return results_document(entries, summary, time.monotonic() - start, leaderboard), status
 
 
@@ -562,6 +815,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points-per-version", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test process")
     parser.add_argument("--bench", action="store_true", help="also time the versions (needs a GPU)")
+    parser.add_argument(
+        "--no-sass",
+        dest="sass",
+        action="store_false",
+        help="skip the SASS facts (feedback that needs no GPU)",
+    )
     args = parser.parse_args(argv)
     args.build_dir = (args.build_dir or REPO / f"build-grade-{args.chapter}").resolve()
     out = args.out or args.build_dir / "results.json"

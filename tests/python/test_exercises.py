@@ -1,6 +1,10 @@
-"""Tests of tools/exercises.py: the solution-region rewrite, its errors, the tree modes, and that
-the checked-in chapters/ is in sync with solutions/ (the CI sync check)."""
+"""Tests of tools/exercises.py: the solution-region rewrite, its errors, the tree modes, the
+protection of a learner's edited TODO regions, the generator check (--check) and the sync check
+of the checked-in chapters/ (--check --strict, CI's), and the student hand-out (--export)."""
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -191,7 +195,7 @@ def test_write_then_check_then_idempotent(tree, capsys):
         chapters / "00_x" / "NOTES.md"
     ).read_text() == "// BEGIN SOLUTION: not C++, copied as is\n"
     assert "TODO(exercise)" in (chapters / "00_x" / "v0_copy.cu").read_text()
-    assert _run(tree, "--check") == 0
+    assert _run(tree, "--check", "--strict") == 0
     before = {p: p.read_bytes() for p in chapters.rglob("*") if p.is_file()}
     capsys.readouterr()
     assert _run(tree) == 0
@@ -199,7 +203,7 @@ def test_write_then_check_then_idempotent(tree, capsys):
     assert before == {p: p.read_bytes() for p in chapters.rglob("*") if p.is_file()}
 
 
-def test_check_reports_changed_missing_and_stale_files(tree, capsys):
+def test_strict_check_reports_changed_missing_and_stale_files(tree, capsys):
     _run(tree)
     chapters = tree / "chapters"
     (chapters / "00_x" / "v0_copy.cu").write_text("edited by hand\n")
@@ -207,7 +211,9 @@ def test_check_reports_changed_missing_and_stale_files(tree, capsys):
     (chapters / "00_x" / "old_version.cu").write_text("int old;\n")
     (tree / "chapters" / "07_gone").mkdir()
     (tree / "chapters" / "07_gone" / "v0.cu").write_text("int gone;\n")
-    assert _run(tree, "--check") == 1
+    assert _run(tree, "--check") == 0  # the generator works; a learner's edits are no error
+    assert "differs from the generated exercises in 4 files" in capsys.readouterr().out
+    assert _run(tree, "--check", "--strict") == 1
     err = capsys.readouterr().err
     assert "differs   chapters/00_x/v0_copy.cu" in err
     assert "-edited by hand" in err and "+  // TODO(exercise)" in err
@@ -216,25 +222,129 @@ def test_check_reports_changed_missing_and_stale_files(tree, capsys):
     assert "stale     chapters/07_gone/v0.cu" in err
     assert "python3 tools/exercises.py" in err
 
-    assert _run(tree) == 0
+    assert _run(tree) == 1  # the edited region and the two files it did not write
+    err = capsys.readouterr().err
+    assert "chapters/00_x/v0_copy.cu:1: a TODO region edited here" in err
+    assert "chapters/00_x/old_version.cu:1: not written by this tool" in err
+    assert "--force" in err
+    assert (chapters / "00_x" / "old_version.cu").exists()
+    assert _run(tree, "--force") == 0
     assert not (chapters / "00_x" / "old_version.cu").exists()
     assert not (chapters / "07_gone").exists()
-    assert _run(tree, "--check") == 0
+    assert _run(tree, "--check", "--strict") == 0
+
+
+SOLVED_KERNEL = KERNEL.replace(
+    "  // BEGIN SOLUTION: one word per thread; guard the tail.\n", ""
+).replace("  // END SOLUTION\n", "")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # solved in place of the TODO
+        lambda t: t.replace(
+            "  // TODO(exercise): one word per thread; guard the tail. (about 2 lines)\n",
+            "  const int i = threadIdx.x;\n  if (i < n) dst[i] = src[i];\n",
+        ),
+        # the TODO kept, the code written below it
+        lambda t: t.replace("(about 2 lines)\n", "(about 2 lines)\n  dst[0] = src[0];\n"),
+        # the stub replaced
+        lambda t: t.replace("    return 0;\n", "    return x + (x & 1);\n"),
+    ],
+)
+def test_regeneration_refuses_to_overwrite_an_edited_todo_region(tree, capsys, edit):
+    _run(tree)
+    (tree / "solutions" / "00_x" / "peers.cu").write_text("// peers, changed\nint peer;\n")
+    for name in ("v0_copy.cu", "x.cuh"):
+        path = tree / "chapters" / "00_x" / name
+        path.write_text(edit(path.read_text()))
+        # a change in solutions/ outside the region, so that regeneration wants to rewrite it
+        source = tree / "solutions" / "00_x" / name
+        source.write_text(source.read_text() + "// more\n")
+    edited = {p: p.read_text() for p in (tree / "chapters" / "00_x").iterdir()}
+    capsys.readouterr()
+    assert _run(tree) == 1
+    err = capsys.readouterr().err
+    assert "a TODO region edited here" in err
+    assert any(f"chapters/00_x/{n}:" in err for n in ("v0_copy.cu", "x.cuh"))
+    assert edited == {p: p.read_text() for p in (tree / "chapters" / "00_x").iterdir()}
+    assert _run(tree, "--force") == 0
+    assert _run(tree, "--check", "--strict") == 0
+
+
+def test_a_changed_hint_or_code_outside_the_regions_is_regenerated(tree, capsys):
+    _run(tree)
+    source = tree / "solutions" / "00_x" / "v0_copy.cu"
+    source.write_text(
+        source.read_text()
+        .replace("one word per thread", "one element per thread")
+        .replace('#include "x.cuh"', '#include "x.cuh"\n#include <cstdint>')
+    )
+    header = tree / "solutions" / "00_x" / "x.cuh"
+    header.write_text(header.read_text().replace("    const int lsb = x & 1;\n", ""))
+    assert _run(tree) == 0  # the hint and the line count changed: not a learner's edit
+    assert "2 updated" in capsys.readouterr().out
+    text = (tree / "chapters" / "00_x" / "v0_copy.cu").read_text()
+    assert "one element per thread" in text and "#include <cstdint>" in text
+
+
+def test_solved_text_keeps_the_code_and_drops_the_markers():
+    text = exercises.solved_text(HEADER, "solutions/00_x/x.cuh").splitlines()
+    assert text[0].startswith("// Given solved by tools/exercises.py --export from solutions/")
+    assert text[1:] == [
+        "#pragma once",
+        "inline int round_half_even(int x) {",
+        "    const int lsb = x & 1;",
+        "    return x + lsb;",
+        "}",
+    ]
+
+
+def test_edited_regions_names_the_line():
+    generated, spans = exercises.exercise_text_and_spans(KERNEL, "s.cu")
+    assert spans == [(4, 5)]
+    assert exercises.edited_regions(generated, generated, spans) == []
+    solved = generated.replace("  // TODO(exercise)", "  int i = 0;\n  // was TODO")
+    assert exercises.edited_regions(solved, generated, spans) == [5]
+
+
+def test_check_fails_when_a_marker_would_survive(tree, monkeypatch, capsys):
+    real = exercises.exercise_text_and_spans
+
+    def leaky(text, origin):
+        out, spans = real(text, origin)
+        return out + "// END SOLUTION\n", spans
+
+    monkeypatch.setattr(exercises, "exercise_text_and_spans", leaky)
+    assert _run(tree, "--check") == 1
+    assert "a solution marker survived" in capsys.readouterr().err
+
+
+def test_no_solutions_no_generation(tmp_path, capsys):
+    (tmp_path / "chapters" / "00_x").mkdir(parents=True)
+    (tmp_path / "chapters" / "00_x" / "v0.cu").write_text("int x;\n")
+    assert _run(tmp_path) == 2
+    assert "no solutions/ here" in capsys.readouterr().err
+    assert (tmp_path / "chapters" / "00_x" / "v0.cu").exists()
 
 
 def test_solution_change_is_drift(tree):
     _run(tree)
     (tree / "solutions" / "01_y" / "v0_y.cu").write_text("int y = 1;\n")
-    assert _run(tree, "--check") == 1
+    assert _run(tree, "--check", "--strict") == 1
 
 
 def test_one_chapter_only(tree):
     assert _run(tree, "--chapter", "01_y") == 0
     assert (tree / "chapters" / "01_y" / "v0_y.cu").exists()
     assert not (tree / "chapters" / "00_x").exists()
-    assert _run(tree, "--chapter", "01_y", "--check") == 0
-    assert _run(tree, "--check") == 1
+    assert _run(tree, "--chapter", "01_y", "--check", "--strict") == 0
+    assert _run(tree, "--check", "--strict") == 1
+    assert _run(tree, "--check") == 0
     assert _run(tree, "--chapter", "99_none") == 2
+    assert _run(tree, "--chapters", "00_x", "01_y") == 0
+    assert _run(tree, "--check", "--strict") == 0
 
 
 def test_marker_error_exits_2_with_file_and_line(tree, capsys):
@@ -256,7 +366,8 @@ def test_too_long_hint_exits_2_with_file_and_line(tree, capsys):
 def test_check_runs_on_a_bare_python_without_site_packages(tree):
     _run(tree)
     done = subprocess.run(
-        [sys.executable, "-I", "-S", str(TOOL), "--check", "--root", str(tree)],
+        [sys.executable, "-I", "-S", str(TOOL), "--check", "--strict", "--root", str(tree)],
+        check=False,
         capture_output=True,
         text=True,
     )
@@ -264,7 +375,8 @@ def test_check_runs_on_a_bare_python_without_site_packages(tree):
     assert "in sync" in done.stdout
 
 
-def test_checked_in_chapters_are_in_sync_with_solutions():
+def test_checked_in_chapters_are_in_sync_with_solutions(capsys):
+    """CI's sync check: the checked-in chapters/ is exactly what the generator makes."""
     expected = exercises.expected_files(REPO)
     actual = exercises.actual_files(REPO)
     drift = exercises.find_drift(expected, actual)
@@ -272,3 +384,144 @@ def test_checked_in_chapters_are_in_sync_with_solutions():
         "chapters/ is out of sync with solutions/; run python3 tools/exercises.py\n"
         + exercises.describe_drift(drift, expected, actual)
     )
+    assert exercises.main(["--check", "--strict"]) == 0
+    assert "regenerates byte-identically" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# The student hand-out: the real workbook exported into a temporary directory (no build here)
+
+
+def _listing(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory):
+    out = tmp_path_factory.mktemp("handout")
+    assert exercises.main(["--export", str(out), "--chapter", "04_rmsnorm", "06_int4_gemv"]) == 0
+    return out
+
+
+def test_export_has_no_solutions_and_the_chapters_as_exercises(handout):
+    files = _listing(handout)
+    assert not (handout / "solutions").exists()
+    assert not any(f.startswith("solutions/") or "/solutions/" in f for f in files)
+    chapters = sorted({f.split("/")[1] for f in files if f.startswith("chapters/")})
+    # 00 always (the ceiling; 06 links its cuBLAS peer); 02 and 03 only for their solved headers
+    assert chapters == ["00_roofline", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm",
+                        "06_int4_gemv"]  # fmt: skip
+    for chapter in ("00_roofline", "04_rmsnorm", "06_int4_gemv"):
+        generated = exercises.expected_files(REPO, chapter)
+        for path, data in generated.items():
+            assert (handout / "chapters" / path).read_bytes() == data, path
+    assert "TODO(exercise)" in (handout / "chapters/04_rmsnorm/v2_warp_shuffle.cu").read_text()
+    for path in files:
+        if path.startswith("chapters/"):
+            text = (handout / path).read_text(errors="replace")
+            assert not exercises.MARKER_LIKE.search(text), f"{path} holds a solution marker"
+
+
+def test_export_gives_the_included_headers_of_other_chapters_solved(handout):
+    assert _listing(handout / "chapters/02_int4_dequant") == ["dequant.cuh"]
+    assert _listing(handout / "chapters/03_dynamic_quant") == ["quant_math.cuh"]
+    for name in ("02_int4_dequant/dequant.cuh", "03_dynamic_quant/quant_math.cuh"):
+        given = (handout / "chapters" / name).read_text()
+        source = (REPO / "solutions" / name).read_text()
+        assert given.startswith("// Given solved by tools/exercises.py --export from solutions/")
+        code = [line for line in source.splitlines() if not exercises.MARKER_LIKE.search(line)]
+        assert set(code) - set(given.splitlines()) <= {
+            line for line in code if line.strip().startswith("//")
+        }  # every code line of the solution is there (only hint comments dropped)
+    assert "TODO(exercise)" not in (handout / "chapters/02_int4_dequant/dequant.cuh").read_text()
+    readme = (handout / "README.md").read_text()
+    assert "## These files are given solved" in readme
+    assert "- `chapters/02_int4_dequant/dequant.cuh` (included by 06_int4_gemv)" in readme
+    assert "- `chapters/03_dynamic_quant/quant_math.cuh` (included by 04_rmsnorm)" in readme
+    assert "sm_80+ GPU" in readme
+    assert all(len(line) <= 100 for line in readme.splitlines())
+
+
+def test_export_file_list(handout):
+    files = set(_listing(handout))
+    for path in (
+        "CMakeLists.txt",
+        "requirements.txt",
+        "README.md",
+        "common/lkw/registry.h",
+        "reference/lkw/golden.py",
+        "tests/cpp/golden_main.cu",
+        "tests/cpp/golden.h",
+        "tests/cpp/04_rmsnorm/norm_test.h",
+        "tests/cpp/06_int4_gemv/host_checks.cu",
+        "tests/python/conftest.py",
+        "tests/python/test_grade.py",
+        "tests/python/test_rmsnorm_reference.py",
+        *(f"tools/{name}" for name in exercises.EXPORT_TOOLS if (REPO / "tools" / name).exists()),
+        "tools/gemv_probe.cu",
+        "notebooks/04_rmsnorm.ipynb",
+        "book/docs/04_rmsnorm.md",
+        "book/docs/06_int4_gemv.md",
+        "results/h200/04_rmsnorm.json",
+    ):
+        assert path in files, path
+    for path in files:  # nothing of the chapters left out, nothing for the instructor
+        assert not path.startswith((".ci/", "autograder/", "solutions/")), path
+        assert "01_formats" not in path and "__pycache__" not in path, path
+    assert "tests/python/test_exercises.py" not in files  # it needs solutions/
+    assert "tests/cpp/03_dynamic_quant/host_checks.cu" not in files
+    assert "book/docs/02_int4_dequant.md" not in files
+    for script in ("tools/setup.sh", "tools/grade.py"):
+        assert (handout / script).stat().st_mode & 0o111 == (REPO / script).stat().st_mode & 0o111
+
+
+def test_export_of_a_chapter_and_the_one_it_includes_shares_the_exercise(tmp_path):
+    out = tmp_path / "h"
+    assert (
+        exercises.main(["--export", str(out), "--chapters", "02_int4_dequant", "06_int4_gemv"]) == 0
+    )
+    dequant = (out / "chapters/02_int4_dequant/dequant.cuh").read_text()
+    assert "TODO(exercise)" in dequant  # the learner's own chapter 02, not the solution
+    readme = (out / "README.md").read_text()
+    assert "given solved" not in readme
+    assert "`chapters/06_int4_gemv` includes `chapters/02_int4_dequant/dequant.cuh`" in readme
+
+
+def test_export_refuses_a_non_empty_directory_and_tools_refuse_without_solutions(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("x")
+    assert exercises.main(["--export", str(tmp_path), "--chapter", "04_rmsnorm"]) == 1
+    assert "not empty" in capsys.readouterr().err
+    out = tmp_path / "h"
+    assert exercises.main(["--export", str(out), "--chapter", "04_rmsnorm"]) == 0
+    before = _listing(out)
+    # in the hand-out, the generator has nothing to generate from and must not touch chapters/
+    done = subprocess.run(
+        [sys.executable, str(out / "tools/exercises.py")],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "no solutions/ here" in done.stderr
+    assert _listing(out) == before
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.skipif(os.environ.get("LKW_EXPORT_BUILD") != "1", reason="set LKW_EXPORT_BUILD=1")
+def test_export_builds_and_grades_without_solutions(tmp_path):
+    """A one-chapter build of the hand-out (minutes on 2 cores): opt in with LKW_EXPORT_BUILD=1."""
+    out = tmp_path / "h"
+    assert exercises.main(["--export", str(out), "--chapter", "04_rmsnorm"]) == 0
+    venv = REPO / ".venv"
+    if venv.is_dir():
+        (out / ".venv").symlink_to(venv)
+    python = str(venv / "bin/python") if venv.is_dir() else sys.executable
+    results = tmp_path / "results.json"
+    done = subprocess.run(
+        [python, str(out / "tools/grade.py"), "--chapter", "04_rmsnorm", "--archs", "90a",
+         "--build-dir", str(tmp_path / "build"), "--out", str(results)],
+        check=False, capture_output=True, text=True, cwd=out,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(results.read_text())
+    assert report["max_score"] > 0
+    assert any(": SASS facts" in t["name"] for t in report["tests"])

@@ -1,6 +1,7 @@
 """Tests of tools/grade.py without CMake or CUDA: name parsing, scoring of a synthetic GoogleTest
-report (passes, failures, skips, all-skipped versions, peers and mutants), the results.json
-shape, the bench entries, and the per-version test runs against a fake GoogleTest binary."""
+report (passes, failures, skips, all-skipped versions, peers and mutants; validation tests carry
+no points), the no-GPU feedback (host checks, SASS facts per version), the results.json shape,
+the bench entries, and the per-version test runs against a fake GoogleTest binary."""
 
 import json
 import os
@@ -153,7 +154,8 @@ def test_disabled_tests_are_left_out():
 def test_all_passed_version_scores_full(entries):
     e = entries["copy/v0_scalar"]
     assert (e["score"], e["max_score"], e["status"]) == (10.0, 10.0, "passed")
-    assert e["output"].startswith("3 of 3 tests passed, 0 failed, 0 skipped")
+    assert e["output"].startswith("Golden tests: 2 of 2 tests passed, 0 failed, 0 skipped")
+    assert "Argument validation (feedback, no points): 1 of 1 passed." in e["output"]
 
 
 def test_failures_score_the_passed_fraction_and_show_the_message(entries):
@@ -166,31 +168,87 @@ def test_failures_score_the_passed_fraction_and_show_the_message(entries):
 def test_all_skipped_version_scores_zero(entries):
     e = entries["copy/v2_inflight"]
     assert (e["score"], e["max_score"], e["status"]) == (0.0, 10.0, "failed")
-    assert "Could not be graded on this machine" in e["output"]
+    assert "Not checked on this machine" in e["output"]
     assert f"2 tests skipped: {NO_GPU}" in e["output"]
 
 
-def test_skipped_tests_count_as_not_passed(entries):
-    # Host validation passes for a TODO stub: it must not earn the GPU tests' share.
+def test_validation_tests_carry_no_points(entries):
+    # Host validation passes for a TODO stub: with its golden tests skipped, v3 scores nothing.
     e = entries["copy/v3_async"]
-    assert (e["score"], e["status"]) == (pytest.approx(10 / 3, abs=1e-3), "failed")
+    assert (e["score"], e["status"]) == (0.0, "failed")
     assert f"1 test skipped: {NEEDS_SM90}" in e["output"]
     assert f"1 test skipped: {NO_GPU}" in e["output"]
+    assert "Not checked on this machine" in e["output"]
+    checks = entries["argument validation (feedback, not graded)"]
+    assert (checks["score"], checks["max_score"], checks["status"]) == (0, 0, "passed")
+    assert checks["output"].startswith("2 of 2 tests passed")
+
+
+def test_some_skipped_golden_tests_count_as_not_passed():
+    outcomes = [
+        grade.Outcome("Chapter/Golden.MatchesReference/copy__v3_async__a", "passed"),
+        grade.Outcome("Chapter/Golden.MatchesReference/copy__v3_async__b", "skipped", NO_GPU),
+        grade.Outcome("Chapter/Validation.RefusesBadArguments/copy__v3_async__a", "passed"),
+    ]
+    (e, checks) = grade.grade_entries(outcomes, 1.0, [])
+    assert (e["score"], e["status"]) == (0.5, "failed")
     assert "count as not passed" in e["output"]
+    assert checks["name"] == "argument validation (feedback, not graded)"
+
+
+def test_version_with_only_validation_tests_scores_zero():
+    outcomes = [grade.Outcome("Chapter/Validation.RefusesBadArguments/copy__v0_a__c", "passed")]
+    e = grade.grade_entries(outcomes, 1.0, [])[0]
+    assert (e["name"], e["score"], e["max_score"], e["status"]) == ("copy/v0_a", 0, 1.0, "failed")
+    assert "No golden test of this version ran" in e["output"]
+
+
+@pytest.mark.parametrize(
+    "name, validation, host",
+    [
+        ("Chapter/Validation.RefusesBadArguments/copy__v0_a__c", True, False),
+        ("HostValidation.RefusesBeforeLaunching", True, True),
+        ("Chapter/Golden.MatchesReference/copy__v0_a__c", False, False),
+        ("Chapter/HostBits.MatchesReference/f32_to_bf16__v0_b__c", False, True),
+        ("HostGoldenData.IsPresentAndCoversEveryOp", False, True),
+        ("DependentLaunch.V6ChainReadsThePreviousKernelsOutput", False, False),
+    ],
+)
+def test_roles_of_tests(name, validation, host):
+    assert (grade.is_validation(name), grade.is_host_check(name)) == (validation, host)
 
 
 def test_host_test_of_another_op_is_its_own_entry(entries):
     assert entries["f32_to_bf16/v0_software_bits"]["score"] == 10.0
 
 
-def test_peers_mutants_and_chapter_checks_are_not_graded(entries):
+def test_peers_mutants_and_host_checks_are_not_graded(entries):
     peer = entries["copy/cuda_memcpy (peer, not graded)"]
     caught = entries["copy/mutant_drops_last (mutant, not graded)"]
     missed = entries["copy/mutant_no_tail (mutant, not graded)"]
-    checks = entries["chapter checks (not graded)"]
+    checks = entries["host checks (feedback, not graded)"]
     assert all(e["max_score"] == 0 and e["score"] == 0 for e in (peer, caught, missed, checks))
     assert (peer["status"], caught["status"], missed["status"]) == ("failed", "passed", "failed")
     assert checks["status"] == "passed" and "1 of 1 tests passed" in checks["output"]
+    assert "chapter checks (not graded)" not in entries  # no GPU test of no version here
+
+
+def test_a_mutant_whose_tests_were_skipped_is_not_passed():
+    outcomes = [
+        grade.Outcome("Chapter/Mutant.IsCaught/copy__mutant_x", "skipped", NO_GPU),
+        grade.Outcome("Chapter/Validation.RefusesBadArguments/copy__mutant_x__c", "passed"),
+        grade.Outcome("DependentLaunch.V6Chain", "skipped", NO_GPU),
+    ]
+    mutant, gpu_checks = grade.grade_entries(outcomes, 1.0, [])
+    assert mutant["name"] == "copy/mutant_x (mutant, not graded)"
+    assert mutant["status"] == "failed" and "1 test skipped" in mutant["output"]
+    assert "not a pass" in mutant["output"]
+    assert gpu_checks["name"] == "chapter checks (not graded)"
+    assert gpu_checks["status"] == "failed"
+    assert gpu_checks["output"].startswith("SKIPPED, not checked on this machine")
+    text = grade.summary_text("00_x", [mutant, gpu_checks], [], has_gpu=False)
+    assert "skipped copy/mutant_x (mutant, not graded)" in " ".join(text.split())
+    assert "passed" not in text.replace("tests passed", "")
 
 
 def test_expected_version_without_tests_scores_zero(entries):
@@ -209,7 +267,10 @@ def test_entry_order_puts_graded_versions_first():
         "copy/v3_async",
         "f32_to_bf16/v0_software_bits",
     ]
-    assert names[-1] == "chapter checks (not graded)"
+    assert names[-2:] == [
+        "argument validation (feedback, not graded)",
+        "host checks (feedback, not graded)",
+    ]
 
 
 def _assert_gradescope_shape(document):
@@ -229,17 +290,29 @@ def test_results_document_sums_only_graded_entries(entries):
     document = grade.results_document(list(entries.values()), "summary", 1.234, [])
     _assert_gradescope_shape(document)
     assert document["max_score"] == 60.0  # six graded entries of 10 points
-    assert document["score"] == pytest.approx(10 + 5 + 0 + 10 / 3 + 10 + 0, abs=1e-3)
+    assert document["score"] == pytest.approx(10 + 5 + 0 + 0 + 10 + 0, abs=1e-3)
     assert document["execution_time"] == 1.23
     assert "leaderboard" not in document
 
 
-def test_summary_lists_graded_scores_and_failed_informational_entries(entries):
+def test_summary_lists_graded_scores_and_the_feedback(entries):
     text = grade.summary_text("00_x", list(entries.values()), ["a note"])
-    assert text.splitlines()[0] == "Chapter 00_x from chapters/00_x: 28.33 / 60 points"
+    lines = text.splitlines()
+    assert lines[0] == "Chapter 00_x from chapters/00_x: 25.00 / 60 points"
     assert "copy/v1_vec16" in text
-    assert "Also failed, outside the score: copy/cuda_memcpy (peer, not graded)" in text
+    assert "  FAILED  copy/cuda_memcpy (peer, not graded)" in lines
+    assert "  ok      host checks (feedback, not graded)" in lines
+    assert grade.NO_GPU_SUMMARY not in text
     assert text.endswith("a note")
+
+
+def test_summary_without_gpu_says_correctness_needs_one_in_its_second_line(entries):
+    text = grade.summary_text("00_x", list(entries.values()), [], has_gpu=False)
+    lines = text.splitlines()
+    assert lines[1] == grade.NO_GPU_SUMMARY
+    assert "sm_80+ GPU" in lines[1] and len(lines[1]) <= 120
+    assert grade.NO_GPU_BLIND_SPOT in text
+    assert all(len(line) <= 120 for line in lines)
 
 
 def test_parse_console_statuses_and_a_test_cut_short():
@@ -322,6 +395,119 @@ def test_bench_entries_and_leaderboard():
         {"name": "copy/v2_inflight [n=67108864] % of bound", "value": 96.4, "order": "desc"}
     ]
     _assert_gradescope_shape(grade.results_document(entries, "", 0.0, leaderboard))
+
+
+# ---------------------------------------------------------------------------------------------
+# SASS facts: lkw_sass_check's output, filtered to the chapter, one feedback entry per version
+
+SASS_OUTPUT = """\
+ok   sm_80  00_roofline/copy/v1_vec16                16-byte accesses
+ok   sm_80  04_rmsnorm/rmsnorm/v0_scalar             2-byte loads, a row per thread: no barrier
+ok   sm_80  04_rmsnorm/rmsnorm/v2_warp_shuffle       shuffle reduction; pairs of BF16 (4-byte loads)
+ok   sm_90a 04_rmsnorm/rmsnorm/v2_warp_shuffle       shuffle reduction; pairs of BF16 (4-byte loads)
+ok   sm_90a 04_rmsnorm/fused_add_rmsnorm_int8/v5_fused_add_quant 16-byte loads; no local memory
+ok   sm_90a 04_rmsnorm/fused_add_rmsnorm/chain_unfused the add kernel moves 16-byte vectors
+ok   sm_90a 04_rmsnorm/rmsnorm/mutant_no_barrier     barriers
+12 passed, 0 failed
+"""
+PLANTED = SASS_OUTPUT.replace(
+    "ok   sm_90a 04_rmsnorm/rmsnorm/v2_warp_shuffle       shuffle reduction; pairs of BF16 (4-byte loads)",
+    "FAIL sm_90a 04_rmsnorm/rmsnorm/v2_warp_shuffle       shuffle reduction; pairs of BF16"
+    " (4-byte loads): lacks SHFL.BFLY, has LDG.E.U16",
+)
+FAKE_SASS = grade.parse_sass_check(
+    "ok   sm_90a 00_roofline/copy/v0_scalar 4-byte accesses only\n"
+    "FAIL sm_90a 00_roofline/copy/v1_vec16 16-byte accesses: lacks LDG.E.128\n",
+    "00_roofline",
+)
+
+
+def test_parse_sass_check_keeps_the_chapters_facts():
+    report = grade.parse_sass_check(SASS_OUTPUT, "04_rmsnorm")
+    assert report.problems == [] and report.error == ""
+    assert [(f.arch, f.op, f.version) for f in report.facts][:3] == [
+        ("sm_80", "rmsnorm", "v0_scalar"),
+        ("sm_80", "rmsnorm", "v2_warp_shuffle"),
+        ("sm_90a", "rmsnorm", "v2_warp_shuffle"),
+    ]
+    assert len(report.facts) == 6  # chapter 00's line is left out
+    long_name = report.facts[3]
+    assert (long_name.op, long_name.version) == ("fused_add_rmsnorm_int8", "v5_fused_add_quant")
+    assert long_name.text == "16-byte loads; no local memory"
+    failed = grade.parse_sass_check(PLANTED, "04_rmsnorm").facts[2]
+    assert not failed.ok and failed.text.endswith("lacks SHFL.BFLY, has LDG.E.U16")
+
+
+def test_sass_entries_one_per_version_graded_first():
+    entries = grade.sass_entries(grade.parse_sass_check(SASS_OUTPUT, "04_rmsnorm"))
+    assert [e["name"] for e in entries] == [
+        "fused_add_rmsnorm_int8/v5_fused_add_quant: SASS facts (feedback, not graded)",
+        "rmsnorm/v0_scalar: SASS facts (feedback, not graded)",
+        "rmsnorm/v2_warp_shuffle: SASS facts (feedback, not graded)",
+        "fused_add_rmsnorm/chain_unfused: SASS facts (peer) (feedback, not graded)",
+        "rmsnorm/mutant_no_barrier: SASS facts (mutant) (feedback, not graded)",
+    ]
+    v2 = entries[2]
+    assert (v2["score"], v2["max_score"], v2["status"]) == (0, 0, "passed")
+    assert v2["output"].splitlines()[1:] == [
+        "ok   sm_80  shuffle reduction; pairs of BF16 (4-byte loads)",
+        "ok   sm_90a shuffle reduction; pairs of BF16 (4-byte loads)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "output, reason",
+    [
+        ("FAIL: cuobjdump was not found at configure time (install nvidia-cuda-cuobjdump)\n",
+         "cuobjdump was not found"),
+        ("FAIL sm_90a: cuobjdump found no SASS in this binary\n0 passed, 1 failed\n",
+         "found no SASS"),
+    ],
+)  # fmt: skip
+def test_a_sass_check_that_cannot_run_is_one_failed_entry_with_the_reason(output, reason):
+    (entry,) = grade.sass_entries(grade.parse_sass_check(output, "04_rmsnorm"))
+    assert entry["name"] == "SASS facts (feedback, not graded)"
+    assert entry["status"] == "failed" and entry["max_score"] == 0
+    assert entry["output"].startswith("Not checked: ") and reason in entry["output"]
+    (built,) = grade.sass_entries(grade.SassReport([], [], "lkw_sass_check did not build: x"))
+    assert "did not build" in built["output"]
+    assert grade.sass_entries(None) == []
+
+
+def test_a_planted_bug_gets_a_different_report_without_a_gpu():
+    """Chapter 04's v2 with 4-byte loads and no shuffle (a planted bug) against a correct v2, both
+    on a machine without a GPU: the same score (every golden test skipped), different feedback."""
+    outcomes = [
+        grade.Outcome(f"Chapter/Golden.MatchesReference/rmsnorm__v2_warp_shuffle__{c}", "skipped",
+                      NO_GPU)
+        for c in ("t1_d4096", "t5_d203")
+    ] + [grade.Outcome("HostRowRoutine.ThreadsHoldTheRowInWholeWarps", "passed")]  # fmt: skip
+    reports = {}
+    for label, sass in (("correct", SASS_OUTPUT), ("planted", PLANTED)):
+        entries = grade.grade_entries(
+            outcomes, 1.0, ["v2_warp_shuffle"], grade.parse_sass_check(sass, "04_rmsnorm")
+        )
+        reports[label] = (entries, grade.summary_text("04_rmsnorm", entries, [], has_gpu=False))
+    (correct, correct_text), (planted, planted_text) = reports["correct"], reports["planted"]
+    assert [e["score"] for e in correct] == [e["score"] for e in planted]
+    assert correct_text != planted_text
+    assert "broken:\n    rmsnorm/v2_warp_shuffle" in planted_text
+    assert "SASS facts: 5 of 5 versions keep every promise" in correct_text
+    v2 = "rmsnorm/v2_warp_shuffle: SASS facts (feedback, not graded)"
+    assert next(e for e in correct if e["name"] == v2)["status"] == "passed"
+    bad = next(e for e in planted if e["name"] == v2)
+    assert bad["status"] == "failed" and "lacks SHFL.BFLY" in bad["output"]
+    for entries in (correct, planted):
+        _assert_gradescope_shape(grade.results_document(entries, "", 0.0, []))
+
+
+def test_cmake_cache_value(tmp_path):
+    (tmp_path / "CMakeCache.txt").write_text(
+        "LKW_CUOBJDUMP:FILEPATH=/v/bin/cuobjdump\nLKW_ONLY:STRING=01_formats\n"
+    )
+    assert grade.cmake_cache_value(tmp_path, "LKW_CUOBJDUMP") == "/v/bin/cuobjdump"
+    assert grade.cmake_cache_value(tmp_path, "NOPE") == ""
+    assert grade.cmake_cache_value(tmp_path / "none", "LKW_ONLY") == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,16 +632,17 @@ def test_run_tests_fails_as_tooling_when_nothing_is_listed(tmp_path):
 
 
 def _args(tmp_path, **overrides):
-    values = dict(
-        chapter="00_roofline",
-        build_dir=tmp_path / "build",
-        out=None,
-        seed=7,
-        archs="90a",
-        points_per_version=1.0,
-        timeout=60.0,
-        bench=False,
-    )
+    values = {
+        "chapter": "00_roofline",
+        "build_dir": tmp_path / "build",
+        "out": None,
+        "seed": 7,
+        "archs": "90a",
+        "points_per_version": 1.0,
+        "timeout": 60.0,
+        "bench": False,
+        "sass": True,
+    }
     values.update(overrides)
     return grade.argparse.Namespace(**values)
 
@@ -468,6 +655,7 @@ def fake_steps(tmp_path, monkeypatch):
         exe = _fake_binary(tmp_path / "build", gpu=gpu)
         monkeypatch.setattr(grade, "build_tests", lambda chapter, build, archs: exe)
         monkeypatch.setattr(grade, "write_golden", lambda chapter, golden, seed: f"seed {seed}")
+        monkeypatch.setattr(grade, "check_sass", lambda chapter, build, timeout: FAKE_SASS)
 
     return configure
 
@@ -479,9 +667,13 @@ def test_grade_without_gpu_reports_skips_and_no_speed(tmp_path, fake_steps):
     _assert_gradescope_shape(document)
     names = [t["name"] for t in document["tests"]]
     assert names[:3] == ["copy/v0_scalar", "copy/v1_vec16", "copy/v2_inflight"]
-    assert document["score"] == pytest.approx(1 / 2 + 1 / 3 + 1 / 2, abs=1e-3)  # host tests only
+    assert document["score"] == 0  # only validation ran: no points
     assert "seed 7" in document["output"]
-    assert "No CUDA device here" in document["output"]
+    assert document["output"].splitlines()[1] == grade.NO_GPU_SUMMARY
+    sass = next(t for t in document["tests"] if t["name"].startswith("copy/v1_vec16: SASS"))
+    assert sass["status"] == "failed" and "lacks LDG.E.128" in sass["output"]
+    broken = "SASS facts: 1 of 2 versions keep every promise; broken:\n    copy/v1_vec16\n"
+    assert broken in document["output"]
     assert "Speed: skipped, no CUDA device" in document["output"]
     assert (tmp_path / "build" / "grade" / "console.log").exists()
 
