@@ -62,6 +62,16 @@ __device__ __forceinline__ void u4_to_bf16_magic(uint32_t q, __nv_bfloat162 (&ou
   //   then q >>= 4. (about 7 lines)
 }
 
+// The same magic without its subtraction: four BF16 pairs of 128 + q, one LOP3 each (chapter 06
+// folds the 128 and the −8 into one correction per group, so nothing is subtracted per weight).
+__device__ __forceinline__ void u4_to_bf16_plus128(uint32_t q, uint32_t (&out)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i] = lop3<kAndOr>(q, 0x000f000fu, 0x43004300u);
+    q >>= 4;
+  }
+}
+
 // Four UINT8 (bias 128) → two half2 of (b − 128), in element order. PRMT (byte permute) builds
 // both halves in one instruction: bytes (b0, 0x64, b1, 0x64) read as (1024 + b0, 1024 + b1);
 // minus 0x6480 (1152) = b − 128. The 8-bit mantissa room of 1024..2047 fits every byte.

@@ -27,16 +27,6 @@ __device__ __forceinline__ void unpack_a(uint32_t word, __nv_bfloat162 s2, __nv_
   }
 }
 
-// Eight INT4 of an interleaved word → four pairs of BF16 128 + q: chapter 02's magic number
-// without its subtraction, one LOP3 per pair (the −8 and the 128 are folded out, v4).
-__device__ __forceinline__ void u4_to_bf16_plus128(uint32_t q, uint32_t (&out)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[i] = int4::lop3<int4::kAndOr>(q, 0x000f000fu, 0x43004300u);
-    q >>= 4;
-  }
-}
-
 // −BF16(z·s) for a zero point z (4 bits): z·s is exact in FP32 (4 × 8 significant bits), so one
 // rounding, as chapter 02's reference; z becomes a float through the magic 2^23 + z (no I2F).
 __device__ __forceinline__ __nv_bfloat162 neg_zero_times_scale(uint32_t z, __nv_bfloat16 s) {

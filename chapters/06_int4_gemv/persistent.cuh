@@ -275,8 +275,8 @@ __device__ __forceinline__ void compute_step(const Stage& st, const float* xsum_
     const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // TODO(exercise): unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with
-      //   the scale); per n-tile j two mma with x chunk cl.x[j][i / 2][it·32 + 16u + i], into
+      // TODO(exercise): unpack word i of both rows (kFold: int4::u4_to_bf16_plus128; else unpack_a
+      //   with the scale); per n-tile j two mma with x chunk cl.x[j][i / 2][it·32 + 16u + i], into
       //   sums[i % 2][j] (kFold) or acc[j]. (about 19 lines)
     }
     if constexpr (kMode == kFold) {

@@ -301,13 +301,13 @@ __device__ __forceinline__ void compute_step(const Stage& st, const float* xsum_
     const uint4 w_lo = st.w[u][ln.lane], w_hi = st.w[2 + u][ln.lane];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // BEGIN SOLUTION: unpack word i of both rows (kFold: u4_to_bf16_plus128; else unpack_a with the scale); per n-tile j two mma with x chunk cl.x[j][i / 2][it·32 + 16u + i], into sums[i % 2][j] (kFold) or acc[j].
+      // BEGIN SOLUTION: unpack word i of both rows (kFold: int4::u4_to_bf16_plus128; else unpack_a with the scale); per n-tile j two mma with x chunk cl.x[j][i / 2][it·32 + 16u + i], into sums[i % 2][j] (kFold) or acc[j].
       const uint32_t word_lo = i == 0 ? w_lo.x : i == 1 ? w_lo.y : i == 2 ? w_lo.z : w_lo.w;
       const uint32_t word_hi = i == 0 ? w_hi.x : i == 1 ? w_hi.y : i == 2 ? w_hi.z : w_hi.w;
       uint32_t a_lo[4], a_hi[4];
       if constexpr (kMode == kFold) {
-        u4_to_bf16_plus128(word_lo, a_lo);
-        u4_to_bf16_plus128(word_hi, a_hi);
+        int4::u4_to_bf16_plus128(word_lo, a_lo);
+        int4::u4_to_bf16_plus128(word_hi, a_hi);
       } else {
         unpack_a<true, false>(word_lo, s2[0], s2[0], a_lo);
         unpack_a<true, false>(word_hi, s2[1], s2[1], a_hi);
