@@ -27,7 +27,6 @@
 
 # %%
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "reference" / "lkw").is_dir())
@@ -107,49 +106,9 @@ print(group_scales)
 # ## Part 2 · The measured versions
 
 # %%
-def fmt_us(t):
-    return "—" if t is None else f"{t:.1f}" if t >= 100 else f"{t:.2f}" if t >= 1 else f"{t:.3f}"
-
-
-def summary(data):
-    """One short table per op: each version and peer, its time in the headline mode at every shape
-    of the run, and its % of the copy ceiling at the largest shape (⚠ / † above the ceiling, ✗ a
-    failed check: the full table's notes say why)."""
-    H = results.headline(data)
-    print(textwrap.fill(results.header_line(data), 100, subsequent_indent="  "))
-    print(f"µs per launch {results.MODE_WORDS[H]}; % of the copy ceiling at the op's largest shape.\n"
-          "Every timing mode and column: print(results.text_table(data))\n")
-    for op in dict.fromkeys(r["op"] for r in data["rows"]):
-        rows = [r for r in data["rows"] if r["op"] == op and r["kind"] in ("version", "peer")]
-        shapes = list(dict.fromkeys(r["shape"] for r in rows))
-        fields = [dict(kv.split("=", 1) for kv in s.split(",")) for s in shapes]
-        varying = [k for k in fields[0] if len({f.get(k) for f in fields}) > 1]
-        fixed = ", ".join(f"{k}={v}" for k, v in fields[0].items() if k not in varying) if varying else ""
-        labels = ["×".join(f.get(k, "?") for k in varying) for f in fields] if varying else shapes
-        largest = max(shapes, key=lambda s: max(r.get("model_bytes") or 0 for r in rows if r["shape"] == s))
-        w = max(9, *(len(x) + 2 for x in labels))
-        print(f"{op}  ({'×'.join(varying)}{'; ' + fixed if fixed else ''})" if varying else op)
-        print(f"  {'version / peer':<36}" + "".join(f"{x:>{w}}" for x in labels) + f"{'% ceil':>9}")
-        names = dict.fromkeys((r["kind"], r["version"]) for r in rows)
-        for kind, name in sorted(names, key=lambda kn: kn[0] != "version"):  # versions, then peers
-            at = {r["shape"]: r for r in rows if r["version"] == name}
-            big = at.get(largest)
-            pct = results.pct_ceiling(big, H, data) if big else None
-            mark = results.above_ceiling(big, data, H) if big else None
-            sign = "⚠" if mark == "suspect" else "†" if mark else ""
-            if any(not r.get("correct", True) for r in at.values()):
-                sign += "✗"
-            label = name if kind == "version" else f"{name} (peer)"
-            label = label if len(label) <= 36 else label[:35] + "…"
-            times = "".join(f"{fmt_us(at[s].get(results.mkey(H, 'us')) if s in at else None):>{w}}"
-                            for s in shapes)
-            print(f"  {label:<36}{times}{'—' if pct is None else format(pct, '.1f'):>8}{sign}")
-        print()
-
-
 data = results.notebook_results(CHAPTER)
 if data:
-    summary(data)
+    print(results.summary_text(data))
 
 # %% [markdown]
 # Prefill: one group of bars per op, one bar per version and peer, at the prefill shapes
