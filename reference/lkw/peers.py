@@ -280,29 +280,25 @@ def quant_peers(op: str) -> dict[str, Callable]:
     """vLLM's kernels for chapter 03's ops (none for per_tensor_fp8: vLLM's dynamic per-tensor quant
     needs a zeroed scale each call and has no minimum scale)."""
 
-    def per_token_fp8(torch, ins):
-        ops = library("vllm").ops
-        (x,) = ins
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    def per_token(dtype_name: str, kernel: str):
+        """vLLM's per-token quant `kernel` into q of torch.`dtype_name` and one FP32 scale a row."""
 
-        def call():
-            ops.dynamic_per_token_scaled_fp8_quant(q, x, s, None)
-            return q, s
+        def factory(torch, ins):
+            ops = library("vllm").ops
+            (x,) = ins
+            q = torch.empty(x.shape, dtype=getattr(torch, dtype_name), device=x.device)
+            s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
 
-        return PeerCall(call)
+            def call():
+                getattr(ops, kernel)(q, x, s, None)
+                return q, s
 
-    def per_token_int8(torch, ins):
-        ops = library("vllm").ops
-        (x,) = ins
-        q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
-        s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+            return PeerCall(call)
 
-        def call():
-            ops.dynamic_scaled_int8_quant(q, x, s, None)
-            return q, s
+        return factory
 
-        return PeerCall(call)
+    per_token_fp8 = per_token("float8_e4m3fn", "dynamic_per_token_scaled_fp8_quant")
+    per_token_int8 = per_token("int8", "dynamic_scaled_int8_quant")
 
     def per_group_fp8(torch, ins):
         ops = library("vllm").ops

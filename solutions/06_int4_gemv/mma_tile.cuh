@@ -33,6 +33,20 @@ __device__ __forceinline__ __nv_bfloat162 neg_zero_times_scale(uint32_t z, __nv_
   return __bfloat162bfloat162(__float2bfloat16_rn(-zf * bf16_to_f32(s)));
 }
 
+// A tile's sums to y (BF16, rows past N and columns past M dropped).
+template <int kNTiles, class P>
+__device__ __forceinline__ void store_y(const P& p, const float (&v)[kNTiles][4], int64_t tile, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      const int64_t row = tile * kTileRows + g + (e >= 2 ? 8 : 0);
+      if (m < p.m && row < p.n) p.y[m * p.n + row] = __float2bfloat16_rn(v[j][e]);  // (M, N)
+    }
+  }
+}
+
 // Split-K in two parts: write_partials puts this split's sums of the tile in the workspace (plain
 // stores); once a __threadfence has made them visible device-wide, arrive_and_sum counts the
 // tile's arrival and the last of its S arrivals sums them. P has y, partials, arrivals, m, n,
@@ -74,15 +88,7 @@ __device__ __forceinline__ void sum_partials(const P& p, int64_t tile, int g, in
       }
     }
   }
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * j + 2 * t + (e & 1);
-      const int64_t row = tile * kTileRows + g + (e >= 2 ? 8 : 0);
-      if (m < p.m && row < p.n) p.y[m * p.n + row] = __float2bfloat16_rn(sum[j][e]);  // (M, N)
-    }
-  }
+  store_y<kNTiles>(p, sum, tile, g, t);
   if (lane == 0) p.arrivals[tile] = 0;  // ready for the next launch
   __syncwarp();                         // every lane has read its sums before any line goes
   for (int64_t line = lane; line < per_tile / 32; line += 32) ptx::discard_l2_line(all + 32 * line);
@@ -105,15 +111,7 @@ template <int kNTiles, class P>
 __device__ __forceinline__ void store_tile(const P& p, const float (&acc)[kNTiles][4], int64_t tile, int split,
                                            int g, int t, int lane) {
   if (p.splits == 1) {
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = 8 * j + 2 * t + (e & 1);
-        const int64_t row = tile * kTileRows + g + (e >= 2 ? 8 : 0);
-        if (m < p.m && row < p.n) p.y[m * p.n + row] = __float2bfloat16_rn(acc[j][e]);  // (M, N)
-      }
-    }
+    store_y<kNTiles>(p, acc, tile, g, t);
     return;
   }
   write_partials<kNTiles>(p, acc, tile, split, g, t);
