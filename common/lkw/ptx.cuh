@@ -2,6 +2,9 @@
 // kernel uses the instruction rather than what CUDA C++ offers, and guards the architecture.
 //   cp.async (16 and 4 bytes, commit, wait)   global → shared copies that hold no register
 //   mma.sync m16n8k16 BF16                     the tensor core with fragments we place ourselves
+//   ldmatrix x4                                four 8×8 BF16 tiles from shared memory into mma fragments
+//   wgmma (m64nNk16 BF16, A in registers)       Hopper's warpgroup tensor core, B read from shared memory
+//   fence.proxy.async                          shared-memory writes made visible to wgmma's reads
 //   griddepcontrol                             programmatic dependent launch (sm_90)
 //   discard.global.L2                          drop dead lines without writing them back
 #pragma once
@@ -73,6 +76,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ldmatrix.x4: lane l names the 16-byte row (l % 8) of 8×8 matrix l / 8; each lane gets one
+// 32-bit pair of each matrix, r[i] from matrix i, in the mma's fragment order (lane l holds row
+// l / 4, columns 2·(l % 4) and 2·(l % 4) + 1). One instruction replaces four 4-byte shared loads
+// per lane, and the rows a warp names may lie anywhere (no transposition in registers).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_sh) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row_sh));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched with the stream attribute may start
 // before the one ahead of it has finished. wait returns once that kernel has completed and its
 // writes are visible; launch_dependents lets the next kernel's blocks be scheduled as SMs free
@@ -92,6 +106,132 @@ __device__ __forceinline__ void grid_dependents_launch() {
 // read (split-K partial sums), which L2 would otherwise write to DRAM for nothing.
 __device__ __forceinline__ void discard_l2_line(const void* line_gl) {
   asm volatile("discard.global.L2 [%0], 128;" ::"l"(line_gl) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hopper warpgroup MMA (sm_90a). A warpgroup (4 warps, 128 threads) multiplies a 64 × 16 A tile by
+// a 16 × N B tile into 64 × N FP32 accumulators spread over its threads; the instruction is
+// asynchronous: issue, commit a group, wait. These wrappers are the register-A form: A comes from
+// the threads' registers in mma.sync's m16n8k16 layout (warp w of the group holds rows 16w..16w+15:
+// a0 = A[g][2t, 2t+1], a1 = A[g+8][..], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][..]), so a kernel may
+// compute A (dequantize it) right before the instruction; B is read by the tensor core itself from
+// shared memory through a descriptor. Accumulator j of a thread: row 16w + g + 8·((j / 2) % 2),
+// column 8·(j / 4) + 2t + j % 2. As PTX: CUDA C++ has no wgmma.
+
+// The shared-memory descriptor of a K-major B tile (each of its N rows holds 64 BF16 of k = 128
+// bytes) stored with the 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8), and
+// 8-row atoms (1024 bytes, 1024-aligned) follow one another. Start address and strides in 16-byte
+// units; k-step s of the tile starts 32·s bytes further (the swizzle is applied by the hardware on
+// the full address, which is why the atoms must be 1024-aligned).
+__device__ __forceinline__ uint64_t wgmma_desc_k_major_sw128(const void* tile_sh) {
+  const uint64_t addr = static_cast<unsigned>(__cvta_generic_to_shared(tile_sh));
+  return ((addr & 0x3FFFF) >> 4)   // start address
+         | (uint64_t(1) << 16)     // leading byte offset: unused by swizzled K-major layouts
+         | (uint64_t(1024 >> 4) << 32)  // stride byte offset: from one 8-row atom to the next
+         | (uint64_t(1) << 62);    // layout: 128-byte swizzle
+}
+
+// Orders this thread's earlier register writes (the A operands, the accumulators) before the
+// wgmma that follows; required before the first wgmma and whenever those registers were touched.
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Ties the accumulators to their registers at this point of the program, so that the compiler
+// neither moves nor reads them between a wgmma and the wait that ends it (ptxas would then
+// serialize the wgmmas). An empty asm statement that "writes" each one.
+// The same for register A operands: "used" after the wait that retires their wgmma, they stay in
+// their registers until then, and nothing overwrites them under the tensor core's feet.
+template <int kN>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+// Returns once at most kPending committed groups of this warpgroup are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Shared memory written by ordinary stores or cp.async (the generic proxy) is read by wgmma through
+// the async proxy: each writer fences after its writes land, then a barrier, then the wgmma.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// d (64 × N, FP32) += A (64 × 16, registers) · B (16 × N, K-major in shared memory), N = 16, 64 or 128.
+template <int N>
+__device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
+template <>
+__device__ __forceinline__ void wgmma_bf16_rs<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  __trap();  // sm_90a only: the launchers check the device first
+#endif
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  __trap();  // sm_90a only: the launchers check the device first
+#endif
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  __trap();  // sm_90a only: the launchers check the device first
+#endif
 }
 
 }  // namespace lkw::ptx

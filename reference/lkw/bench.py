@@ -95,6 +95,10 @@ class Case:
     # keeps the rest in L2 from one launch to the next when only the whole sets exceed it; a decoder reads every other layer's weights and scales between two launches of one
     # layer and finds them gone.
     rotate_past_largest: bool = False
+    # The byte and FLOP model of the peer rows where no version row gives one (the registry's
+    # model, computed in C++, is every row's where a version is registered).
+    model_bytes: float | None = None
+    flops: float | None = None
 
 
 def _raw(tensors) -> list:
@@ -487,33 +491,57 @@ def _torch_nibbles(torch, words, interleaved: bool):
     return q.reshape(words.shape[0], -1)
 
 
+_PEER_ROWS = 2048  # weight rows dequantized or packed at a time by the torch peers
+
+
+def _dequantized_bf16(torch, words, interleaved: bool, scales_kn):
+    """W = s * (q - 8) as BF16 [N, K], one rounding (chapter 02's W_hat), from int32 words [N, K/8]
+    (natural or interleaved nibble order) and scales [K/G, N] (a transposed view of chapter 06's
+    [N, K/G] does as well)."""
+    n, k = words.shape[0], 8 * words.shape[1]
+    g = k // scales_kn.shape[0]
+    w = torch.empty(n, k, dtype=torch.bfloat16, device=words.device)
+    for r in range(0, n, _PEER_ROWS):
+        q = _torch_nibbles(torch, words[r : r + _PEER_ROWS], interleaved)
+        s = scales_kn[:, r : r + _PEER_ROWS].t().repeat_interleave(g, dim=1)
+        w[r : r + _PEER_ROWS] = (q - 8).to(torch.bfloat16) * s
+    return w
+
+
+def _int4pack_mm_call(torch, x, words, interleaved: bool, scales_kn):
+    """torch._weight_int4pack_mm (the tinygemm kernel) on the same weights: uint8 [N, K/2] with
+    element 2j in the high nibble of byte j, repacked by torch._convert_weight_to_int4pack
+    (innerKTiles 8), scales and zeros [K/G, N, 2]. tinygemm dequantizes (q - 8) * scale + zero
+    (its zero is a mid-point offset, not GPTQ's integer zero point), so zero 0 gives s * (q - 8):
+    checked on the H200 by chapter 06's peer rows, correct against the same reference."""
+    n, k = words.shape[0], 8 * words.shape[1]
+    g = k // scales_kn.shape[0]
+    packed = torch.empty(n, k // 2, dtype=torch.uint8, device=x.device)
+    for r in range(0, n, _PEER_ROWS):
+        q = _torch_nibbles(torch, words[r : r + _PEER_ROWS], interleaved)
+        packed[r : r + _PEER_ROWS] = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    w_int4 = torch._convert_weight_to_int4pack(packed, 8)
+    scales_and_zeros = _int4pack_scales_and_zeros(torch, scales_kn)
+    return lambda: torch._weight_int4pack_mm(x, w_int4, g, scales_and_zeros)
+
+
+def _int4pack_scales_and_zeros(torch, scales_kn):
+    """tinygemm's qScaleAndZeros [K/G, N, 2]: [..., 0] the scale, [..., 1] the zero (0 here)."""
+    return torch.stack([scales_kn, torch.zeros_like(scales_kn)], dim=-1).contiguous()
+
+
 def _torch_matmul_peer(torch, inputs):
     """x @ W^T with W dequantized to BF16 once, untimed (s * (q - 8), one rounding: chapter 02's
     W_hat): cuBLAS on BF16 weights, what running without the INT4 kernel costs."""
     x, words, scales = inputs
-    g = 8 * words.shape[1] // scales.shape[1]
-    w = torch.empty(words.shape[0], 8 * words.shape[1], dtype=torch.bfloat16, device=x.device)
-    for r in range(0, w.shape[0], 2048):
-        q = _torch_nibbles(torch, words[r : r + 2048], interleaved=True)
-        s = scales[r : r + 2048].repeat_interleave(g, dim=1)
-        w[r : r + 2048] = (q - 8).to(torch.bfloat16) * s
+    w = _dequantized_bf16(torch, words, True, scales.t())
     return lambda: x @ w.T
 
 
 def _torch_int4pack_peer(torch, inputs):
-    """torch._weight_int4pack_mm (the tinygemm kernel) on the same weights: uint8 [N, K/2] with
-    element 2j in the high nibble of byte j, repacked by torch._convert_weight_to_int4pack
-    (innerKTiles 8), scales and zeros [K/G, N, 2] with zero 0, so it computes (q - 8) * s."""
+    """torch._weight_int4pack_mm on chapter 06's interleaved words (_int4pack_mm_call)."""
     x, words, scales = inputs
-    n, k = words.shape[0], 8 * words.shape[1]
-    g = k // scales.shape[1]
-    packed = torch.empty(n, k // 2, dtype=torch.uint8, device=x.device)
-    for r in range(0, n, 2048):
-        q = _torch_nibbles(torch, words[r : r + 2048], interleaved=True)
-        packed[r : r + 2048] = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)
-    w_int4 = torch._convert_weight_to_int4pack(packed, 8)
-    scales_and_zeros = torch.stack([scales.t(), torch.zeros_like(scales.t())], dim=-1).contiguous()
-    return lambda: torch._weight_int4pack_mm(x, w_int4, g, scales_and_zeros)
+    return _int4pack_mm_call(torch, x, words, True, scales.t())
 
 
 def int4_gemv_cases() -> list[Case]:
@@ -579,6 +607,199 @@ def int4_gemv_cases() -> list[Case]:
     return cases
 
 
+# Chapter 07: the W4A16 GEMM at the Llama-3-70B MLP shapes (N, K) and M from decode to prefill,
+# G = 128. Trim these to shorten a run; W4A16_WIDER_SHAPES (Llama-3-8B) is not in the default run:
+# w4a16_gemm_cases(shapes=W4A16_SHAPES + W4A16_WIDER_SHAPES).
+W4A16_SHAPES = [(28672, 8192), (8192, 28672)]
+W4A16_WIDER_SHAPES = [(14336, 4096), (4096, 14336)]
+W4A16_M = (1, 16, 64, 256, 1024, 4096)
+W4A16_G = 128
+W4A16_SAMPLE_ROWS = 64  # rows of x (of y) the reference computes
+# torch's tinygemm is a decode kernel: 65 ms a call at M = 4096, N = 28672, K = 8192 on the H200
+# (about 16 s of timed calls per case), measured up to this M only.
+W4A16_INT4PACK_MAX_M = 1024
+W4A16_OPS = ("w4a16_gemm", "w4a16r_gemm")
+W4A16_DTYPES = ["bfloat16", "uint32", "bfloat16", "bfloat16"]  # x, w, scales -> y
+_BLOCK_N, _STEP_K = 64, 16  # lkw.w4a16.BLOCK_N, STEP_K: the repacked layout's block and k step
+_REF_ELEMENTS = 1 << 25  # weights dequantized at a time (float64) by the GPU reference
+
+
+def _torch_pack(torch, q, interleaved: bool):
+    """4-bit values [..., W, 8] (element order) -> int32 words [..., W]; interleaved: element e
+    at nibble GEMV_INV_PERM[e] (lkw.int4.pack)."""
+    nibbles = GEMV_INV_PERM if interleaved else range(8)
+    shifts = torch.tensor([4 * p for p in nibbles], dtype=torch.int64, device=q.device)
+    words = (q.to(torch.int64) << shifts).sum(dim=-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _repack_rows(k: int) -> int:
+    """Weight rows (a multiple of 64) repacked at a time: about 16 M nibbles."""
+    return _BLOCK_N * max(1, (1 << 24) // (_BLOCK_N * k))
+
+
+def _torch_repack(torch, words):
+    """lkw.w4a16.repack on the GPU: natural int32 words [N, K/8] -> the mma fragment layout
+    [N/64, 8K] (the same reshape and transpose of q, the same interleaved packing)."""
+    n, k = words.shape[0], 8 * words.shape[1]
+    if n % _BLOCK_N or k % _STEP_K:
+        raise ValueError(f"repack needs N % {_BLOCK_N} == 0 and K % {_STEP_K} == 0: N = {n}, K = {k}")
+    out = torch.empty(n // _BLOCK_N, 8 * k, dtype=torch.int32, device=words.device)
+    rows = _repack_rows(k)
+    for r in range(0, n, rows):
+        q = _torch_nibbles(torch, words[r : r + rows], interleaved=False).to(torch.uint8)  # (R,K)
+        b = q.shape[0] // _BLOCK_N
+        q = q.reshape(b, 4, 2, 8, k // _STEP_K, 2, 4, 2)  # (nb,w,h,r,ks,p,c,j)
+        fragments = q.permute(0, 4, 3, 6, 1, 2, 5, 7).reshape(b, 8 * k, 8)  # (nb,ks,r,c,w,h,p,j)
+        out[r // _BLOCK_N : r // _BLOCK_N + b] = _torch_pack(torch, fragments, interleaved=True)
+    return out
+
+
+def _torch_unrepack(torch, repacked, n: int, k: int):
+    """lkw.w4a16.unrepack on the GPU: [N/64, 8K] -> natural int32 words [N, K/8]."""
+    if tuple(repacked.shape) != (n // _BLOCK_N, 8 * k) or n % _BLOCK_N or k % _STEP_K:
+        raise ValueError(f"repacked weights for N = {n}, K = {k} must be [{n // _BLOCK_N}, {8 * k}] words")
+    out = torch.empty(n, k // 8, dtype=torch.int32, device=repacked.device)
+    blocks = _repack_rows(k) // _BLOCK_N
+    for b0 in range(0, n // _BLOCK_N, blocks):
+        f = _torch_nibbles(torch, repacked[b0 : b0 + blocks], interleaved=True).to(torch.uint8)  # (b,64K)
+        b = f.shape[0]
+        q = f.reshape(b, k // _STEP_K, 8, 4, 4, 2, 2, 2).permute(0, 4, 5, 2, 1, 6, 3, 7)  # (nb,w,h,r,ks,p,c,j)
+        out[b0 * _BLOCK_N : (b0 + b) * _BLOCK_N] = _torch_pack(torch, q.reshape(b * _BLOCK_N, k // 8, 8), False)
+    return out
+
+
+def _gemv_tolerance_of(walk_sq: float, abs_sum: float, k: int) -> str:
+    """lkw.gemv.tolerance's close:RTOL:ATOL from its two maxima over the outputs checked:
+    walk_sq = max over m, n of sum_k (x_k w_k)^2, abs_sum = max over m, n of sum_k |x_k w_k|."""
+    from lkw import gemv
+
+    atol = gemv.ROUNDING_SIGMAS * 2.0**-9 * math.sqrt(walk_sq) + 8 * math.sqrt(k) * 2.0**-24 * abs_sum
+    return f"close:{gemv.RTOL}:{atol:.3g}"
+
+
+def _w4a16_reference(torch, x_bits: np.ndarray, words, scales_bits: np.ndarray) -> tuple[np.ndarray, str]:
+    """lkw.w4a16.w4a16_gemm and lkw.w4a16.tolerance on the GPU, for the rows of x given: y bits
+    uint16 [rows, N] and the tolerance of exactly these x and W_hat.
+
+    The same computation as the host references: W_hat = s * (q - 8) exact in float64 (natural
+    int32 words [N, K/8] on the GPU, scale bits [K/G, N]), x . W_hat^T in float64 (cuBLAS DGEMM:
+    another order of float64 sums than numpy's, far below a BF16 ulp), one rounding to BF16 on the
+    host (lkw.formats.f64_to_bf16); the tolerance is lkw.gemv.tolerance's formula
+    (_gemv_tolerance_of) on its two maxima, computed alongside. On the host W_hat alone would be
+    1.9 GB at 28672 x 8192, so the GPU does it in slices of _REF_ELEMENTS weights."""
+    from lkw import formats
+
+    def bf16_to_f64(bits):
+        t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).to(words.device)
+        return t.view(torch.bfloat16).to(torch.float64)
+
+    x = bf16_to_f64(x_bits)  # (rows,K)
+    s = bf16_to_f64(scales_bits)  # (K/G,N)
+    n, k = words.shape[0], 8 * words.shape[1]
+    g = k // s.shape[0]
+    y = torch.empty(x.shape[0], n, dtype=torch.float64, device=words.device)
+    x_sq, x_abs = x * x, x.abs()
+    walk_sq = abs_sum = 0.0
+    step = max(1, _REF_ELEMENTS // k)
+    for r in range(0, n, step):
+        q = _torch_nibbles(torch, words[r : r + step], interleaved=False).to(torch.float64)
+        w = (q - 8) * s[:, r : r + step].t().repeat_interleave(g, dim=1)  # (step,K)
+        y[:, r : r + step] = x @ w.t()
+        walk_sq = max(walk_sq, float((x_sq @ (w * w).t()).max()))
+        abs_sum = max(abs_sum, float((x_abs @ w.abs().t()).max()))
+        del q, w
+    return formats.f64_to_bf16(y.cpu().numpy()), _gemv_tolerance_of(walk_sq, abs_sum, k)
+
+
+def _w4a16_matmul_peer(torch, inputs):
+    """cuBLAS BF16: torch.matmul(x, W_bf16^T), W_bf16 = s * (q - 8) rounded once to BF16 [N, K],
+    made once, untimed: what running without the INT4 kernel costs."""
+    x, words, scales = inputs
+    w = _dequantized_bf16(torch, words, False, scales)
+    return lambda: torch.matmul(x, w.t())
+
+
+def _w4a16_int4pack_peer(torch, inputs):
+    """torch._weight_int4pack_mm on the natural words (_int4pack_mm_call)."""
+    x, words, scales = inputs
+    return _int4pack_mm_call(torch, x, words, False, scales)
+
+
+def w4a16_model(m: int, n: int, k: int, g: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of y = x . W^T: the INT4 weights, their BF16 scales, x and y once each."""
+    return n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 2, 2 * m * n * k
+
+
+def w4a16_gemm_cases(shapes=None, ms=None) -> list[Case]:
+    """Chapter 07's ops at W4A16_SHAPES x W4A16_M (shape strings identical across the two ops, so
+    that the peers, measured under w4a16_gemm, meet w4a16r_gemm too: PEER_OPS). Inputs: x ~ N(0, 1)
+    [M, K], random words [N, K/8] (natural; w4a16r_gemm: the same words repacked on the GPU,
+    _torch_repack), scales |N(0, 1)| * 0.01 + 1e-3 [K/G, N]; the weights are drawn first, so every M
+    of a shape has the same weights. The reference computes W4A16_SAMPLE_ROWS rows of y (all where
+    M is smaller) on the GPU (_w4a16_reference; for w4a16r_gemm from the unrepacked words), and sets
+    the case's tolerance to lkw.w4a16.tolerance of exactly those rows and weights: W has N rows,
+    which may equal M, so the reference sees every input and cuts x itself. Peers: cuBLAS on BF16
+    weights and torch's INT4 kernel (torch_peers; the latter up to W4A16_INT4PACK_MAX_M), Marlin,
+    Machete and humming (lkw.peers.w4a16_peers), each on the same q and scales packed by its own
+    packer."""
+    shapes = W4A16_SHAPES if shapes is None else shapes
+    ms = W4A16_M if ms is None else ms
+    g = W4A16_G
+
+    def make_for(op, m, n, k):
+        def make(torch, gen):
+            dev = {"device": "cuda", "generator": gen}
+            words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, **dev)
+            scales = (torch.randn(k // g, n, **dev).abs() * 0.01 + 1e-3).to(torch.bfloat16)
+            x = torch.randn(m, k, **dev).to(torch.bfloat16)
+            if op == "w4a16r_gemm":
+                words = _torch_repack(torch, words)
+            return [x, words, scales], [torch.empty(m, n, dtype=torch.bfloat16, device="cuda")]
+
+        return make
+
+    def expected_for(op, n, k, holder):
+        def expected(host):
+            import torch
+
+            x_bits, w_bits, s_bits = host
+            words = torch.from_numpy(np.ascontiguousarray(w_bits).view(np.int32)).to("cuda")
+            if op == "w4a16r_gemm":
+                words = _torch_unrepack(torch, words, n, k)
+            y, tol = _w4a16_reference(torch, x_bits[:W4A16_SAMPLE_ROWS], words, s_bits)
+            holder[0].tolerance = tol  # the tolerance of the data checked, for versions and peers
+            return [y]
+
+        return expected
+
+    torch_peers = {"torch_matmul": _w4a16_matmul_peer, "torch_int4pack_mm": _w4a16_int4pack_peer}
+    production = peers.w4a16_peers()
+
+    def torch_peers_at(m):
+        return {k: v for k, v in torch_peers.items() if k != "torch_int4pack_mm" or m <= W4A16_INT4PACK_MAX_M}
+
+    cases = []
+    for n, k in shapes:
+        for op in W4A16_OPS:
+            for m in ms:
+                model_bytes, flops = w4a16_model(m, n, k, g)
+                holder: list[Case] = []
+                case = Case(
+                    op, f"m={m},n={n},k={k},g={g}", list(W4A16_DTYPES), make_for(op, m, n, k),
+                    expected_for(op, n, k, holder),
+                    # Replaced by the reference with the tolerance of the data it checks.
+                    tolerance="close:0.016:0",
+                    sample_rows=W4A16_SAMPLE_ROWS if m > W4A16_SAMPLE_ROWS else None,
+                    reference_sees_all=True,
+                    torch_peers=torch_peers_at(m) if op == "w4a16_gemm" else {},
+                    library_peers=production if op == "w4a16_gemm" else {},
+                    model_bytes=model_bytes, flops=flops)
+                holder.append(case)
+                cases.append(case)
+    return cases
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
@@ -586,6 +807,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "03_dynamic_quant": dynamic_quant_cases,
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
+    "07_w4a16_gemm": w4a16_gemm_cases,
 }
 
 
@@ -684,9 +906,10 @@ OPTIONS = {"library_peers": True}  # --no-library-peers turns the production pee
 
 
 def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l2_bytes: int,
-                 log=print) -> list[dict]:
+                 log=print, chapter: str | None = None) -> list[dict]:
     """Every version and peer of one case, each verified, timed in the three modes (one launch after
-    an L2 flush, back to back, in a CUDA graph) over the same rotated input sets, and verified again."""
+    an L2 flush, back to back, in a CUDA graph) over the same rotated input sets, and verified again.
+    The peers' rows carry the versions' byte and FLOP model (the case's where no version runs)."""
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -738,8 +961,9 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
             row.update(_back_to_back(case, name, arg_sets, expected, warmup=warmup, log=log))
         _rates(row)
         rows.append(row)
-    model_bytes = next((r["model_bytes"] for r in rows if r["kind"] == "version"), None)
-    chapter = versions[0]["chapter"] if versions else "?"
+    model_bytes = next((r["model_bytes"] for r in rows if r["kind"] == "version"), case.model_bytes)
+    flops = next((r["flops"] for r in rows if r["kind"] == "version"), case.flops) or 0.0
+    chapter = versions[0]["chapter"] if versions else chapter or "?"
     # The peers' input sets: typed views of the versions' sets (clones of set 0), never written by
     # a peer (lkw.peers works on copies where a kernel writes its inputs).
     typed_sets = [[r.view(ti.dtype) for r, ti in zip(ins, typed_inputs)] for ins, _ in arg_sets]
@@ -748,7 +972,7 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
         all_peers += [(p, f, True) for p, f in case.library_peers.items()]
     for peer, factory, production in all_peers:
         row = measure_peer(case, chapter, peer, factory, typed_sets, inputs, expected, model_bytes,
-                           production=production, warmup=warmup, iters=iters, log=log)
+                           production=production, warmup=warmup, iters=iters, log=log, flops=flops)
         if row is not None:
             rows.append(row)
         torch.cuda.empty_cache()
@@ -796,7 +1020,8 @@ def _check_peer(case: Case, fn: peers.PeerCall, outs, inputs, expected) -> dict:
 
 
 def measure_peer(case: Case, chapter: str, peer: str, factory: Callable, typed_sets: list, inputs, expected,
-                 model_bytes: float | None, *, production: bool, warmup: int, iters: int, log=print) -> dict | None:
+                 model_bytes: float | None, *, production: bool, warmup: int, iters: int, log=print,
+                 flops: float = 0.0) -> dict | None:
     """A peer as a row, verified like a version (same reference, the case's peer tolerance) and timed
     like one: one launch after an L2 flush, back to back and in a CUDA graph, rotating over one
     prepared call per input set (a peer that packs its weights packs each set's, untimed). None for
@@ -806,7 +1031,7 @@ def measure_peer(case: Case, chapter: str, peer: str, factory: Callable, typed_s
     name = f"{chapter}/{case.op}/{peer}"
     row = {"name": name, "op": case.op, "version": peer, "kind": "peer",
            "summary": f"torch {torch.__version__}", "shape": case.shape,
-           "model_bytes": model_bytes, "flops": 0.0}
+           "model_bytes": model_bytes, "flops": flops}
     try:
         fns = [_as_peer_call(factory(torch, typed_sets[0]))]
         if production:
@@ -1060,6 +1285,8 @@ def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, wa
 # under int4i_gemv (torch's INT4 kernel, Marlin, Machete), at the same shape string.
 PEER_OPS = {op: ("bf16_gemv",) if op == "int4i_zp_gemv" else ("bf16_gemv", "int4i_gemv")
             for op in ("int4_gemv", "int4i_gemv", "int4i_zp_gemv", "int4t_gemv")}
+# Chapter 07: the repacked op meets the peers measured under the natural one, at the same shape.
+PEER_OPS["w4a16r_gemm"] = ("w4a16_gemm",)
 
 
 def _peer_ratios(rows: list[dict]) -> None:
@@ -1129,8 +1356,8 @@ def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: 
             rows += ceiling_rows  # already measured at the start of this run
             continue
         case_rows = measure_case(case, versions_of(chapter, case.op), warmup=warmup, iters=iters,
-                                 l2_bytes=l2_bytes, log=log)
-        model_bytes = next((r["model_bytes"] for r in case_rows if r["kind"] == "version"), None)
+                                 l2_bytes=l2_bytes, log=log, chapter=chapter)
+        model_bytes = next((r["model_bytes"] for r in case_rows if r["kind"] == "version"), case.model_bytes)
         same = same_size_copy(model_bytes, ceiling_name, copies, warmup=warmup, iters=iters,
                               l2_bytes=l2_bytes, log=log) or {}
         for r in case_rows:
@@ -1297,7 +1524,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ncu", action="store_true", help="also measure DRAM bytes with Nsight Compute")
     ap.add_argument("--replay", action="store_true", help="print recorded results; needs no GPU")
     ap.add_argument("--no-library-peers", action="store_true",
-                    help="skip the production peers (vLLM, FlashInfer, Liger: lkw.peers)")
+                    help="skip the production peers (vLLM, FlashInfer, Liger, humming: lkw.peers)")
     ap.add_argument("--compare", type=Path, metavar="BASELINE",
                     help="a results JSON (or a folder of them): print each row's change against it and "
                          "exit 1 on a row slower beyond both runs' spread (on the GPU, never in CI)")

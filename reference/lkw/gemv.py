@@ -147,11 +147,11 @@ def tolerance(x: np.ndarray, weights: np.ndarray) -> str:
 
     1. Weights rounded to BF16 before the multiply (v3 with G < 128 or zero points, and the torch
        and cuBLAS peers on dequantized weights): each product x_k w_k carries a relative error
-       d_k, |d_k| <= 2^-9, independent from weight to weight. Their sum is a random walk with
-       standard deviation <= 2^-9 / sqrt(3) * sqrt(sum_k (x_k w_k)^2). The term is
-       ROUNDING_SIGMAS * 2^-9 * sqrt(max over m, n of sum_k (x_k w_k)^2), about 14 standard
-       deviations of the largest output's walk: never reached by chance, and growing like
-       sqrt(K).
+       d_k, |d_k| <= 2^-8 (BF16 keeps 8 significant bits), independent from weight to weight.
+       Their sum is a random walk with standard deviation <= 2^-8 / sqrt(3) *
+       sqrt(sum_k (x_k w_k)^2). The term is ROUNDING_SIGMAS * 2^-9 * sqrt(max over m, n of
+       sum_k (x_k w_k)^2), 4 * sqrt(3) ~ 6.9 standard deviations of the largest output's walk
+       (a chance of about 1e-11 per output): never reached by chance, and growing like sqrt(K).
     2. FP32 accumulation: K additions, each off by <= 2^-24 of a partial sum bounded by
        S = max over m, n of sum_k |x_k w_k|, adding up like a random walk: sqrt(K) * 2^-24 * S,
        times 8 for any summation order (tensor-core trees, split-K partials, chunked sums).

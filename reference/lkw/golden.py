@@ -32,7 +32,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, gemv, int4, quant, rmsnorm, roofline
+from lkw import formats, gemv, int4, quant, rmsnorm, roofline, w4a16
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -111,6 +111,9 @@ OPS = {
     ),
     "int4t_gemv": Op(gemv.int4t_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
     "bf16_gemv": Op(gemv.bf16_gemv, ("bfloat16", "bfloat16"), ("bfloat16",)),
+    # 07_w4a16_gemm (lkw.w4a16: x, w, scales [K/G, N] -> y; w natural or repacked for mma)
+    "w4a16_gemm": Op(w4a16.w4a16_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
+    "w4a16r_gemm": Op(w4a16.w4a16r_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
 }
 
 
@@ -616,6 +619,46 @@ def int4_gemv_cases(rng: np.random.Generator) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 07_w4a16_gemm
+
+W4A16_OPS = ("w4a16_gemm", "w4a16r_gemm")
+# (M, N, K, G), the same for both ops: M = 1 to 130 (one and several m16 tiles, partial ones, past
+# a 128-row block); N = 64 (one n64 block of the repacked layout), 192 (an odd number of them),
+# 320 (not a multiple of 256), 512; K = 1056, 2080 and 4192 have K % 64 == 32, a k16 tail past
+# the last k64 (so only G = 32 or G = K divides them); G = K is one scale per output channel
+# (scales [1, N]). M = 1100 is nine 128-token tiles: the wgmma version's raster runs them in two
+# groups of eight.
+W4A16_SHAPES = (
+    (1, 64, 256, 32),
+    (5, 192, 1056, 32),
+    (16, 320, 4096, 128),
+    (17, 512, 256, 64),
+    (33, 64, 4192, 32),
+    (64, 192, 2080, 32),
+    (130, 320, 1056, 1056),
+    (1, 512, 4096, 4096),
+    (5, 64, 2080, 2080),
+    (16, 512, 4192, 32),
+    (64, 192, 4096, 64),
+    (130, 64, 256, 128),
+    (1100, 64, 256, 64),
+)
+
+
+def _w4a16_case(rng: np.random.Generator, op: str, m: int, n: int, k: int, g: int) -> Case:
+    x = gemv_activations(rng, m, k)  # (M,K)
+    words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)  # (N,K/8): every nibble value
+    scales = dequant_scales(rng, k // g, n, "bfloat16")  # (K/G,N): group-major, drawn as such
+    tol = w4a16.tolerance(x, w4a16.w_hat(words, scales))
+    weights = w4a16.repack(words) if op == "w4a16r_gemm" else words  # (N/64,8K) or (N,K/8)
+    return Case(f"{op}_m{m}_n{n}_k{k}_g{g}", op, tol, [x, weights, scales], {"group_size": g})
+
+
+def w4a16_gemm_cases(rng: np.random.Generator) -> list[Case]:
+    return [_w4a16_case(rng, op, *shape) for op in W4A16_OPS for shape in W4A16_SHAPES]
+
+
+# ---------------------------------------------------------------------------------------------
 
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
@@ -624,6 +667,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "03_dynamic_quant": dynamic_quant_cases,
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
+    "07_w4a16_gemm": w4a16_gemm_cases,
 }
 
 

@@ -2,8 +2,8 @@
 
 Every peer here is an optional import, found one of two ways:
 
-- a user's install: ``pip install vllm flashinfer-python liger-kernel`` (``import
-  vllm._custom_ops``, ``import flashinfer``, ``import liger_kernel``);
+- a user's install: ``pip install vllm flashinfer-python liger-kernel humming-kernels`` (``import
+  vllm._custom_ops``, ``import flashinfer``, ``import liger_kernel``, ``import humming``);
 - the offline kit (``../shared/peers/README.md``): ``$LKW_PEERS_DIR`` names a folder holding the
   kit's files. Its wheels are installed into ``$LKW_PEERS_SITE`` (default /tmp/lkw_peers/site;
   ``tools/device_check.sh peers`` does it beforehand) and that folder goes on ``sys.path``; the
@@ -44,7 +44,7 @@ from pathlib import Path
 KIT_ENV = "LKW_PEERS_DIR"
 SITE_ENV = "LKW_PEERS_SITE"
 CACHE_ENV = "LKW_PEERS_CACHE"
-LIBRARIES = ("vllm", "flashinfer", "liger")
+LIBRARIES = ("vllm", "flashinfer", "liger", "humming")
 
 # Wheel (distribution) name -> the package it installs, for the kit's wheels.
 _KIT_PACKAGES = {"flashinfer_python": "flashinfer", "apache_tvm_ffi": "tvm_ffi",
@@ -218,7 +218,32 @@ def _load_liger(torch):
     return {"fused_add_rms_norm": fused_add_rms_norm, "rms_norm": rms_norm}, f"Liger {version} ({where})"
 
 
-_LOADERS = {"vllm": _load_vllm, "flashinfer": _load_flashinfer, "liger": _load_liger}
+def _humming_env() -> None:
+    # humming JIT-compiles its kernels (nvcc/NVRTC) on a shape's first call and caches them: the
+    # cache goes under /tmp, never into the repository.
+    os.environ.setdefault("HUMMING_CACHE_DIR", str(_cache() / "humming_cache"))
+    if "CUDA_HOME" not in os.environ and Path("/usr/local/cuda").is_dir():
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+
+def _load_humming(torch):
+    _humming_env()
+    import humming
+    from humming.layer import HummingLayer
+
+    version = getattr(humming, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+
+            version = dist_version("humming_kernels")
+        except Exception:  # noqa: BLE001  (a version string only)
+            version = "?"
+    where = "kit" if kit_dir() else "installed"
+    return HummingLayer, f"humming {version} ({where})"
+
+
+_LOADERS = {"vllm": _load_vllm, "flashinfer": _load_flashinfer, "liger": _load_liger, "humming": _load_humming}
 
 
 def library(name: str, log=print):
@@ -508,10 +533,63 @@ def marlin_permute_scales(torch, s, size_k: int, size_n: int, group_size: int):
     return s.reshape((-1, size_n)).contiguous()
 
 
+def marlin_call(torch, x, gptq_words, scales, g: int) -> PeerCall:
+    """vLLM's Marlin (marlin_gemm, uint4b8) on GPTQ words [K/8, N] int32 and scales [K/G, N] BF16,
+    packed by its own gptq_marlin_repack and marlin_permute_scales (untimed)."""
+    v = library("vllm")
+    m, k = x.shape
+    n = gptq_words.shape[1]
+    packed = v.ops.gptq_marlin_repack(gptq_words.contiguous(), k, n, 4)
+    s = marlin_permute_scales(torch, scales.contiguous(), k, n, g)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    workspace = torch.zeros(sms * 4, dtype=torch.int32, device=x.device)  # locks, left zero
+    tid = v.scalar_types.uint4b8.id
+    torch.cuda.synchronize()
+
+    def call():
+        return (v.ops.marlin_gemm(x, None, packed, None, s, None, None, workspace, tid, m, n, k,
+                                  False, True, False),)
+
+    return PeerCall(call)
+
+
+def machete_call(torch, x, gptq_words, scales, g: int) -> PeerCall:
+    """vLLM's Machete (machete_mm, uint4b8) on GPTQ words [K/8, N] int32 and scales [K/G, N] BF16;
+    machete_prepack_B takes the words column-major ([K/8, N] with K/8 contiguous)."""
+    v = library("vllm")
+    tid = v.scalar_types.uint4b8.id
+    column_major = gptq_words.t().contiguous().t()
+    packed = v.ops.machete_prepack_B(column_major, torch.bfloat16, tid, torch.bfloat16)
+    s = scales.contiguous()
+    del column_major
+    torch.cuda.synchronize()
+
+    def call():
+        return (v.ops.machete_mm(x, packed, tid, None, s, None, g, None, None, None),)
+
+    return PeerCall(call)
+
+
+def humming_call(torch, x, gptq_words, scales, g: int) -> PeerCall:
+    """humming's HummingLayer loaded from a symmetric GPTQ checkpoint (qweight = GPTQ words
+    [K/8, N], scales [K/G, N]: uint4 without zero point means q - 8, as ours) and transformed by
+    humming itself (untimed). Its first forward JIT-compiles the kernel for the shape (11-13 s on
+    the H200): done here, outside timing."""
+    layer_cls = library("humming")
+    k, n = 8 * gptq_words.shape[0], gptq_words.shape[1]
+    config = {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": True, "desc_act": False}
+    layer = layer_cls(shape_n=n, shape_k=k, weight_config=config, torch_dtype=torch.bfloat16).to(x.device)
+    layer.load_from_tensors({"qweight": gptq_words, "scales": scales})
+    layer.transform()
+    layer(x)
+    torch.cuda.synchronize()
+    return PeerCall(lambda: (layer(x),))
+
+
 def gemv_peers(interleaved: bool, nibbles: Callable) -> dict[str, Callable]:
-    """Marlin and Machete on the op's weights, each packed with the library's own packer from the
-    GPTQ words of the same q (untimed). `nibbles(torch, words, interleaved)` turns our words into
-    q [R, K] in element order."""
+    """Marlin and Machete on chapter 06's weights, each packed with the library's own packer from
+    the GPTQ words of the same q (untimed). `nibbles(torch, words, interleaved)` turns our words
+    into q [R, K] in element order; the scales [N, K/G] go in transposed."""
 
     def gptq_of(torch, words):
         n = words.shape[0]
@@ -521,40 +599,38 @@ def gemv_peers(interleaved: bool, nibbles: Callable) -> dict[str, Callable]:
             out[:, r : r + _PACK_ROWS] = gptq_pack(torch, nibbles(torch, words[r : r + _PACK_ROWS], interleaved))
         return out
 
-    def marlin(torch, ins):
-        v = library("vllm")
-        x, words, scales = ins
-        m, k = x.shape
-        n = words.shape[0]
-        g = k // scales.shape[1]
-        packed = v.ops.gptq_marlin_repack(gptq_of(torch, words), k, n, 4)
-        s = marlin_permute_scales(torch, scales.t().contiguous(), k, n, g)
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        workspace = torch.zeros(sms * 4, dtype=torch.int32, device=x.device)  # locks, left zero
-        tid = v.scalar_types.uint4b8.id
-        torch.cuda.synchronize()
+    def on_gptq(call):
+        def factory(torch, ins):
+            library("vllm")  # absent: skipped before the inputs are touched
+            x, words, scales = ins
+            g = x.shape[1] // scales.shape[1]
+            return call(torch, x, gptq_of(torch, words), scales.t().contiguous(), g)
 
-        def call():
-            return (v.ops.marlin_gemm(x, None, packed, None, s, None, None, workspace, tid, m, n, k,
-                                      False, True, False),)
+        return factory
 
-        return PeerCall(call)
+    return {"vllm marlin_gemm": on_gptq(marlin_call), "vllm machete_mm": on_gptq(machete_call)}
 
-    def machete(torch, ins):
-        v = library("vllm")
-        x, words, scales = ins
-        k = x.shape[1]
-        g = k // scales.shape[1]
-        tid = v.scalar_types.uint4b8.id
-        column_major = gptq_of(torch, words).t().contiguous().t()  # [K/8, N], K/8 contiguous
-        packed = v.ops.machete_prepack_B(column_major, torch.bfloat16, tid, torch.bfloat16)
-        s = scales.t().contiguous()  # [K/G, N]
-        del column_major
-        torch.cuda.synchronize()
 
-        def call():
-            return (v.ops.machete_mm(x, packed, tid, None, s, None, g, None, None, None),)
+# ------------------------------------------------------------------------------------------------
+# Chapter 07: W4A16 GEMM. Inputs [x bf16 [M, K], words int32 [N, K/8] in the natural nibble order,
+# scales bf16 [K/G, N] (group-major, as GPTQ's)]. Natural words transposed are GPTQ's qweight.
 
-        return PeerCall(call)
+W4A16_PEERS = {"vllm marlin_gemm": marlin_call, "vllm machete_mm": machete_call,
+               "humming HummingLayer": humming_call}
 
-    return {"vllm marlin_gemm": marlin, "vllm machete_mm": machete}
+
+def w4a16_peers() -> dict[str, Callable]:
+    """Marlin, Machete and humming on chapter 07's weights: GPTQ words = our natural words
+    transposed (element k of row n at nibble k % 8 of word [k // 8, n] in both), scales as they
+    are; each library packs them its own way (untimed)."""
+
+    def on_natural(lib, call):
+        def factory(torch, ins):
+            library(lib)  # absent: skipped before the inputs are touched
+            x, words, scales = ins
+            g = x.shape[1] // scales.shape[0]
+            return call(torch, x, words.view(torch.int32).t().contiguous(), scales, g)
+
+        return factory
+
+    return {name: on_natural(name.split()[0], call) for name, call in W4A16_PEERS.items()}

@@ -875,6 +875,33 @@ def example(chapter: str) -> dict:
                                              "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
                               for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]
                               and p["op"] in (r["op"], "bf16_gemv")}
+    elif chapter == "07_w4a16_gemm":
+        rows, g, peak = [], 128, 600.0  # the example's tensor rate, TFLOP/s
+        for n_rows, k in [(28672, 8192), (8192, 28672)]:
+            for m in (1, 16, 256, 4096):
+                shape = f"m={m},n={n_rows},k={k},g={g}"
+                act, flops = 2 * m * k + 2 * m * n_rows, 2 * m * n_rows * k
+                int4, bf16 = n_rows * k // 2 + n_rows * (k // g) * 2 + act, 2 * n_rows * k + act
+                # (op, version, kind, bytes, share of the ceiling, share of the tensor rate)
+                for op, version, kind, model, mem, tc in [
+                    ("w4a16_gemm", "v0_dequant_cublas", "version", int4, 0.1, 0.9),
+                    ("w4a16r_gemm", "v3_repacked_lop3", "version", int4, 0.15, 0.3),
+                    ("w4a16r_gemm", "v4_scales_in_shared", "version", int4, 0.2, 0.35),
+                    ("w4a16r_gemm", "v5_split_k", "version", int4, 0.4, 0.35),
+                    ("w4a16r_gemm", "v6_wgmma", "version", int4, 0.1, 0.75),
+                    ("w4a16r_gemm", "v7_wgmma_split_k", "version", int4, 0.4, 0.75),
+                    ("w4a16_gemm", "torch_matmul", "peer", bf16, 0.9, 1.0),
+                    ("w4a16_gemm", "vllm marlin_gemm", "peer", int4, 0.6, 0.5),
+                ]:
+                    time_us = max(model / (mem * ceiling * 1e3), flops / (tc * peak * 1e6))
+                    rows.append(row(op, version, kind, "example row", shape, time_us, model,
+                                    flops=flops, dram_ratio=None))
+                    rows[-1]["graph_us"] = rows[-1]["back_to_back_us"] = time_us
+        for r in rows:
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
+                                             "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
+                              for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]}
     else:
         raise KeyError(f"no example for chapter {chapter}")
     return {

@@ -401,3 +401,124 @@ def test_the_schema_check_requires_every_mode_once_a_run_says_it_timed_them():
     with pytest.raises(AssertionError, match="graph_us missing"):
         check_results_schema(run, "new")
 
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 07: the W4A16 GEMM's bench cases (the reference and the repack run on the GPU in the
+# bench; here on CPU tensors where torch is installed).
+
+
+def test_w4a16_cases_cover_every_shape_and_m_of_both_ops_with_the_same_shape_strings():
+    cases = bench.CHAPTERS["07_w4a16_gemm"]()
+    assert cases and all(c.op in bench.W4A16_OPS for c in cases)
+    by_op = {op: [c.shape for c in cases if c.op == op] for op in bench.W4A16_OPS}
+    g = bench.W4A16_G
+    want = [f"m={m},n={n},k={k},g={g}" for n, k in bench.W4A16_SHAPES for m in bench.W4A16_M]
+    assert sorted(by_op["w4a16_gemm"]) == sorted(want) == sorted(by_op["w4a16r_gemm"])
+    assert (28672, 8192) in bench.W4A16_SHAPES and (8192, 28672) in bench.W4A16_SHAPES
+    assert not set(bench.W4A16_WIDER_SHAPES) & set(bench.W4A16_SHAPES)  # not in the default run
+    assert set(bench.W4A16_M) == {1, 16, 64, 256, 1024, 4096}
+    wider = bench.w4a16_gemm_cases(shapes=bench.W4A16_WIDER_SHAPES, ms=(16,))
+    assert {c.shape for c in wider} == {f"m=16,n={n},k={k},g={g}" for n, k in bench.W4A16_WIDER_SHAPES}
+    for c in cases:
+        m, n, k = (int(part.split("=")[1]) for part in c.shape.split(",")[:3])
+        assert c.dtypes == ["bfloat16", "uint32", "bfloat16", "bfloat16"]
+        assert c.flops == 2 * m * n * k
+        assert c.model_bytes == n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 2
+        assert c.reference_sees_all  # W has N rows, which may equal M: the reference cuts x itself
+        assert c.sample_rows == (bench.W4A16_SAMPLE_ROWS if m > bench.W4A16_SAMPLE_ROWS else None)
+        # The peers are measured under the natural op; the repacked op meets them through PEER_OPS.
+        if c.op == "w4a16_gemm":
+            tinygemm = {"torch_int4pack_mm"} if m <= bench.W4A16_INT4PACK_MAX_M else set()
+            assert set(c.torch_peers) == {"torch_matmul"} | tinygemm
+            assert set(c.library_peers) == {"vllm marlin_gemm", "vllm machete_mm", "humming HummingLayer"}
+        else:
+            assert not c.torch_peers and not c.library_peers
+    assert bench.PEER_OPS["w4a16r_gemm"] == ("w4a16_gemm",)
+
+
+def test_w4a16_repacked_rows_meet_the_peers_of_the_natural_op():
+    rows = [{"op": "w4a16r_gemm", "version": "v1", "kind": "version", "shape": "s", "graph_us": 10.0},
+            {"op": "w4a16_gemm", "version": "vllm machete_mm", "kind": "peer", "shape": "s", "graph_us": 20.0},
+            {"op": "w4a16_gemm", "version": "torch_matmul", "kind": "peer", "shape": "other", "graph_us": 5.0}]
+    bench._peer_ratios(rows)
+    assert rows[0]["peers"] == {"vllm machete_mm": {"graph_us": 20.0, "graph_ratio": 2.0}}
+
+
+def test_the_gpu_references_tolerance_is_lkw_gemv_tolerance_from_its_two_maxima(rng):
+    """_w4a16_reference computes the two maxima of lkw.gemv.tolerance on the GPU, slice by slice;
+    from the same maxima the formula gives lkw.w4a16.tolerance's string exactly."""
+    from lkw import formats, w4a16
+
+    m, n, k, g = 5, 64, 512, 128
+    x = formats.f32_to_bf16(rng.standard_normal((m, k)).astype(np.float32))
+    words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+    scales = formats.f32_to_bf16((np.abs(rng.standard_normal((k // g, n))) * 0.01 + 1e-3).astype(np.float32))
+    w = w4a16.w_hat(words, scales)
+    x64 = formats.bf16_to_f32(x).astype(np.float64)
+    walk_sq = float(np.max((x64 * x64) @ (w * w).T))
+    abs_sum = float(np.max(np.abs(x64) @ np.abs(w).T))
+    assert bench._gemv_tolerance_of(walk_sq, abs_sum, k) == w4a16.tolerance(x, w)
+
+
+def test_natural_words_transposed_are_gptq_qweight_the_peers_packers_take(rng):
+    """lkw.peers.w4a16_peers hands Marlin, Machete and humming our natural words transposed as
+    GPTQ's qweight [K/8, N] (element k of column n at nibble k % 8 of word [k // 8, n])."""
+    from lkw import int4, w4a16
+
+    n, k, g = 16, 256, 128
+    q = rng.integers(0, 16, (n, k))
+    scales = np.abs(rng.standard_normal((k // g, n))).astype(np.float32)
+    qweight = w4a16.to_gptq(q, scales)[0]
+    assert np.array_equal(int4.pack(q).T.view(np.int32), qweight)
+
+
+def test_w4a16_torch_repack_is_lkw_w4a16_repack_and_unrepack_its_inverse(rng):
+    torch = pytest.importorskip("torch")
+    from lkw import w4a16
+
+    for n, k in ((64, 16), (128, 256), (192, 1024)):
+        words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+        ours = bench._torch_repack(torch, torch.from_numpy(words.view(np.int32)))
+        assert ours.dtype == torch.int32 and tuple(ours.shape) == (n // 64, 8 * k)
+        assert np.array_equal(ours.numpy().view(np.uint32), w4a16.repack(words))
+        back = bench._torch_unrepack(torch, ours, n, k)
+        assert np.array_equal(back.numpy().view(np.uint32), words)
+    with pytest.raises(ValueError):
+        bench._torch_repack(torch, torch.zeros(32, 2, dtype=torch.int32))
+
+
+def test_w4a16_reference_in_torch_slices_is_the_host_reference(rng, monkeypatch):
+    """_w4a16_reference (float64 torch, slices of W_hat) against lkw.w4a16: the same BF16 bits
+    (float64 sums in another order round the same, but for an exact tie) and the same tolerance."""
+    torch = pytest.importorskip("torch")
+    from lkw import formats, w4a16
+
+    monkeypatch.setattr(bench, "_REF_ELEMENTS", 3 * 512)  # several slices, the last one partial
+    m, n, k, g = 7, 320, 512, 128
+    x = formats.f32_to_bf16(rng.standard_normal((m, k)).astype(np.float32))
+    words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+    scales = formats.f32_to_bf16((np.abs(rng.standard_normal((k // g, n))) * 0.01 + 1e-3).astype(np.float32))
+    y, tol = bench._w4a16_reference(torch, x, torch.from_numpy(words.view(np.int32)), scales)
+    ref = w4a16.w4a16_gemm(x, words, scales)
+    assert y.dtype == ref.dtype and y.shape == (m, n)
+    assert np.mean(y == ref) > 0.999
+    assert tol == w4a16.tolerance(x, w4a16.w_hat(words, scales))
+
+
+def test_w4a16_torch_peers_weights_are_the_references_rounded_once(rng):
+    """cuBLAS's BF16 weights are W_hat rounded to BF16; tinygemm's scales and zeros are [K/G, N, 2]
+    with the scale first and zero 0 ((q - 8) * s + 0)."""
+    torch = pytest.importorskip("torch")
+    from lkw import formats, w4a16
+
+    n, k, g = 64, 256, 128
+    words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+    scales = formats.f32_to_bf16((np.abs(rng.standard_normal((k // g, n))) * 0.01 + 1e-3).astype(np.float32))
+    s_t = torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16)
+    w = bench._dequantized_bf16(torch, torch.from_numpy(words.view(np.int32)), False, s_t)
+    want = formats.f64_to_bf16(w4a16.w_hat(words, scales))
+    assert np.array_equal(w.view(torch.int16).numpy().view(np.uint16), want)
+    sz = bench._int4pack_scales_and_zeros(torch, s_t)
+    assert tuple(sz.shape) == (k // g, n, 2) and sz.is_contiguous()
+    assert torch.equal(sz[..., 0], s_t) and not sz[..., 1].any()

@@ -17,7 +17,8 @@ NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CHAPTERS = [
-    "00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm", "06_int4_gemv"
+    "00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm", "06_int4_gemv",
+    "07_w4a16_gemm",
 ]
 # Figures a notebook draws without a measurement: chapter 02's instruction mix.
 STATIC_FIGURES = {"02_int4_dequant": 1, "03_dynamic_quant": 1}
@@ -26,6 +27,7 @@ RECORDED_FIGURES = {
     "02_int4_dequant": 3,  # mix, versions side by side, mix against time
     "03_dynamic_quant": 3,  # error per token, prefill bars, decode latency
     "04_rmsnorm": 3,  # the version ladder, the byte table, decode latency
+    "07_w4a16_gemm": 2,  # speed-up over cuBLAS against M, TFLOP/s against M
 }
 # A cell prints at most this many lines: one screen. Longer tables belong to the book or to
 # `print(results.text_table(data))`, which a reader asks for.

@@ -127,3 +127,18 @@ def test_marlin_scales_keep_every_scale_once(rng):
     permuted = peers.marlin_permute_scales(torch, s, k, n, g)
     assert permuted.shape == (k // g, n)
     assert np.array_equal(np.sort(permuted.numpy().ravel()), np.sort(s.numpy().ravel()))
+
+
+def test_chapter_07_peers_are_marlin_machete_and_humming_skipped_when_absent(fresh, monkeypatch):
+    """Each on the natural words and [K/G, N] scales; an absent library raises Absent (the bench
+    skips the peer, saying why) before the inputs are touched."""
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setitem(sys.modules, "humming", None)
+    factories = peers.w4a16_peers()
+    assert set(factories) == {"vllm marlin_gemm", "vllm machete_mm", "humming HummingLayer"}
+    assert {name.split()[0] for name in factories} <= set(peers.LIBRARIES)  # the row's library
+    for factory in factories.values():
+        with pytest.raises(peers.Absent):
+            factory(None, None)
+    assert set(peers.W4A16_PEERS.values()) == {peers.marlin_call, peers.machete_call, peers.humming_call}

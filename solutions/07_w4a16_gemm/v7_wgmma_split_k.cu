@@ -1,0 +1,297 @@
+// v7_wgmma_split_k — one kernel for every M: v6's wgmma, v5's split-K, and a 16-token tile.
+//
+// Since v6: at decode sizes v6 loses twice. Its grid has N/256 blocks (32 at N = 8192) for 132
+// SMs, and its narrowest wgmma is 64 tokens wide, so at M = 1 the tensor core does 64 times the
+// work. Here the token tile is 16 at M ≤ 16 (wgmma m64n16k16: the weights' A operand is the same,
+// only x's tile and the accumulators shrink), and when the tiles do not fill the resident slots K
+// is split as in v5 (gemm_plan.h): each split writes its FP32 tile, counts itself in, and the last
+// adds the tiles in split order into the shared-memory y tile that the one-split path also
+// stores from. Only the token rows inside M travel.
+// Expect: at M ≤ 64 about v5's time or better (the memory bound with v5's unpack); unchanged from
+// v6 at large M, where S = 1. SASS: HGMMA and ATOMG, no HMMA, no I2F.
+#include "02_int4_dequant/dequant.cuh"
+#include "gemm_plan.h"
+#include "tiles.cuh"
+#include "w4a16_gemm.cuh"
+
+namespace lkw::w4a16 {
+namespace {
+
+constexpr int kGroups =
+    kBlockN / 64;  // warpgroups, 64 channels each: the repacked 64-channel blocks
+constexpr int kThreads6 = kGroups * 128;
+constexpr int kStepWords = 32 * 4;                 // a 64-channel block's words per k-step
+constexpr int kBlockWords = kKSteps * kStepWords;  // per 64-k stage: 2 KB, contiguous in HBM
+constexpr int kScaleRows = 2;                      // a stage's groups: k = 0..31 and 32..63 of it
+constexpr int kRaster = 8;            // token tiles that share a run of N tiles (L2 reuse)
+constexpr int kOutRow = kBlockN + 8;  // y tile row in shared memory, padded
+
+template <int kBT>
+struct Tile {
+  static constexpr int kStages = kBT == 128 ? 4 : kBT == 64 ? 6 : 8;
+  static constexpr int kXBytes = kBT * 128;  // kBT rows of 64 k: 1024-byte swizzle atoms
+  static constexpr int kStageBytes = kXBytes + kGroups * kBlockWords * 4 + kScaleRows * kBlockN * 2;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static_assert(kStageBytes % 1024 == 0, "every stage's x tile must start 1024-aligned");
+  static_assert(kBT * kOutRow * 2 <= kRingBytes, "the y tile reuses the ring");
+};
+
+// What one thread copies into every stage, planned once: its pieces' sources at stage 0 and their
+// places in a stage (stage kt reads 64·kt elements further). Rows past M, channels past N and k
+// past K read nothing and leave zeros (they then multiply to exact zeros).
+template <int kBT>
+struct StageCopy {
+  static constexpr int kXPieces =
+      (kBT * 8 + kThreads6 - 1) / kThreads6;  // x pieces per thread: 1 or 2
+  const __nv_bfloat16* x_src[kXPieces];
+  int x_dst[kXPieces];  // byte offset in the stage, with the 128-byte swizzle
+  bool x_row_ok[kXPieces];
+  int x_k;  // this thread's k within a stage (x)
+  const uint32_t*
+      w_src;  // one 16-byte piece of the four 64-channel blocks (v5's copy, 512 threads)
+  bool w_ok;
+  int w_step;                  // its k-step within a stage
+  const __nv_bfloat16* s_src;  // scales: threads 0..63, row r = group of k = 64·kt + 32·r
+  int s_k;
+
+  __device__ __forceinline__ StageCopy(const __nv_bfloat16* x, const uint32_t* w,
+                                       const __nv_bfloat16* scales, int64_t t0, int64_t nb0,
+                                       int64_t m, int64_t n, int64_t k) {
+    const int tid = threadIdx.x, chunk = tid % 8;
+    x_k = 8 * chunk;
+#pragma unroll
+    for (int i = 0; i < kXPieces; ++i) {
+      const int row = tid / 8 + i * (kThreads6 / 8);
+      x_row_ok[i] = row < kBT && t0 + row < m;  // a 16-token tile has 128 pieces for 512 threads
+      x_src[i] = x + (x_row_ok[i] ? (t0 + row) * k + x_k : 0);  // (M, K)
+      x_dst[i] = row * 128 + 16 * (chunk ^ (row % 8));
+    }
+    const int block = tid / 128, piece = tid % 128;
+    w_ok = nb0 + 64 * block < n;
+    w_step = piece / 32;
+    w_src = w + (w_ok ? ((nb0 + 64 * block) / 64) * (8 * k) + w_step * kStepWords + 4 * (piece % 32)
+                      : 0);  // (N/64, 8K)
+    s_k = 32 * (tid / 32);
+    s_src =
+        tid < 64 && nb0 + 8 * (tid % 32) < n ? scales + nb0 + 8 * (tid % 32) : nullptr;  // (K/G, N)
+  }
+
+  __device__ __forceinline__ void issue(unsigned char* stage, int64_t kt, int64_t n, int64_t k,
+                                        int group_shift) const {
+    const int64_t k0 = kt * kBlockK;
+#pragma unroll
+    for (int i = 0; i < kXPieces; ++i) {
+      const bool ok = x_row_ok[i] && k0 + x_k < k;
+      if (kBT * 8 >= kThreads6 || threadIdx.x < kBT * 8)  // a thread without a piece copies nothing
+        ptx::cp_async_16(stage + x_dst[i], ok ? x_src[i] + k0 : x_src[i], ok);
+    }
+    uint32_t* const b_sh = reinterpret_cast<uint32_t*>(stage + Tile<kBT>::kXBytes);
+    const bool w_in = w_ok && kt * kKSteps + w_step < k / 16;
+    ptx::cp_async_16(b_sh + 4 * threadIdx.x, w_in ? w_src + kt * kBlockWords : w_src, w_in);
+    if (threadIdx.x < 64) {
+      __nv_bfloat16* const s_sh = reinterpret_cast<__nv_bfloat16*>(b_sh + kGroups * kBlockWords);
+      const bool s_in = s_src != nullptr && k0 + s_k < k;
+      ptx::cp_async_16(s_sh + 8 * threadIdx.x,
+                       s_in ? s_src + ((k0 + s_k) >> group_shift) * n : x_src[0], s_in);
+    }
+  }
+};
+
+template <int kBT>
+__global__ void __launch_bounds__(kThreads6)
+    gemm_v7_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
+                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y,
+                   int64_t m, int64_t n, int64_t k, int group_shift, SplitCut cut,
+                   float* __restrict__ partials, unsigned* __restrict__ arrivals) {
+  using T = Tile<kBT>;
+  constexpr int kStages = T::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle atoms must be 1024-aligned in the shared window (offset computed there, so the
+  // pointer stays a shared-memory one for the compiler).
+  unsigned char* const smem =
+      smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  // One split: the grid runs kRaster token tiles of one N tile back to back (a wave shares its x
+  // and W in L2), z the raster group. Several: the token tiles fit one group, z is the split.
+  const int splits = cut.base == 0 && cut.extra == 0 ? 1 : int(gridDim.z),
+            split = splits == 1 ? 0 : int(blockIdx.z);
+  const int64_t tm = (splits == 1 ? int64_t(blockIdx.z) * kRaster : 0) + blockIdx.x;
+  if (tm * kBT >= m) return;  // the last raster group's missing tiles
+  const int64_t t0 = tm * kBT, nb0 = int64_t(blockIdx.y) * kBlockN;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, group = threadIdx.x / 128;
+  const int g = lane / 4, t = lane % 4;
+  int64_t kt_begin = 0, kt_end = (k + kBlockK - 1) / kBlockK;  // this split's stages
+  if (splits > 1) split_range(cut, split, &kt_begin, &kt_end);
+  auto x_stage = [&](int s) { return smem + s * T::kStageBytes; };
+  auto b_stage = [&](int s) { return reinterpret_cast<uint32_t*>(x_stage(s) + T::kXBytes); };
+  auto s_stage = [&](int s) {
+    return reinterpret_cast<__nv_bfloat16*>(b_stage(s) + kGroups * kBlockWords);
+  };
+  const StageCopy<kBT> copy(x, w, scales, t0, nb0, m, n, k);
+  auto load_stage = [&](int64_t kt) {
+    if (kt < kt_end) copy.issue(x_stage(int(kt % kStages)), kt, n, k, group_shift);
+    ptx::cp_async_commit();
+  };
+
+  float acc[kBT / 2] = {};
+  ptx::wgmma_fence_operands(acc);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load_stage(kt_begin + s);
+
+  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+    const int slot = int(kt % kStages);
+    // Wait: stage kt landed and is visible to the tensor core's (async-proxy) reads. Every
+    // warpgroup's wgmmas of stage kt − 1 ended with it: the slot refilled below is free.
+    ptx::cp_async_wait<kStages - 2>();
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+    load_stage(kt + kStages - 1);
+    // Compute: warp w's A fragment is word w of each lane's 16 bytes (channels 16w + g, + 8). Past
+    // K (the last stage of K % 64 == 32) x, the words and the scales were zero-filled: the k-steps
+    // there add exact zeros, and no branch puts a wgmma on a divergent path (which serializes
+    // them).
+    const uint32_t* b_sh = b_stage(slot) + group * kBlockWords;
+    const __nv_bfloat16* s_sh = s_stage(slot) + group * 64 + 16 * warp;
+    const uint64_t desc = ptx::wgmma_desc_k_major_sw128(x_stage(slot));
+    uint32_t a[kKSteps][4];  // one A fragment per k-step: a wgmma holds its A until its wait
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      // Unpack k-step ks while the tensor core runs k-step ks − 1.
+      __nv_bfloat162 q[4];
+      int4::u4_to_bf16_magic(b_sh[ks * kStepWords + 4 * lane + warp], q);
+      const __nv_bfloat16* s_row = s_sh + (ks / 2) * kBlockN;
+      const __nv_bfloat162 s_lo = __bfloat162bfloat162(s_row[g]),
+                           s_hi = __bfloat162bfloat162(s_row[8 + g]);
+      // q0, q1: channel 16w + g at k 2t.. and 2t + 8..; q2, q3: channel 16w + 8 + g (v6).
+      a[ks][0] = bits_of(__hmul2(q[0], s_lo)), a[ks][1] = bits_of(__hmul2(q[2], s_hi));
+      a[ks][2] = bits_of(__hmul2(q[1], s_lo)), a[ks][3] = bits_of(__hmul2(q[3], s_hi));
+      ptx::wgmma_fence();
+      ptx::wgmma_bf16_rs<kBT>(acc, a[ks],
+                              desc + 2 * ks);  // k-step ks: 32 bytes on, in 16-byte units
+      ptx::wgmma_commit();
+      if (ks > 0) ptx::wgmma_wait<1>();  // k-step ks − 1 is done (its A registers are free again)
+    }
+    // The stage's last group ends here, not at the next barrier: ptxas serializes the wgmmas of a
+    // group left open across the loop's back edge.
+    ptx::wgmma_wait<0>();
+  }
+  ptx::wgmma_fence_operands(acc);
+  ptx::cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done with the ring: it becomes the y tile
+
+  // Store: accumulator j of a thread is channel 16w + g (+ 8 for j % 4 ≥ 2), token 8·(j / 4) + 2t
+  // (+ 1 for odd j); through shared memory [token][channel] so y's rows leave 16 bytes at a time.
+  __nv_bfloat16* const out_sh = reinterpret_cast<__nv_bfloat16*>(smem);
+  if (splits == 1) {
+#pragma unroll
+    for (int j = 0; j < kBT / 2; ++j) {
+      const int token = 8 * (j / 4) + 2 * t + j % 2,
+                channel = group * 64 + 16 * warp + g + 8 * ((j / 2) % 2);
+      out_sh[token * kOutRow + channel] = __float2bfloat16_rn(acc[j]);
+    }
+  } else {
+    // Reduce: this split's tile to the workspace, [tile][split][256 channels][kBT tokens] FP32, the
+    // token pairs (2t, 2t + 1) of a channel side by side; pairs past M are neither written nor
+    // read.
+    const int rows = int(m - t0 < kBT ? m - t0 : kBT);
+    const int64_t tile = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    float* const tile_gl = partials + tile * splits * (kBlockN * kBT);
+#pragma unroll
+    for (int j = 0; j < kBT / 2; j += 2) {
+      const int token = 8 * (j / 4) + 2 * t,
+                channel = group * 64 + 16 * warp + g + 8 * ((j / 2) % 2);
+      if (token < rows)
+        *reinterpret_cast<float2*>(tile_gl + (split * kBlockN + channel) * kBT + token) =
+            make_float2(acc[j], acc[j + 1]);
+    }
+    // BEGIN SOLUTION: v5's arrival: fence, barrier, count in; the last split of the tile goes on.
+    __shared__ bool last_sh;
+    __threadfence();  // this block's partials visible device-wide before its arrival is
+    __syncthreads();
+    if (threadIdx.x == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(splits - 1);
+    __syncthreads();
+    if (!last_sh) return;
+    __threadfence();  // the other splits' partials, published before their arrivals, are read after
+                      // ours
+    // STUB: bool last_sh = true;
+    // END SOLUTION
+    if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
+    for (int q = threadIdx.x; q < kBlockN * ((rows + 1) / 2); q += kThreads6) {
+      const int channel = q % kBlockN, token = 2 * (q / kBlockN);
+      float2 sum = make_float2(0.f, 0.f);
+      for (int s = 0; s < splits; ++s) {  // split order: the same sum in every run
+        const float2 p = __ldcg(
+            reinterpret_cast<const float2*>(tile_gl + (s * kBlockN + channel) * kBT + token));
+        sum.x += p.x, sum.y += p.y;
+      }
+      out_sh[token * kOutRow + channel] = __float2bfloat16_rn(sum.x);
+      out_sh[(token + 1) * kOutRow + channel] = __float2bfloat16_rn(sum.y);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads6) {
+    const int row = c / (kBlockN / 8), col = 8 * (c % (kBlockN / 8));
+    if (t0 + row < m && nb0 + col < n)
+      *reinterpret_cast<uint4*>(y + (t0 + row) * n + nb0 + col) =
+          *reinterpret_cast<const uint4*>(out_sh + row * kOutRow + col);  // (M, N)
+  }
+}
+
+template <int kBT>
+Status launch_v7(const GemmArgs& a, cudaStream_t stream) {
+  constexpr int kBytes = Tile<kBT>::kRingBytes + 1024;  // + the alignment of the first stage
+  static int sms = 0, per_sm = 0;                       // the device's, asked once per tile size
+  static std::once_flag asked;
+  std::call_once(asked, [] {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(gemm_v7_kernel<kBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v7_kernel<kBT>, kThreads6, kBytes);
+  });
+  const int64_t tiles_m = (a.m + kBT - 1) / kBT, tiles_n = (a.n + kBlockN - 1) / kBlockN;
+  const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK;
+  // Split K only where the token tiles fit one raster group (the grid's z is then the split).
+  const int splits = tiles_m <= kRaster ? splits_for(tiles_m * tiles_n, k_tiles, sms, per_sm) : 1;
+  float* partials = nullptr;
+  unsigned* arrivals = nullptr;
+  SplitCut cut{0, 0};  // {0, 0}: one split
+  if (splits > 1) {
+    Status s = split_workspace(tiles_m * tiles_n * splits * kBlockN * kBT, tiles_m * tiles_n,
+                               &partials, &arrivals);
+    if (!s.ok()) return s;
+    cut = split_cut(k_tiles, splits);
+  }
+  const dim3 grid(unsigned(std::min<int64_t>(tiles_m, kRaster)), unsigned(tiles_n),
+                  unsigned(splits > 1 ? splits : (tiles_m + kRaster - 1) / kRaster));
+  gemm_v7_kernel<kBT><<<grid, kThreads6, kBytes, stream>>>(a.x, a.w, a.scales, a.y, a.m, a.n, a.k,
+                                                           group_shift_of(a.group, a.k), cut,
+                                                           partials, arrivals);
+  return last_launch_status(kW4a16rGemm.name);
+}
+
+Status gemm_v7(const GemmArgs& a, cudaStream_t stream) {
+  Status s = validate_gemm(kW4a16rGemm, a);
+  if (s.ok()) s = Check().arch_at_least(90).status();  // wgmma: sm_90a
+  if (!s.ok()) return s;
+  return a.m <= 16   ? launch_v7<16>(a, stream)
+         : a.m <= 64 ? launch_v7<64>(a, stream)
+                     : launch_v7<128>(a, stream);
+}
+
+Version v7_version() {
+  Version v = gemm_version(
+      kW4a16rGemm, "v7_wgmma_split_k",
+      "v6 for every M: a 16-token tile at decode, K split when the tiles leave SMs idle", gemm_v7,
+      {{"gemm_v7_kernel",
+        {"sm_90a"},
+        {"HGMMA", "LDGSTS", "LOP3", "ATOMG"},
+        {"HMMA", "I2F", "I2FP"},
+        true,
+        "v6's HGMMA loop, an atomic arrival count for the split-K finish"}});
+  v.min_arch = 90;
+  return v;
+}
+const Register kRegistered{v7_version()};
+
+}  // namespace
+}  // namespace lkw::w4a16

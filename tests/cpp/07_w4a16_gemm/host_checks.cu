@@ -1,0 +1,160 @@
+// Chapter 07 checks that need no GPU: the refusals the generic Validation suite does not reach
+// (N not a multiple of 64, K not a multiple of 32, group sizes, the layouts' shapes, alignment,
+// an output overlapping an input) and the byte model the bench divides by.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gemm_plan.h"
+#include "w4a16_gemm.cuh"
+
+namespace lkw::w4a16 {
+namespace {
+
+// Fake device addresses, far apart and 256-byte aligned: every call below must be refused before
+// the launcher looks at the device.
+struct Fake {
+  uintptr_t x = 0x1000000, w = 0x10000000, scales = 0x20000000, y = 0x40000000;
+};
+
+Args fake_args(const GemmOp& op, int64_t m, int64_t n, int64_t k, int64_t g, Fake at = {}) {
+  Args a;
+  a.inputs.push_back({reinterpret_cast<void*>(at.x), DType::kBF16, {m, k}});
+  if (op.repacked)
+    a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {n / 64, 8 * k}});
+  else
+    a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {n, k / 8}});
+  a.inputs.push_back({reinterpret_cast<void*>(at.scales), DType::kBF16, {k / g, n}});
+  a.outputs.push_back({reinterpret_cast<void*>(at.y), DType::kBF16, {m, n}});
+  return a;
+}
+
+std::vector<const Version*> versions_of(const GemmOp& op) {
+  std::vector<const Version*> out;
+  for (const Version* v : Registry::get().chapter(LKW_CHAPTER))
+    if (v->op == op.name) out.push_back(v);
+  return out;
+}
+
+const std::vector<const GemmOp*> kOps = {&kW4a16Gemm, &kW4a16rGemm};
+
+void expect_refused(const Version& v, const Args& a, const std::string& words) {
+  const Status s = v.launch(a, nullptr);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << v.name() << ": " << s.str();
+  EXPECT_NE(s.message.find(words), std::string::npos)
+      << v.name() << ": message \"" << s.message << "\" lacks \"" << words << "\"";
+}
+
+TEST(HostValidation, EveryOpHasVersions) {
+  for (const GemmOp* op : kOps) EXPECT_FALSE(versions_of(*op).empty()) << op->name;
+}
+
+TEST(HostValidation, NMustBeAMultipleOf64) {
+  for (const Version* v : versions_of(kW4a16Gemm))
+    expect_refused(*v, fake_args(kW4a16Gemm, 4, 100, 1024, 128), "must be a multiple of 64");
+  // The repacked layout cannot even hold N = 100; its shape check says so.
+  for (const Version* v : versions_of(kW4a16rGemm)) {
+    Args a = fake_args(kW4a16rGemm, 4, 128, 1024, 128);
+    a.inputs[2].shape = {8, 100};
+    a.outputs[0].shape = {4, 100};
+    expect_refused(*v, a, "w must be repacked [N/64, 8K] words");
+  }
+}
+
+TEST(HostValidation, KMustBeAMultipleOf32AndOfG) {
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      expect_refused(*v, fake_args(*op, 1, 64, 1040, 1040), "must be a multiple of 32");  // G = K
+      expect_refused(*v, fake_args(*op, 1, 64, 1056, 1056 / 8), "group size");              // G = 132
+    }
+}
+
+TEST(HostValidation, GroupSizesOtherThan32To128OrKAreRefused) {
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      expect_refused(*v, fake_args(*op, 1, 64, 2048, 256), "group size must be 32, 64, 128 or K");
+      expect_refused(*v, fake_args(*op, 1, 64, 2048, 16), "group size must be 32, 64, 128 or K");
+    }
+}
+
+TEST(HostValidation, PerChannelScalesAreAccepted) {
+  // G = K passes every check up to the device (no device here, or a fake pointer there: refused
+  // later for another reason, never for the group size).
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      const Status s = v->launch(fake_args(*op, 1, 64, 4096, 4096), nullptr);
+      EXPECT_EQ(s.message.find("group size"), std::string::npos) << v->name() << ": " << s.str();
+    }
+}
+
+TEST(HostValidation, MisalignedOrOverlappingTensorsAreRefused) {
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      Fake at;
+      at.w += 4;  // aligned for words, not for the 16-byte copies
+      expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, at), "w must be 16-byte aligned");
+      Fake over;
+      over.y = over.x + 64;  // y inside x
+      expect_refused(*v, fake_args(*op, 2, 64, 1024, 128, over), "y and x");
+    }
+}
+
+TEST(HostValidation, ScalesMustBeGroupMajor) {
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      Args a = fake_args(*op, 2, 128, 1024, 128);
+      a.inputs[2].shape = {128, 8};  // chapter 06's [N, K/G]: N read as 8, y disagrees
+      expect_refused(*v, a, "must be");
+    }
+}
+
+// Bytes = N·K/2 + N·K/G·2 + M·K·2 + M·N·2: each tensor once, the roofline minimum.
+TEST(HostModel, BytesCountEveryTensorOnce) {
+  const int64_t m = 16, n = 4096, k = 8192, g = 128;
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      const double want = n * k / 2.0 + n * (k / g) * 2.0 + m * k * 2.0 + m * n * 2.0;
+      EXPECT_DOUBLE_EQ(v->bytes(fake_args(*op, m, n, k, g)), want) << v->name();
+      EXPECT_DOUBLE_EQ(v->flops(fake_args(*op, m, n, k, g)), 2.0 * m * n * k) << v->name();
+    }
+}
+
+TEST(HostModel, MTilesGrowWithM) {
+  EXPECT_EQ(m_tiles_for(1), 1);
+  EXPECT_EQ(m_tiles_for(16), 1);
+  EXPECT_EQ(m_tiles_for(17), 2);
+  EXPECT_EQ(m_tiles_for(32), 2);
+  EXPECT_EQ(m_tiles_for(33), 4);
+  EXPECT_EQ(m_tiles_for(4096), 4);
+}
+
+TEST(HostPlan, SplitsOnlyWhereTheTilesLeaveSlotsIdle) {
+  EXPECT_EQ(splits_for(7168, 128, 132, 2), 1);    // M = 4096, N = 28672: the tiles fill the GPU
+  EXPECT_EQ(splits_for(112, 128, 132, 3), 3);     // M = 1, N = 28672, K = 8192: 336 of 396 slots
+  EXPECT_EQ(splits_for(32, 448, 132, 3), 12);     // M = 1, N = 8192, K = 28672
+  EXPECT_EQ(splits_for(1, 8, 132, 3), 2);         // a short K keeps ≥ 4 stages per split
+  EXPECT_EQ(splits_for(1, 3, 132, 3), 1);
+  EXPECT_EQ(splits_for(10, 1000, 132, 0), 13);    // an occupancy of 0 counts as 1
+}
+
+TEST(HostPlan, SplitRangesCoverEveryStageOnce) {
+  for (int64_t k_tiles : {1, 4, 7, 128, 449})
+    for (int splits : {1, 2, 3, 12, 13}) {
+      if (splits > k_tiles) continue;
+      const SplitCut cut = split_cut(k_tiles, splits);
+      int64_t next = 0;
+      for (int s = 0; s < splits; ++s) {
+        int64_t b, e;
+        split_range(cut, s, &b, &e);
+        EXPECT_EQ(b, next) << k_tiles << " / " << splits << " split " << s;
+        EXPECT_GE(e - b, k_tiles / splits);
+        EXPECT_LE(e - b, k_tiles / splits + 1);
+        next = e;
+      }
+      EXPECT_EQ(next, k_tiles) << k_tiles << " / " << splits;
+    }
+}
+
+}  // namespace
+}  // namespace lkw::w4a16
