@@ -9,6 +9,7 @@
 # its wheels, fi_aot_*.tar.xz, vllm_so/), install the wheels into $LKW_PEERS_SITE (default
 # /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
 # finds vLLM, FlashInfer and Liger; without .peers/ the bench skips them and says why.
+# LKW_BENCH_ARGS: more arguments of tools/bench.py (e.g. "--op X --merge").
 # LKW_CHAPTERS="06_int4_gemv": only these chapters; LKW_SANITIZE_FILTER="*v14*:*V14*": the GPU tests
 # the sanitizers run (a gtest filter; default every GPU test of the chapters).
 set -uo pipefail
@@ -101,6 +102,14 @@ if has bench; then
   args=(--write-results --results-dir "$out/results")
   for c in $chapters; do args+=(--chapter "$c"); done
   has ncu && args+=(--ncu)
+  # LKW_BENCH_ARGS="--op per_group_fp8 --merge": a partial run, merged into the recorded results.
+  read -r -a extra <<<"${LKW_BENCH_ARGS:-}"
+  args+=("${extra[@]}")
+  if [[ " ${LKW_BENCH_ARGS:-} " == *" --merge "* ]]; then  # the recorded runs to merge into
+    for d in results/*/; do
+      compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
+    done
+  fi
   PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

@@ -8,6 +8,8 @@
     python tools/bench.py --chapter 04_rmsnorm --compare results/h200/04_rmsnorm.json
                                                        # each row's change against a recorded run
     python tools/bench.py --compare OLD.json --replay-run NEW.json   # the same, two recorded runs
+    python tools/bench.py --chapter 03_dynamic_quant --op per_group_fp8 --write-results --merge
+                                                       # a partial run merged into the recorded one
 
 For every (op, shape) of a chapter and every version and peer of that op: make inputs on the GPU
 (torch), compute the reference on the host (lkw's numpy references), launch, compare with the
@@ -1520,6 +1522,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="every chapter with bench cases")
     ap.add_argument("--json", type=Path, help="write the (single chapter's) results JSON here")
     ap.add_argument("--write-results", action="store_true", help="write results/<gpu>/<chapter>.json")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --write-results: merge this (partial, e.g. --op) run into the recorded file "
+                         "instead of replacing it (results.merge_runs: its rows replace the same rows)")
     ap.add_argument("--results-dir", type=Path, default=Path(REPO) / "results")
     ap.add_argument("--ncu", action="store_true", help="also measure DRAM bytes with Nsight Compute")
     ap.add_argument("--replay", action="store_true", help="print recorded results; needs no GPU")
@@ -1545,6 +1550,8 @@ def main(argv: list[str] | None = None) -> int:
             args.chapter = [run["chapter"] for run in baseline if run.get("chapter") in CHAPTERS]
     if args.replay_run and not args.compare:
         ap.error("--replay-run goes with --compare")
+    if args.merge and not args.write_results:
+        ap.error("--merge goes with --write-results")
     chapters = sorted(CHAPTERS) if args.all or not args.chapter else args.chapter
     for c in chapters:
         if c not in CHAPTERS:
@@ -1597,6 +1604,9 @@ def main(argv: list[str] | None = None) -> int:
     def write(c: str, res: dict) -> None:
         path = args.results_dir / _gpu_slug(res["gpu"]) / f"{c}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
+        if args.merge and path.exists():
+            res = results.merge_runs(json.loads(path.read_text()), res)
+            print(f"bench: merged into the recorded run ({len(res['runs'])} runs own its rows)")
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(f"bench: wrote {path}")
 

@@ -253,9 +253,13 @@ def header_line(data: dict) -> str:
         ceiling = f"copy ceiling {data['ceiling_gbps']:.1f} GB/s ({ver})"
     else:
         ceiling = "no copy ceiling in this run"
+    runs = data.get("runs") or []
+    when = (f"{data['date']} · commit {data['commit']}" if len(runs) < 2 else
+            "merged from " + ", ".join(f"{r.get('date')} (commit {r.get('commit')}, {r['rows']} rows)" for r in runs)
+            + ", the copy ceiling of the latest")
     return (
         f"{data['gpu']} · driver {data.get('driver') or '?'} · CUDA {data.get('cuda') or '?'} · "
-        f"{data['date']} · commit {data['commit']} · {ceiling}"
+        f"{when} · {ceiling}"
     )
 
 
@@ -425,6 +429,49 @@ def ablation_markdown(chapter: str) -> str:
         knob = r["version"][len("ablation_") :].split("_", 1)[1]
         out.append(f"| {r['shape']} | `{knob}` | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+# ---- merging a partial run into a recorded one (tools/bench.py --merge) ------------------------
+
+# What a run's summary in "runs" keeps of its top-level fields.
+_RUN_FIELDS = ("date", "commit", "driver", "cuda", "ceiling_version", *(mkey(m, "ceiling_gbps") for m in MODES))
+
+
+def _run_summary(data: dict, rows: int) -> dict:
+    return {**{f: data.get(f) for f in _RUN_FIELDS if f in data}, "rows": rows}
+
+
+def merge_runs(old: dict, new: dict) -> dict:
+    """A recorded run with a partial one merged in (the same chapter and GPU, e.g. one op or a few
+    shapes measured again or added): each new row replaces the old row of the same op, shape and
+    version in place, rows the old run lacks are appended, the others are kept as they were. Every
+    row keeps the date and commit of the run that measured it ("run_date", "run_commit"), and its
+    rates and % of ceiling stay those of its own run. The top level is the new run's, plus "runs":
+    a summary of every run that still owns a row, oldest first (header_line names them)."""
+    for field in ("chapter", "gpu"):
+        if old.get(field) != new.get(field):
+            raise ValueError(f"cannot merge runs of different {field}: {old.get(field)!r} and {new.get(field)!r}")
+
+    def stamped(data: dict) -> list[dict]:
+        return [{**r, "run_date": r.get("run_date", data.get("date")), "run_commit": r.get("run_commit", data.get("commit"))}
+                for r in data["rows"]]
+
+    chapter = new["chapter"]
+    incoming = {_row_key(chapter, r): r for r in stamped(new)}
+    rows, placed = [], set()
+    for r in stamped(old):
+        key = _row_key(chapter, r)
+        if key in incoming:
+            if key not in placed:
+                rows.append(incoming[key])
+                placed.add(key)
+        else:
+            rows.append(r)
+    rows += [r for key, r in incoming.items() if key not in placed]
+    runs = [dict(run) for run in old.get("runs") or [_run_summary(old, len(old["rows"]))]] + [_run_summary(new, 0)]
+    for run in runs:
+        run["rows"] = sum(1 for r in rows if (r["run_date"], r["run_commit"]) == (run.get("date"), run.get("commit")))
+    return {**new, "rows": rows, "runs": [run for run in runs if run["rows"]]}
 
 
 # ---- comparing two runs (tools/bench.py --compare) ----------------------------------------------

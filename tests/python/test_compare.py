@@ -85,3 +85,52 @@ def test_the_cli_refuses_a_replay_without_a_baseline_and_an_unreadable_baseline(
     (tmp_path / "x.json").write_text("[]")
     with pytest.raises(SystemExit):
         bench.main(["--compare", str(tmp_path / "x.json"), "--replay-run", str(tmp_path / "x.json")])
+
+
+# ---- tools/bench.py --merge: a partial run merged into the recorded one ----------------------
+
+
+def dated(data, date, commit):
+    return {**data, "date": date, "commit": commit}
+
+
+def test_a_partial_run_replaces_its_rows_in_place_and_appends_new_ones():
+    old = dated(run(row("v0", 10.0, shape="n=1"), row("v1", 8.0, shape="n=1"), row("v1", 80.0, shape="n=2")),
+                "2026-01-01", "aaa")
+    new = dated(run(row("v1", 7.0, shape="n=1"), row("v2", 6.0, shape="n=1")), "2026-02-02", "bbb")
+    merged = results.merge_runs(old, new)
+    got = [(r["version"], r["shape"], r["time_us"], r["run_commit"]) for r in merged["rows"]]
+    assert got == [("v0", "n=1", 10.0, "aaa"), ("v1", "n=1", 7.0, "bbb"), ("v1", "n=2", 80.0, "aaa"),
+                   ("v2", "n=1", 6.0, "bbb")]
+    assert [(r["commit"], r["rows"]) for r in merged["runs"]] == [("aaa", 2), ("bbb", 2)]
+    assert (merged["date"], merged["commit"]) == ("2026-02-02", "bbb")
+    header = results.header_line(merged)
+    assert "merged from 2026-01-01 (commit aaa, 2 rows), 2026-02-02 (commit bbb, 2 rows)" in header
+    # Merged again: the stamps and the run summaries carry over; a run left without rows is dropped.
+    newer = dated(run(row("v0", 9.0, shape="n=1"), row("v1", 79.0, shape="n=2")), "2026-03-03", "ccc")
+    again = results.merge_runs(merged, newer)
+    assert [(r["commit"], r["rows"]) for r in again["runs"]] == [("bbb", 2), ("ccc", 2)]
+    assert "aaa" not in results.header_line(again)
+
+
+def test_a_full_run_merged_in_leaves_one_run_and_the_plain_header():
+    old = dated(run(row("v0", 10.0), row("v1", 8.0)), "2026-01-01", "aaa")
+    new = dated(run(row("v0", 9.0), row("v1", 7.0)), "2026-02-02", "bbb")
+    merged = results.merge_runs(old, new)
+    assert [r["time_us"] for r in merged["rows"]] == [9.0, 7.0]
+    assert [run_["commit"] for run_ in merged["runs"]] == ["bbb"]
+    assert "2026-02-02 · commit bbb" in results.header_line(merged)
+
+
+def test_runs_of_another_chapter_or_gpu_do_not_merge():
+    old = run(row("v0", 10.0))
+    with pytest.raises(ValueError, match="chapter"):
+        results.merge_runs(old, run(row("v0", 9.0), chapter="06_int4_gemv"))
+    with pytest.raises(ValueError, match="gpu"):
+        results.merge_runs(old, {**run(row("v0", 9.0)), "gpu": "OTHER"})
+
+
+def test_merge_needs_write_results(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--chapter", "04_rmsnorm", "--merge"])
+    assert e.value.code == 2 and "--merge goes with --write-results" in capsys.readouterr().err
