@@ -10,6 +10,8 @@
     python tools/bench.py --compare OLD.json --replay-run NEW.json   # the same, two recorded runs
     python tools/bench.py --chapter 03_dynamic_quant --op per_group_fp8 --write-results --merge
                                                        # a partial run merged into the recorded one
+    python tools/bench.py --chapter 07_w4a16_gemm --extended --shape 'n=10240,' --write-results --merge
+                                                       # a part of a chapter's full matrix, merged
 
 For every (op, shape) of a chapter and every version and peer of that op: make inputs on the GPU
 (torch), compute the reference on the host (lkw's numpy references), launch, compare with the
@@ -44,6 +46,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -610,11 +613,14 @@ def int4_gemv_cases() -> list[Case]:
 
 
 # Chapter 07: the W4A16 GEMM at the Llama-3-70B MLP shapes (N, K) and M from decode to prefill,
-# G = 128. Trim these to shorten a run; W4A16_WIDER_SHAPES (Llama-3-8B) is not in the default run:
-# w4a16_gemm_cases(shapes=W4A16_SHAPES + W4A16_WIDER_SHAPES).
+# G = 128. The default run; the rest of the matrix is EXTENDED (tools/bench.py --extended).
 W4A16_SHAPES = [(28672, 8192), (8192, 28672)]
 W4A16_WIDER_SHAPES = [(14336, 4096), (4096, 14336)]
 W4A16_M = (1, 16, 64, 256, 1024, 4096)
+# The rest of the chapter's matrix (--extended): Llama-3-70B's attention output shape, the Llama-3-8B
+# MLP and attention shapes, and the M between the default ones.
+W4A16_EXTENDED_SHAPES = [(10240, 8192), *W4A16_WIDER_SHAPES, (6144, 4096)]
+W4A16_EXTENDED_M = (32, 128, 512)
 W4A16_G = 128
 W4A16_SAMPLE_ROWS = 64  # rows of x (of y) the reference computes
 # torch's tinygemm is a decode kernel: 65 ms a call at M = 4096, N = 28672, K = 8192 on the H200
@@ -811,6 +817,22 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
 }
+
+# A chapter's full measurement matrix where it is larger than one run should be (--extended):
+# measured in parts (--shape, --op) and merged into the recorded run (--write-results --merge).
+EXTENDED: dict[str, Callable[[], list[Case]]] = {
+    "07_w4a16_gemm": lambda: w4a16_gemm_cases(shapes=W4A16_SHAPES + W4A16_EXTENDED_SHAPES,
+                                              ms=sorted(set(W4A16_M) | set(W4A16_EXTENDED_M))),
+}
+
+
+def cases_of(chapter: str, ops: list[str] | None = None, shape: str | None = None,
+             extended: bool = False) -> list[Case]:
+    """The chapter's cases (its EXTENDED matrix when asked and defined), only `ops` where given,
+    only the shapes that the regular expression `shape` finds a match in where given."""
+    cases = (EXTENDED[chapter] if extended and chapter in EXTENDED else CHAPTERS[chapter])()
+    pattern = re.compile(shape) if shape else None
+    return [c for c in cases if (not ops or c.op in ops) and (pattern is None or pattern.search(c.shape))]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1346,14 +1368,13 @@ HEADLINE = "graph"
 
 
 def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: int, iters: int,
-                l2_bytes: int, ops: list[str] | None = None, peer_status: dict | None = None, log=print) -> dict:
+                l2_bytes: int, ops: list[str] | None = None, shape: str | None = None, extended: bool = False,
+                peer_status: dict | None = None, log=print) -> dict:
     dev = ext().device()
     ceilings, ceiling_name, ceiling_rows = ceiling
     rows = []
     copies: dict[int, dict | None] = {}
-    for case in CHAPTERS[chapter]():
-        if ops and case.op not in ops:
-            continue
+    for case in cases_of(chapter, ops, shape, extended):
         if chapter == CEILING_OP[0] and case.op == CEILING_OP[1]:
             rows += ceiling_rows  # already measured at the start of this run
             continue
@@ -1404,7 +1425,7 @@ def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: 
 PROFILED_LAUNCHES = 3
 
 
-def ncu_pass(chapters: list[str], order_file: Path) -> None:
+def ncu_pass(chapters: list[str], order_file: Path, selection: dict | None = None) -> None:
     """Run under ncu: launch each version PROFILED_LAUNCHES times per case, each inside an NVTX
     range named "lkw"."""
     import torch
@@ -1419,7 +1440,7 @@ def ncu_pass(chapters: list[str], order_file: Path) -> None:
     torch.cuda.nvtx.range_pop()
     order = [{"name": "(first profiled kernel, dropped)", "shape": "", "kernels": 0, "kernel_hints": []}]
     for chapter in chapters:
-        for case in CHAPTERS[chapter]():
+        for case in cases_of(chapter, **(selection or {})):
             gen = torch.Generator(device="cuda")
             gen.manual_seed(case.seed)
             inputs, outputs = (_raw(ts) for ts in case.make(torch, gen))
@@ -1445,7 +1466,7 @@ def ncu_pass(chapters: list[str], order_file: Path) -> None:
     order_file.write_text(json.dumps(order))
 
 
-def ncu_dram_bytes(chapters: list[str], log=print) -> dict[tuple[str, str], float]:
+def ncu_dram_bytes(chapters: list[str], log=print, selection: dict | None = None) -> dict[tuple[str, str], float]:
     ncu = shutil.which("ncu")
     if not ncu:
         log("ncu not found: DRAM bytes not measured")
@@ -1459,6 +1480,11 @@ def ncu_dram_bytes(chapters: list[str], log=print) -> dict[tuple[str, str], floa
                sys.executable, str(Path(REPO) / "tools" / "bench.py"), "--ncu-pass", str(order_file)]
         for c in chapters:
             cmd += ["--chapter", c]
+        sel = selection or {}
+        for op in sel.get("ops") or []:
+            cmd += ["--op", op]
+        cmd += ["--shape", sel["shape"]] if sel.get("shape") else []
+        cmd += ["--extended"] if sel.get("extended") else []
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not order_file.exists():
             log(f"ncu run failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -1519,6 +1545,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list chapters, ops and versions")
     ap.add_argument("--chapter", action="append", default=[], help="chapter to run (repeatable)")
     ap.add_argument("--op", action="append", default=[], help="only these ops (repeatable)")
+    ap.add_argument("--shape", metavar="REGEX", help="only the cases whose shape this regular expression "
+                    "finds a match in (e.g. 'n=28672,' or '^m=(1|16),')")
+    ap.add_argument("--extended", action="store_true",
+                    help="the chapter's full measurement matrix where it has one (EXTENDED; measure it in "
+                         "parts with --shape and merge them with --write-results --merge)")
     ap.add_argument("--all", action="store_true", help="every chapter with bench cases")
     ap.add_argument("--json", type=Path, help="write the (single chapter's) results JSON here")
     ap.add_argument("--write-results", action="store_true", help="write results/<gpu>/<chapter>.json")
@@ -1552,6 +1583,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--replay-run goes with --compare")
     if args.merge and not args.write_results:
         ap.error("--merge goes with --write-results")
+    if args.shape:
+        try:
+            re.compile(args.shape)
+        except re.error as e:
+            ap.error(f"--shape {args.shape!r}: {e}")
+    selection = {"ops": args.op, "shape": args.shape, "extended": args.extended}
     chapters = sorted(CHAPTERS) if args.all or not args.chapter else args.chapter
     for c in chapters:
         if c not in CHAPTERS:
@@ -1576,7 +1613,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{v['name']:<45} {v['kind']:<8} sm_{v['min_arch']}+  {v['summary']}")
         return 0
     if args.ncu_pass:
-        ncu_pass(chapters, args.ncu_pass)
+        ncu_pass(chapters, args.ncu_pass, selection)
         return 0
 
     dev = ext().device()
@@ -1612,12 +1649,12 @@ def main(argv: list[str] | None = None) -> int:
 
     results_by_chapter = {}
     for c in chapters:
-        results_by_chapter[c] = run_chapter(c, ceiling=ceiling, ops=args.op, peer_status=peer_status, **opts)
+        results_by_chapter[c] = run_chapter(c, ceiling=ceiling, peer_status=peer_status, **selection, **opts)
         if args.write_results and not args.ncu:  # each chapter as it ends: a run cut short keeps them
             write(c, results_by_chapter[c])
 
     if args.ncu:
-        dram = ncu_dram_bytes(chapters)
+        dram = ncu_dram_bytes(chapters, selection=selection)
         for res in results_by_chapter.values():
             for r in res["rows"]:
                 b = dram.get((r["name"], r["shape"]))

@@ -437,6 +437,30 @@ def test_w4a16_cases_cover_every_shape_and_m_of_both_ops_with_the_same_shape_str
     assert bench.PEER_OPS["w4a16r_gemm"] == ("w4a16_gemm",)
 
 
+def test_the_extended_matrix_is_the_issue_s_and_selections_cut_it():
+    """--extended: chapter 07's six shapes by nine M; --shape and --op take parts of it, and the
+    default run stays the 70B MLP shapes."""
+    g = bench.W4A16_G
+    full = bench.cases_of("07_w4a16_gemm", extended=True)
+    shapes = {(int(c.shape.split(",")[1][2:]), int(c.shape.split(",")[2][2:])) for c in full}
+    assert shapes == {(28672, 8192), (8192, 28672), (10240, 8192), (14336, 4096), (4096, 14336), (6144, 4096)}
+    assert {int(c.shape.split(",")[0][2:]) for c in full} == {1, 16, 32, 64, 128, 256, 512, 1024, 4096}
+    assert len(full) == 2 * 6 * 9
+    assert [c.shape for c in bench.cases_of("07_w4a16_gemm")] == [c.shape for c in bench.CHAPTERS["07_w4a16_gemm"]()]
+    part = bench.cases_of("07_w4a16_gemm", ops=["w4a16r_gemm"], shape=r"^m=(32|128|512),n=28672,", extended=True)
+    assert [c.shape for c in part] == [f"m={m},n=28672,k=8192,g={g}" for m in (32, 128, 512)]
+    assert {c.op for c in part} == {"w4a16r_gemm"}
+    assert bench.cases_of("07_w4a16_gemm", shape="no such shape") == []
+    # A chapter without an extended matrix: --extended is its default run.
+    assert [c.shape for c in bench.cases_of("04_rmsnorm", extended=True)] == [c.shape for c in bench.CHAPTERS["04_rmsnorm"]()]
+
+
+def test_a_bad_shape_pattern_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--chapter", "07_w4a16_gemm", "--shape", "m=(1"])
+    assert e.value.code == 2 and "--shape" in capsys.readouterr().err
+
+
 def test_w4a16_repacked_rows_meet_the_peers_of_the_natural_op():
     rows = [{"op": "w4a16r_gemm", "version": "v1", "kind": "version", "shape": "s", "graph_us": 10.0},
             {"op": "w4a16_gemm", "version": "vllm machete_mm", "kind": "peer", "shape": "s", "graph_us": 20.0},
