@@ -29,8 +29,11 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t word = w[row * (k / 8) + j];  // (N, K/8)
     const __nv_bfloat162 s2 = scale_pair(scales, (8 * j) >> group_shift, row, n);
     uint32_t pairs[4];
+    // BEGIN SOLUTION: byte p of the word is k = 8j + 2p, + 1: its BF16 pair (q − 8), times the scale.
 #pragma unroll
     for (int p = 0; p < 4; ++p) pairs[p] = bits_of(__hmul2(nibble_pair_minus8(word >> (8 * p)), s2));
+    // STUB: for (int p = 0; p < 4; ++p) pairs[p] = 0u;
+    // END SOLUTION
     *reinterpret_cast<uint4*>(w_hat + row * k + 8 * j) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);  // (N, K)
   }
 }
