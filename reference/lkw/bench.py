@@ -677,15 +677,6 @@ def _torch_unrepack(torch, repacked, n: int, k: int):
     return out
 
 
-def _gemv_tolerance_of(walk_sq: float, abs_sum: float, k: int) -> str:
-    """lkw.gemv.tolerance's close:RTOL:ATOL from its two maxima over the outputs checked:
-    walk_sq = max over m, n of sum_k (x_k w_k)^2, abs_sum = max over m, n of sum_k |x_k w_k|."""
-    from lkw import gemv
-
-    atol = gemv.ROUNDING_SIGMAS * 2.0**-9 * math.sqrt(walk_sq) + 8 * math.sqrt(k) * 2.0**-24 * abs_sum
-    return f"close:{gemv.RTOL}:{atol:.3g}"
-
-
 def _w4a16_reference(torch, x_bits: np.ndarray, words, scales_bits: np.ndarray) -> tuple[np.ndarray, str]:
     """lkw.w4a16.w4a16_gemm and lkw.w4a16.tolerance on the GPU, for the rows of x given: y bits
     uint16 [rows, N] and the tolerance of exactly these x and W_hat.
@@ -694,9 +685,9 @@ def _w4a16_reference(torch, x_bits: np.ndarray, words, scales_bits: np.ndarray) 
     int32 words [N, K/8] on the GPU, scale bits [K/G, N]), x . W_hat^T in float64 (cuBLAS DGEMM:
     another order of float64 sums than numpy's, far below a BF16 ulp), one rounding to BF16 on the
     host (lkw.formats.f64_to_bf16); the tolerance is lkw.gemv.tolerance's formula
-    (_gemv_tolerance_of) on its two maxima, computed alongside. On the host W_hat alone would be
+    (gemv.tolerance_from_maxima) on its two maxima, computed alongside. On the host W_hat alone would be
     1.9 GB at 28672 x 8192, so the GPU does it in slices of _REF_ELEMENTS weights."""
-    from lkw import formats
+    from lkw import formats, gemv
 
     def bf16_to_f64(bits):
         t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).to(words.device)
@@ -717,7 +708,7 @@ def _w4a16_reference(torch, x_bits: np.ndarray, words, scales_bits: np.ndarray) 
         walk_sq = max(walk_sq, float((x_sq @ (w * w).t()).max()))
         abs_sum = max(abs_sum, float((x_abs @ w.abs().t()).max()))
         del q, w
-    return formats.f64_to_bf16(y.cpu().numpy()), _gemv_tolerance_of(walk_sq, abs_sum, k)
+    return formats.f64_to_bf16(y.cpu().numpy()), gemv.tolerance_from_maxima(walk_sq, abs_sum, k)
 
 
 def _w4a16_matmul_peer(torch, inputs):

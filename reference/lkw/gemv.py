@@ -160,8 +160,14 @@ def tolerance(x: np.ndarray, weights: np.ndarray) -> str:
     zero point change outputs by a sizeable fraction of their typical magnitude).
     """
     x64 = _bf16(x)
-    k = x64.shape[1]
-    walk = np.sqrt(np.max((x64 * x64) @ (weights * weights).T))
-    total = np.max(np.abs(x64) @ np.abs(weights).T)
-    atol = ROUNDING_SIGMAS * 2.0**-9 * walk + 8 * np.sqrt(k) * 2.0**-24 * total
+    walk_sq = np.max((x64 * x64) @ (weights * weights).T)
+    abs_sum = np.max(np.abs(x64) @ np.abs(weights).T)
+    return tolerance_from_maxima(float(walk_sq), float(abs_sum), x64.shape[1])
+
+
+def tolerance_from_maxima(walk_sq: float, abs_sum: float, k: int) -> str:
+    """`tolerance` from its two maxima over the outputs checked, for callers that compute them
+    elsewhere (the bench, on the GPU): walk_sq = max over m, n of sum_k (x_k w_k)^2, abs_sum = max
+    over m, n of sum_k |x_k w_k|."""
+    atol = ROUNDING_SIGMAS * 2.0**-9 * np.sqrt(walk_sq) + 8 * np.sqrt(k) * 2.0**-24 * abs_sum
     return f"close:{RTOL}:{atol:.3g}"

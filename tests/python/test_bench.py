@@ -472,7 +472,7 @@ def test_w4a16_repacked_rows_meet_the_peers_of_the_natural_op():
 def test_the_gpu_references_tolerance_is_lkw_gemv_tolerance_from_its_two_maxima(rng):
     """_w4a16_reference computes the two maxima of lkw.gemv.tolerance on the GPU, slice by slice;
     from the same maxima the formula gives lkw.w4a16.tolerance's string exactly."""
-    from lkw import formats, w4a16
+    from lkw import formats, gemv, w4a16
 
     m, n, k, g = 5, 64, 512, 128
     x = formats.f32_to_bf16(rng.standard_normal((m, k)).astype(np.float32))
@@ -482,7 +482,7 @@ def test_the_gpu_references_tolerance_is_lkw_gemv_tolerance_from_its_two_maxima(
     x64 = formats.bf16_to_f32(x).astype(np.float64)
     walk_sq = float(np.max((x64 * x64) @ (w * w).T))
     abs_sum = float(np.max(np.abs(x64) @ np.abs(w).T))
-    assert bench._gemv_tolerance_of(walk_sq, abs_sum, k) == w4a16.tolerance(x, w)
+    assert gemv.tolerance_from_maxima(walk_sq, abs_sum, k) == w4a16.tolerance(x, w)
 
 
 def test_natural_words_transposed_are_gptq_qweight_the_peers_packers_take(rng):
