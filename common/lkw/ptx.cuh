@@ -5,6 +5,8 @@
 //   ldmatrix x4                                four 8×8 BF16 tiles from shared memory into mma fragments
 //   wgmma (m64nNk16 BF16, A in registers)       Hopper's warpgroup tensor core, B read from shared memory
 //   fence.proxy.async                          shared-memory writes made visible to wgmma's reads
+//   mbarrier (init, arrive.expect_tx, wait)    a shared-memory barrier that counts bytes in flight
+//   cp.async.bulk.tensor (TMA, 2D)             a whole tile copied by the copy engine, swizzled
 //   griddepcontrol                             programmatic dependent launch (sm_90)
 //   discard.global.L2                          drop dead lines without writing them back
 #pragma once
@@ -231,6 +233,65 @@ __device__ __forceinline__ void wgmma_bf16_rs<128>(float (&d)[64], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #else
   __trap();  // sm_90a only: the launchers check the device first
+#endif
+}
+
+// ---- mbarrier and TMA (sm_90) ------------------------------------------------------------------
+// The tensor-memory accelerator copies a whole tile (a box of a CUtensorMap) into shared memory on
+// the async proxy, the proxy that wgmma reads through: its data needs no proxy fence (cp.async's
+// does, and fence.proxy.async compiles to a CTA-wide memory barrier, MEMBAR, in every stage).
+// Completion is counted in bytes on an mbarrier in shared memory.
+
+// One arrival per phase (the thread that issues the copy); made visible to the async proxy before
+// any copy signals it.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar_sh, unsigned arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrives and announces the bytes the phase still waits for (the copies' transaction count).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar_sh, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+// One arrival (a consumer saying it is done with the data the barrier guards).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar_sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Returns once the phase of this parity has completed (every arrival in, every byte landed). On a
+// fresh barrier parity 1 counts as completed: a producer's first wait on an empty ring passes.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar_sh, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// The box at (c0, c1) (innermost coordinate first, in elements) of `map` into dst_sh; rows and
+// columns outside the tensor arrive as zeros and still count in the transaction bytes. `map` is a
+// __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(void* dst_sh, const void* map, int c0, int c1,
+                                            uint64_t* bar_sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
 #endif
 }
 

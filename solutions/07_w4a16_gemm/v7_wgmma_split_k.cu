@@ -11,6 +11,7 @@
 // v6 at large M, where S = 1. SASS: HGMMA and ATOMG, no HMMA, no I2F.
 #include "02_int4_dequant/dequant.cuh"
 #include "gemm_plan.h"
+#include "lkw/tma.h"
 #include "tiles.cuh"
 #include "w4a16_gemm.cuh"
 
@@ -19,7 +20,7 @@ namespace {
 
 constexpr int kGroups =
     kBlockN / 64;  // warpgroups, 64 channels each: the repacked 64-channel blocks
-constexpr int kThreads6 = kGroups * 128;
+constexpr int kThreads7 = kGroups * 128;
 constexpr int kStepWords = 32 * 4;                 // a 64-channel block's words per k-step
 constexpr int kBlockWords = kKSteps * kStepWords;  // per 64-k stage: 2 KB, contiguous in HBM
 constexpr int kScaleRows = 2;                      // a stage's groups: k = 0..31 and 32..63 of it
@@ -28,80 +29,29 @@ constexpr int kOutRow = kBlockN + 8;  // y tile row in shared memory, padded
 
 template <int kBT>
 struct Tile {
-  static constexpr int kStages = kBT == 128 ? 4 : kBT == 64 ? 6 : 8;
+  static constexpr int kStages = kBT == 16 ? 8 : 6;
+  static constexpr int kLead = kStages - 2;  // stages asked for ahead of the one computed on
   static constexpr int kXBytes = kBT * 128;  // kBT rows of 64 k: 1024-byte swizzle atoms
-  static constexpr int kStageBytes = kXBytes + kGroups * kBlockWords * 4 + kScaleRows * kBlockN * 2;
+  static constexpr int kWBytes = kGroups * kBlockWords * 4;
+  static constexpr int kSBytes = kScaleRows * kBlockN * 2;
+  static constexpr int kStageBytes = kXBytes + kWBytes + kSBytes;  // also the TMA bytes of a stage
   static constexpr int kRingBytes = kStages * kStageBytes;
   static_assert(kStageBytes % 1024 == 0, "every stage's x tile must start 1024-aligned");
   static_assert(kBT * kOutRow * 2 <= kRingBytes, "the y tile reuses the ring");
 };
 
-// What one thread copies into every stage, planned once: its pieces' sources at stage 0 and their
-// places in a stage (stage kt reads 64·kt elements further). Rows past M, channels past N and k
-// past K read nothing and leave zeros (they then multiply to exact zeros).
-template <int kBT>
-struct StageCopy {
-  static constexpr int kXPieces =
-      (kBT * 8 + kThreads6 - 1) / kThreads6;  // x pieces per thread: 1 or 2
-  const __nv_bfloat16* x_src[kXPieces];
-  int x_dst[kXPieces];  // byte offset in the stage, with the 128-byte swizzle
-  bool x_row_ok[kXPieces];
-  int x_k;  // this thread's k within a stage (x)
-  const uint32_t*
-      w_src;  // one 16-byte piece of the four 64-channel blocks (v5's copy, 512 threads)
-  bool w_ok;
-  int w_step;                  // its k-step within a stage
-  const __nv_bfloat16* s_src;  // scales: threads 0..63, row r = group of k = 64·kt + 32·r
-  int s_k;
-
-  __device__ __forceinline__ StageCopy(const __nv_bfloat16* x, const uint32_t* w,
-                                       const __nv_bfloat16* scales, int64_t t0, int64_t nb0,
-                                       int64_t m, int64_t n, int64_t k) {
-    const int tid = threadIdx.x, chunk = tid % 8;
-    x_k = 8 * chunk;
-#pragma unroll
-    for (int i = 0; i < kXPieces; ++i) {
-      const int row = tid / 8 + i * (kThreads6 / 8);
-      x_row_ok[i] = row < kBT && t0 + row < m;  // a 16-token tile has 128 pieces for 512 threads
-      x_src[i] = x + (x_row_ok[i] ? (t0 + row) * k + x_k : 0);  // (M, K)
-      x_dst[i] = row * 128 + 16 * (chunk ^ (row % 8));
-    }
-    const int block = tid / 128, piece = tid % 128;
-    w_ok = nb0 + 64 * block < n;
-    w_step = piece / 32;
-    w_src = w + (w_ok ? ((nb0 + 64 * block) / 64) * (8 * k) + w_step * kStepWords + 4 * (piece % 32)
-                      : 0);  // (N/64, 8K)
-    s_k = 32 * (tid / 32);
-    s_src =
-        tid < 64 && nb0 + 8 * (tid % 32) < n ? scales + nb0 + 8 * (tid % 32) : nullptr;  // (K/G, N)
-  }
-
-  __device__ __forceinline__ void issue(unsigned char* stage, int64_t kt, int64_t n, int64_t k,
-                                        int group_shift) const {
-    const int64_t k0 = kt * kBlockK;
-#pragma unroll
-    for (int i = 0; i < kXPieces; ++i) {
-      const bool ok = x_row_ok[i] && k0 + x_k < k;
-      if (kBT * 8 >= kThreads6 || threadIdx.x < kBT * 8)  // a thread without a piece copies nothing
-        ptx::cp_async_16(stage + x_dst[i], ok ? x_src[i] + k0 : x_src[i], ok);
-    }
-    uint32_t* const b_sh = reinterpret_cast<uint32_t*>(stage + Tile<kBT>::kXBytes);
-    const bool w_in = w_ok && kt * kKSteps + w_step < k / 16;
-    ptx::cp_async_16(b_sh + 4 * threadIdx.x, w_in ? w_src + kt * kBlockWords : w_src, w_in);
-    if (threadIdx.x < 64) {
-      __nv_bfloat16* const s_sh = reinterpret_cast<__nv_bfloat16*>(b_sh + kGroups * kBlockWords);
-      const bool s_in = s_src != nullptr && k0 + s_k < k;
-      ptx::cp_async_16(s_sh + 8 * threadIdx.x,
-                       s_in ? s_src + ((k0 + s_k) >> group_shift) * n : x_src[0], s_in);
-    }
-  }
+// The three boxes a stage is made of, each a TMA copy (lkw/tma.h; zeros past the tensors' edges):
+// x [M, K] in kBT × 64 boxes swizzled for the descriptor; the repacked words [N/64, 8K] seen as
+// [N/64, 4K] 8-byte elements, whose 4 × 256 box is the four 64-channel blocks' 2 KB of a stage;
+// the scales [K/G, N] in 1 × 256 boxes, one per group row of the stage.
+struct Maps {
+  CUtensorMap x, w, s;
 };
 
 template <int kBT>
-__global__ void __launch_bounds__(kThreads6)
-    gemm_v7_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
-                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y,
-                   int64_t m, int64_t n, int64_t k, int group_shift, SplitCut cut,
+__global__ void __launch_bounds__(kThreads7)
+    gemm_v7_kernel(const __grid_constant__ Maps maps, __nv_bfloat16* __restrict__ y, int64_t m,
+                   int64_t n, int64_t k, int group_shift, SplitCut cut,
                    float* __restrict__ partials, unsigned* __restrict__ arrivals) {
   using T = Tile<kBT>;
   constexpr int kStages = T::kStages;
@@ -119,64 +69,92 @@ __global__ void __launch_bounds__(kThreads6)
   const int64_t t0 = tm * kBT, nb0 = int64_t(blockIdx.y) * kBlockN;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, group = threadIdx.x / 128;
   const int g = lane / 4, t = lane % 4;
-  int64_t kt_begin = 0, kt_end = (k + kBlockK - 1) / kBlockK;  // this split's stages
-  if (splits > 1) split_range(cut, split, &kt_begin, &kt_end);
+  int64_t begin = 0, end = (k + kBlockK - 1) / kBlockK;  // this split's stages
+  if (splits > 1) split_range(cut, split, &begin, &end);
+  const int kt_begin = int(begin), kt_end = int(end);
   auto x_stage = [&](int s) { return smem + s * T::kStageBytes; };
   auto b_stage = [&](int s) { return reinterpret_cast<uint32_t*>(x_stage(s) + T::kXBytes); };
   auto s_stage = [&](int s) {
-    return reinterpret_cast<__nv_bfloat16*>(b_stage(s) + kGroups * kBlockWords);
+    return reinterpret_cast<__nv_bfloat16*>(x_stage(s) + T::kXBytes + T::kWBytes);
   };
-  const StageCopy<kBT> copy(x, w, scales, t0, nb0, m, n, k);
-  auto load_stage = [&](int64_t kt) {
-    if (kt < kt_end) copy.issue(x_stage(int(kt % kStages)), kt, n, k, group_shift);
-    ptx::cp_async_commit();
+  // Slot s is full when its phase completes on full_sh[s] (one arrival and the stage's bytes),
+  // empty when every warp has arrived on empty_sh[s].
+  __shared__ uint64_t full_sh[kStages], empty_sh[kStages];
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kStages; ++s)
+      ptx::mbarrier_init(&full_sh[s], 1), ptx::mbarrier_init(&empty_sh[s], kThreads7 / 32);
+  __syncthreads();
+  // Load: thread 0 asks the copy engine for stage p_kt, kLead stages ahead of the computing. The
+  // slot it fills held the stage two before the one it computes on next (the ring has kLead + 2
+  // slots), which the other warps have left almost always: it rarely waits, nobody else does.
+  int p_kt = kt_begin, p_slot = 0;
+  unsigned p_phase = 0;
+  auto load_stage = [&] {
+    ptx::mbarrier_wait(&empty_sh[p_slot], p_phase ^ 1);  // passes at once on the first round
+    ptx::mbarrier_arrive_expect_tx(&full_sh[p_slot], T::kStageBytes);
+    ptx::tma_load_2d(x_stage(p_slot), &maps.x, p_kt * kBlockK, int(t0), &full_sh[p_slot]);
+    ptx::tma_load_2d(b_stage(p_slot), &maps.w, p_kt * (kBlockWords / 2), int(nb0 / 64),
+                     &full_sh[p_slot]);
+#pragma unroll
+    for (int r = 0; r < kScaleRows; ++r)
+      ptx::tma_load_2d(s_stage(p_slot) + r * kBlockN, &maps.s, int(nb0),
+                       (p_kt * kBlockK + 32 * r) >> group_shift, &full_sh[p_slot]);
+    ++p_kt;
+    if (++p_slot == kStages) p_slot = 0, p_phase ^= 1;
   };
+  if (threadIdx.x == 0)
+    while (p_kt < kt_end && p_kt < kt_begin + T::kLead) load_stage();
 
   float acc[kBT / 2] = {};
   ptx::wgmma_fence_operands(acc);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load_stage(kt_begin + s);
-
-  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
-    const int slot = int(kt % kStages);
-    // Wait: stage kt landed and is visible to the tensor core's (async-proxy) reads. Every
-    // warpgroup's wgmmas of stage kt − 1 ended with it: the slot refilled below is free.
-    ptx::cp_async_wait<kStages - 2>();
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-    load_stage(kt + kStages - 1);
-    // Compute: warp w's A fragment is word w of each lane's 16 bytes (channels 16w + g, + 8). Past
-    // K (the last stage of K % 64 == 32) x, the words and the scales were zero-filled: the k-steps
-    // there add exact zeros, and no branch puts a wgmma on a divergent path (which serializes
-    // them).
+  int slot = 0;
+  unsigned phase = 0;
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    if (threadIdx.x == 0 && p_kt < kt_end) load_stage();
+    // Wait: the stage's boxes landed. They were written by the async proxy, which the tensor
+    // core reads through: no proxy fence, and no block barrier.
+    ptx::mbarrier_wait(&full_sh[slot], phase);
+    // Compute: warp w's A fragment is word w of each lane's 16 bytes (channels 16w + g, + 8).
+    // Past K (the last stage of K % 64 == 32) x arrives as zeros: the k-steps there add exact
+    // zeros, and no branch puts a wgmma on a divergent path (which serializes them).
     const uint32_t* b_sh = b_stage(slot) + group * kBlockWords;
     const __nv_bfloat16* s_sh = s_stage(slot) + group * 64 + 16 * warp;
     const uint64_t desc = ptx::wgmma_desc_k_major_sw128(x_stage(slot));
-    uint32_t a[kKSteps][4];  // one A fragment per k-step: a wgmma holds its A until its wait
+    // Read the stage's words and scales first: the wgmmas below clobber memory for the compiler,
+    // which would read every one of them again after each.
+    uint32_t word[kKSteps];
+    __nv_bfloat162 s_lo[kScaleRows], s_hi[kScaleRows];
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) word[ks] = b_sh[ks * kStepWords + 4 * lane + warp];
+#pragma unroll
+    for (int r = 0; r < kScaleRows; ++r) {
+      s_lo[r] = __bfloat162bfloat162(s_sh[r * kBlockN + g]);
+      s_hi[r] = __bfloat162bfloat162(s_sh[r * kBlockN + 8 + g]);
+    }
+    uint32_t a[kKSteps][4];  // one A fragment per k-step: a wgmma holds its A until the wait
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      // Unpack k-step ks while the tensor core runs k-step ks − 1.
+      // Unpack k-step ks while the tensor core runs the k-steps before it: they chain on the
+      // accumulators, and no wait comes between them.
       __nv_bfloat162 q[4];
-      int4::u4_to_bf16_magic(b_sh[ks * kStepWords + 4 * lane + warp], q);
-      const __nv_bfloat16* s_row = s_sh + (ks / 2) * kBlockN;
-      const __nv_bfloat162 s_lo = __bfloat162bfloat162(s_row[g]),
-                           s_hi = __bfloat162bfloat162(s_row[8 + g]);
+      int4::u4_to_bf16_magic(word[ks], q);
+      const int r = ks / 2;  // k-steps 0, 1 are the stage's first group row, 2, 3 its second
       // q0, q1: channel 16w + g at k 2t.. and 2t + 8..; q2, q3: channel 16w + 8 + g (v6).
-      a[ks][0] = bits_of(__hmul2(q[0], s_lo)), a[ks][1] = bits_of(__hmul2(q[2], s_hi));
-      a[ks][2] = bits_of(__hmul2(q[1], s_lo)), a[ks][3] = bits_of(__hmul2(q[3], s_hi));
+      a[ks][0] = bits_of(__hmul2(q[0], s_lo[r])), a[ks][1] = bits_of(__hmul2(q[2], s_hi[r]));
+      a[ks][2] = bits_of(__hmul2(q[1], s_lo[r])), a[ks][3] = bits_of(__hmul2(q[3], s_hi[r]));
       ptx::wgmma_fence();
       ptx::wgmma_bf16_rs<kBT>(acc, a[ks],
                               desc + 2 * ks);  // k-step ks: 32 bytes on, in 16-byte units
-      ptx::wgmma_commit();
-      if (ks > 0) ptx::wgmma_wait<1>();  // k-step ks − 1 is done (its A registers are free again)
     }
-    // The stage's last group ends here, not at the next barrier: ptxas serializes the wgmmas of a
-    // group left open across the loop's back edge.
+    ptx::wgmma_commit();
+    // Release: the stage's group ends here (ptxas serializes the wgmmas of a group left open
+    // across the loop's back edge); the warp's reads of the slot, wgmma's too, are then over.
     ptx::wgmma_wait<0>();
+    if (lane == 0) ptx::mbarrier_arrive(&empty_sh[slot]);
+    if (++slot == kStages) slot = 0, phase ^= 1;
   }
   ptx::wgmma_fence_operands(acc);
-  ptx::cp_async_wait<0>();
-  __syncthreads();  // every warpgroup is done with the ring: it becomes the y tile
+  __syncthreads();  // every stage is consumed: the ring becomes the y tile
 
   // Store: accumulator j of a thread is channel 16w + g (+ 8 for j % 4 ≥ 2), token 8·(j / 4) + 2t
   // (+ 1 for odd j); through shared memory [token][channel] so y's rows leave 16 bytes at a time.
@@ -215,7 +193,7 @@ __global__ void __launch_bounds__(kThreads6)
     // STUB: bool last_sh = true;
     // END SOLUTION
     if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
-    for (int q = threadIdx.x; q < kBlockN * ((rows + 1) / 2); q += kThreads6) {
+    for (int q = threadIdx.x; q < kBlockN * ((rows + 1) / 2); q += kThreads7) {
       const int channel = q % kBlockN, token = 2 * (q / kBlockN);
       float2 sum = make_float2(0.f, 0.f);
       for (int s = 0; s < splits; ++s) {  // split order: the same sum in every run
@@ -228,7 +206,7 @@ __global__ void __launch_bounds__(kThreads6)
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads6) {
+  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads7) {
     const int row = c / (kBlockN / 8), col = 8 * (c % (kBlockN / 8));
     if (t0 + row < m && nb0 + col < n)
       *reinterpret_cast<uint4*>(y + (t0 + row) * n + nb0 + col) =
@@ -246,7 +224,7 @@ Status launch_v7(const GemmArgs& a, cudaStream_t stream) {
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaFuncSetAttribute(gemm_v7_kernel<kBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v7_kernel<kBT>, kThreads6, kBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v7_kernel<kBT>, kThreads7, kBytes);
   });
   const int64_t tiles_m = (a.m + kBT - 1) / kBT, tiles_n = (a.n + kBlockN - 1) / kBlockN;
   const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK;
@@ -263,7 +241,16 @@ Status launch_v7(const GemmArgs& a, cudaStream_t stream) {
   }
   const dim3 grid(unsigned(std::min<int64_t>(tiles_m, kRaster)), unsigned(tiles_n),
                   unsigned(splits > 1 ? splits : (tiles_m + kRaster - 1) / kRaster));
-  gemm_v7_kernel<kBT><<<grid, kThreads6, kBytes, stream>>>(a.x, a.w, a.scales, a.y, a.m, a.n, a.k,
+  Maps maps;
+  Status s = tensor_map_bf16_sw128(&maps.x, a.x, a.m, a.k, kBT);
+  if (s.ok())
+    s = tensor_map_2d(&maps.w, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, a.n / 64, a.k * 4,
+                      kGroups, kBlockWords / 2, CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (s.ok())
+    s = tensor_map_2d(&maps.s, a.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.k / a.group, a.n,
+                      1, kBlockN, CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (!s.ok()) return s;
+  gemm_v7_kernel<kBT><<<grid, kThreads7, kBytes, stream>>>(maps, a.y, a.m, a.n, a.k,
                                                            group_shift_of(a.group, a.k), cut,
                                                            partials, arrivals);
   return last_launch_status(kW4a16rGemm.name);
@@ -284,8 +271,8 @@ Version v7_version() {
       "v6 for every M: a 16-token tile at decode, K split when the tiles leave SMs idle", gemm_v7,
       {{"gemm_v7_kernel",
         {"sm_90a"},
-        {"HGMMA", "LDGSTS", "LOP3", "ATOMG"},
-        {"HMMA", "I2F", "I2FP"},
+        {"HGMMA", "UTMALDG", "LOP3", "ATOMG"},
+        {"HMMA", "I2F", "I2FP", "LDGSTS"},
         true,
         "v6's HGMMA loop, an atomic arrival count for the split-K finish"}});
   v.min_arch = 90;
