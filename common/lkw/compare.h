@@ -2,6 +2,7 @@
 // distance and the first bad index. It fails on any NaN/Inf mismatch, and on an all-zero
 // result where the reference is not all zero (the classic unwritten or unlaunched output).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "lkw/numeric.h"
 #include "lkw/tensor.h"
@@ -26,26 +28,45 @@ inline std::string format(const char* fmt, ...) {
 }
 
 struct Tolerance {
-  enum class Mode { kExact, kUlp, kClose };
+  // kMultiset: an int32 output whose order inside runs is unspecified (the MoE align): the rows
+  // are cut into runs by another output of the reference, the key (one key element per `width`
+  // rows; a run is a maximal stretch of equal keys), and each run must hold the same multiset of
+  // values. Exact otherwise. compare_runs does it; compare() alone cannot (it lacks the key).
+  enum class Mode { kExact, kUlp, kClose, kMultiset };
   Mode mode = Mode::kExact;
   int64_t max_ulp = 0;  // kUlp
   double rtol = 0, atol = 0;  // kClose: |got - ref| <= atol + rtol * |ref|
+  int key_output = 0;   // kMultiset: the output that holds the keys
+  int64_t width = 1;    // kMultiset: rows per key element
 
   static Tolerance exact() { return {}; }
   static Tolerance ulp(int64_t n) { return {Mode::kUlp, n, 0, 0}; }
   static Tolerance close(double rtol, double atol) { return {Mode::kClose, 0, rtol, atol}; }
-  // The spelling of golden manifests and the bench: exact | ulp:N | close:RTOL:ATOL.
+  static Tolerance multiset(int key_output, int64_t width) {
+    return {Mode::kMultiset, 0, 0, 0, key_output, width};
+  }
+  // The spelling of golden manifests and the bench: exact | ulp:N | close:RTOL:ATOL |
+  // multiset:KEY_OUTPUT:WIDTH.
   static Tolerance parse(const std::string& s) {
     if (s == "exact") return exact();
     if (s.rfind("ulp:", 0) == 0) return ulp(std::stoll(s.substr(4)));
     const size_t colon = s.find(':', 6);
     if (s.rfind("close:", 0) == 0 && colon != std::string::npos)
       return close(std::stod(s.substr(6, colon - 6)), std::stod(s.substr(colon + 1)));
-    throw std::invalid_argument("bad tolerance '" + s + "' (exact | ulp:N | close:RTOL:ATOL)");
+    const size_t key_end = s.find(':', 9);
+    if (s.rfind("multiset:", 0) == 0 && key_end != std::string::npos) {
+      const Tolerance t = multiset(std::stoi(s.substr(9, key_end - 9)), std::stoll(s.substr(key_end + 1)));
+      if (t.key_output >= 0 && t.width >= 1) return t;
+    }
+    throw std::invalid_argument("bad tolerance '" + s +
+                                "' (exact | ulp:N | close:RTOL:ATOL | multiset:KEY:WIDTH)");
   }
   std::string str() const {
     if (mode == Mode::kExact) return "bit-exact";
     if (mode == Mode::kUlp) return format("<= %lld ulp", static_cast<long long>(max_ulp));
+    if (mode == Mode::kMultiset)
+      return format("a multiset per run of %lld-row blocks with equal keys (output %d)",
+                    static_cast<long long>(width), key_output);
     return format("rtol %g, atol %g", rtol, atol);
   }
 };
@@ -74,6 +95,12 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
                              const Tolerance& tol) {
   CompareReport r;
   r.count = n;
+  if (tol.mode == Tolerance::Mode::kMultiset) {
+    r.pass = false;
+    r.bad = n;
+    r.reason = "a multiset tolerance needs its key output: use compare_runs";
+    return r;
+  }
   // Identical bits are within any tolerance (and NaN matches NaN): skip the element walk.
   if (std::memcmp(got, ref, static_cast<size_t>(n) * dtype_size(t)) == 0) return r;
   bool got_all_zero = true, ref_all_zero = true;
@@ -124,6 +151,47 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
     ++r.bad;
   }
   r.pass = r.bad == 0;
+  return r;
+}
+
+// The runs of `n` rows cut by the reference's keys (key_ref, int32, one element per tol.width
+// rows): [begin, end) of each maximal stretch of equal keys. Rows past the last key element
+// form one more run.
+inline std::vector<std::pair<int64_t, int64_t>> key_runs(const int32_t* key_ref, int64_t keys,
+                                                         int64_t width, int64_t n) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int64_t begin = 0;
+  for (int64_t b = 1; b <= keys; ++b) {
+    if (b == keys || key_ref[b] != key_ref[b - 1]) {
+      const int64_t end = std::min(n, b * width);
+      if (end > begin) runs.push_back({begin, end});
+      begin = end;
+    }
+  }
+  if (begin < n) runs.push_back({begin, n});
+  return runs;
+}
+
+// An int32 output compared as a multiset inside each run of the reference's keys: both sides
+// sorted inside each run (the canonical form of lkw.moe.canonical_align), then compared exactly.
+// The first bad index is in that sorted order; the reason names the run.
+inline CompareReport compare_runs(const int32_t* got, const int32_t* ref, int64_t n,
+                                  const int32_t* key_ref, int64_t keys, const Tolerance& tol) {
+  std::vector<int32_t> g(got, got + n), e(ref, ref + n);
+  const auto runs = key_runs(key_ref, keys, tol.width, n);
+  for (const auto& [begin, end] : runs) {
+    std::sort(g.begin() + begin, g.begin() + end);
+    std::sort(e.begin() + begin, e.begin() + end);
+  }
+  CompareReport r = compare(g.data(), e.data(), DType::kI32, n, Tolerance::exact());
+  if (r.first_bad >= 0) {
+    for (const auto& [begin, end] : runs)
+      if (r.first_bad >= begin && r.first_bad < end)
+        r.reason = format("run [%lld, %lld) of key %d differs as a multiset: ",
+                          static_cast<long long>(begin), static_cast<long long>(end),
+                          begin / tol.width < keys ? key_ref[begin / tol.width] : -1) +
+                   r.reason;
+  }
   return r;
 }
 

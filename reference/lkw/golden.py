@@ -10,8 +10,10 @@ Per chapter this writes DIR/<chapter>/manifest.txt and one .npy per tensor
 (<id>.in<i>.npy, <id>.out<i>.npy; narrow floats as their raw bits, C order, little endian):
 
     # lkw golden v1 chapter=<chapter> seed=<seed>
-    case <id> <op> <tolerance> <params>    tolerance: exact | ulp:N | close:RTOL:ATOL, or one per
-                                           output joined by "/" (e.g. ulp:2/exact)
+    case <id> <op> <tolerance> <params>    tolerance: exact | ulp:N | close:RTOL:ATOL |
+                                           multiset:KEY:WIDTH (the rows of that output as a
+                                           multiset per run of WIDTH-row blocks with equal values
+                                           of output KEY), or one per output joined by "/"
     in   <id> <index> <dtype> <file>       params: - | name=value,name=value
     out  <id> <index> <dtype> <file>
 
@@ -20,6 +22,7 @@ inputs. A new chapter adds its ops to OPS, a function returning its cases, and o
 """
 
 import argparse
+import itertools
 import os
 import re
 import secrets
@@ -32,7 +35,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, gemv, int4, quant, rmsnorm, roofline, w4a16
+from lkw import formats, gemv, int4, moe, quant, rmsnorm, roofline, w4a16
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -114,6 +117,42 @@ OPS = {
     # 07_w4a16_gemm (lkw.w4a16: x, w, scales [K/G, N] -> y; w natural or repacked for mma)
     "w4a16_gemm": Op(w4a16.w4a16_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
     "w4a16r_gemm": Op(w4a16.w4a16r_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
+    # 09_moe (lkw.moe through the wrappers below: float params become ints and flags)
+    "moe_align_block_size": Op(
+        lambda ids, **p: _align(ids, **p), ("int32",), ("int32",) * 3, ("num_experts", "block_m")
+    ),
+    "topk_softmax": Op(
+        lambda x, **p: _topk(x, **p), ("float32",), ("float32", "int32"), ("k", "renormalize")
+    ),
+    "topk_softmax_bf16": Op(
+        lambda x, **p: _topk(formats.bf16_to_f32(x), **p),
+        ("bfloat16",),
+        ("float32", "int32"),
+        ("k", "renormalize"),
+    ),
+    "deepseek_router": Op(
+        lambda x, b, **p: _deepseek(x, b, **p),
+        ("float32", "float32"),
+        ("float32", "int32"),
+        ("k", "n_group", "topk_group", "renormalize", "routed_scaling_factor"),
+    ),
+    "moe_grouped_gemm": Op(
+        lambda x, w, s, e, **p: _grouped(moe.grouped_gemm_bf16, x, w, s, e, **p),
+        ("bfloat16", "bfloat16", "int32", "int32"),
+        ("bfloat16",),
+        ("topk", "block_m"),
+    ),
+    "moe_grouped_gemm_silu": Op(
+        lambda x, w, s, e, **p: _grouped(moe.grouped_gemm_silu_bf16, x, w, s, e, **p),
+        ("bfloat16", "bfloat16", "int32", "int32"),
+        ("bfloat16",),
+        ("topk", "block_m"),
+    ),
+    "moe_sum": Op(
+        lambda y, w: moe.moe_sum(y.view(ml_dtypes.bfloat16), w).view(np.uint16),
+        ("bfloat16", "float32"),
+        ("bfloat16",),
+    ),
 }
 
 
@@ -159,7 +198,7 @@ def check_case(case: Case, outputs: list[np.ndarray]) -> None:
         raise ValueError(f"case id {case.id!r}: use [a-z0-9_] only")
     tolerances = case.tolerance.split("/")
     for tol in tolerances:
-        if not re.fullmatch(r"exact|ulp:\d+|close:[^:\s/]+:[^:\s/]+", tol):
+        if not re.fullmatch(r"exact|ulp:\d+|close:[^:\s/]+:[^:\s/]+|multiset:\d+:\d+", tol):
             raise ValueError(f"{case.id}: bad tolerance {case.tolerance!r}")
     if len(tolerances) not in (1, len(outputs)):
         raise ValueError(f"{case.id}: {len(tolerances)} tolerances for {len(outputs)} outputs")
@@ -659,6 +698,277 @@ def w4a16_gemm_cases(rng: np.random.Generator) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 09_moe
+
+
+def _align(ids: np.ndarray, num_experts: float, block_m: float) -> tuple[np.ndarray, ...]:
+    sorted_ids, expert_ids, n_post = moe.moe_align_block_size(ids, int(num_experts), int(block_m))
+    return sorted_ids, expert_ids, np.array([n_post], np.int32)
+
+
+def _topk(logits: np.ndarray, k: float, renormalize: float = 0) -> tuple[np.ndarray, ...]:
+    return moe.topk_softmax(logits, int(k), bool(renormalize))
+
+
+def _deepseek(logits, bias, k, n_group, topk_group, renormalize=1, routed_scaling_factor=1.0):
+    return moe.deepseek_router(
+        logits, bias, int(k), int(n_group), int(topk_group), bool(renormalize),
+        routed_scaling_factor,
+    )
+
+
+def align_tolerance(block_m: int) -> str:
+    """sorted_token_ids as a multiset per expert run (the runs cut by expert_ids, output 1, one
+    id per block_m rows); expert_ids and num_tokens_post_padded exact."""
+    return f"multiset:1:{block_m}/exact/exact"
+
+
+def router_tolerance(e: int, k: int, deepseek: bool) -> str:
+    """Weights within what FP32 arithmetic can differ by (relative, in units u = 2^-24); ids exact.
+
+    Softmax: expf is within 2 ulp (4u) in the numerator and in each term of the sum, the sum of E
+    terms adds at most E - 1 roundings of <= u of the total in any order, the reciprocal of the
+    sum (MUFU.RCP, 2 ulp: 4u) and the product u; a renormalization adds k - 1 roundings, a
+    reciprocal and a product: (E + k + 16) u in all. DeepSeek: the sigmoid (expf, an add, a
+    reciprocal: 9u), the sum of k weights, its reciprocal and two products: (k + 20) u. The golden logits make every decision decisive (see routing_logits), so
+    the ids are the reference's exactly, ties included."""
+    units = k + 20 if deepseek else e + k + 16
+    return f"close:{units * 2.0**-24:.3g}:0/exact"
+
+
+def routing_logits(rng: np.random.Generator, t: int, e: int, levels: int, step: float) -> np.ndarray:
+    """float32 [T, E] on a grid: integers in [-levels/2, levels/2) times `step` (exact in BF16 for
+    levels <= 256). Equal logits are exact ties on both sides (broken by the lower id); distinct
+    ones differ by `step` at least, so their probabilities differ by a factor e^step, far beyond
+    any FP32 rounding: no comparison depends on how a kernel rounds."""
+    return (rng.integers(-levels // 2, levels // 2, (t, e)) * step).astype(np.float32)
+
+
+DEEPSEEK_MARGIN = 1e-5  # a kernel's FP32 choice scores are within ~1e-6 of the float64 ones
+
+
+def deepseek_decisive(z: np.ndarray, bias: np.ndarray, k: int, n_group: int, topk_group: int) -> bool:
+    """Whether every comparison deepseek_router makes on this row (float32 logits z [E]) is
+    decided by more than DEEPSEEK_MARGIN or is an exact tie of identical inputs (then a kernel
+    ties too and picks the lower id). Checked: the kept groups against the best dropped one, and
+    the order of the k chosen experts and the first one left out."""
+    s = 1.0 / (1.0 + np.exp(-z.astype(np.float64)))
+    c = s + bias.astype(np.float64)
+    per = z.size // n_group
+    pairs = [tuple(sorted(zip(c[g * per:(g + 1) * per], z[g * per:(g + 1) * per], bias[g * per:(g + 1) * per]))[-2:]) for g in range(n_group)]
+    score = np.array([p[0][0] + p[1][0] for p in pairs])
+    order = np.argsort(-score, kind="stable")
+    if topk_group < n_group:
+        a, b = order[topk_group - 1], order[topk_group]
+        same = [q[1:] for q in pairs[a]] == [q[1:] for q in pairs[b]]
+        if score[a] - score[b] < DEEPSEEK_MARGIN and not same:
+            return False
+    kept = np.repeat(np.isin(np.arange(n_group), order[:topk_group]), per)
+    chosen = np.argsort(-np.where(kept, c, -np.inf), kind="stable")[: k + 1]
+    chosen = chosen[np.isfinite(np.where(kept, c, -np.inf)[chosen])]
+    for a, b in itertools.pairwise(chosen):
+        same = z[a] == z[b] and bias[a] == bias[b]
+        if c[a] - c[b] < DEEPSEEK_MARGIN and not same:
+            return False
+    return True
+
+
+def deepseek_inputs(rng, t, e, k, n_group, topk_group, levels=256, bias_levels=16):
+    """Grid logits (step 1/32) and a grid bias (multiples of 1/64 around 0), rows re-drawn until
+    deepseek_decisive holds (a few percent of rows need it)."""
+    bias = (rng.integers(-bias_levels // 2, bias_levels // 2, e) / 64).astype(np.float32)
+    z = routing_logits(rng, t, e, levels, 1 / 32)
+    for row in range(t):
+        while not deepseek_decisive(z[row], bias, k, n_group, topk_group):
+            z[row] = routing_logits(rng, 1, e, levels, 1 / 32)[0]
+    return z, bias
+
+
+# (tag, T, k, E, BLOCK_M, distribution): E = 60 is no power of two; T = 1 and 65536; k = 1;
+# BLOCK_M = 1 (no padding at all) and 256 (more padding than rows); "one": every token on the
+# same k experts; "hot": every slot on one expert; "masked": a third of the slots -1.
+ALIGN_CASES = (
+    ("uniform", 4096, 8, 256, 64, "uniform"),
+    ("zipf", 4096, 8, 256, 64, "zipf"),
+    ("uniform", 1, 8, 256, 64, "uniform"),
+    ("uniform", 65536, 1, 60, 16, "uniform"),
+    ("zipf", 3001, 6, 60, 64, "zipf"),
+    ("one", 3000, 8, 64, 64, "one"),
+    ("hot", 2000, 1, 128, 64, "hot"),
+    ("masked", 777, 4, 64, 16, "masked"),
+    ("uniform", 100, 2, 16, 1, "uniform"),
+    ("uniform", 5, 2, 8, 256, "uniform"),
+    ("uniform", 1, 1, 256, 16, "uniform"),
+)
+
+# (tag, T, E, k, renormalize, levels, step): Mixtral E 8 k 2, Qwen3 E 128 k 8, DeepSeek's E 256;
+# E = 60; k = 1; "ties": 4 distinct logits a row (ties everywhere, the lower id must win);
+# "wide": step 1/4 over [-32, 32), so most probabilities are tiny.
+TOPK_CASES = (
+    ("", 1, 8, 2, 1, 256, 1 / 32),
+    ("", 1000, 8, 2, 1, 256, 1 / 32),
+    ("", 128, 128, 8, 1, 256, 1 / 32),
+    ("", 333, 60, 4, 0, 256, 1 / 32),
+    ("", 64, 256, 8, 0, 256, 1 / 32),
+    ("", 37, 256, 1, 0, 256, 1 / 32),
+    ("", 9, 512, 32, 1, 256, 1 / 32),
+    ("ties", 200, 64, 8, 0, 4, 1 / 32),
+    ("wide", 50, 96, 6, 1, 256, 1 / 4),
+)
+# (tag, T, E, k, n_group, topk_group, renormalize, routed_scaling_factor, logit levels)
+DEEPSEEK_CASES = (
+    ("", 64, 256, 8, 8, 4, 1, 2.5, 256),
+    ("", 1, 256, 8, 8, 4, 1, 2.5, 256),
+    ("", 300, 64, 6, 4, 2, 1, 1.0, 256),
+    ("", 100, 60, 4, 6, 3, 0, 1.0, 256),
+    ("", 50, 128, 8, 8, 4, 0, 2.5, 256),
+    ("ties", 100, 256, 8, 8, 4, 1, 2.5, 8),
+)
+
+
+def _align_ids(rng: np.random.Generator, t: int, k: int, e: int, dist: str) -> np.ndarray:
+    if dist == "hot":
+        return np.full((t, k), rng.integers(1, e), np.int32)
+    ids = moe.routing_ids(rng, t, e, k, "uniform" if dist == "masked" else dist)  # (T,k)
+    if dist == "one":  # the same k experts for every token, which k the seed decides
+        ids = rng.permutation(e).astype(np.int32)[ids]
+    if dist == "masked":
+        ids[rng.random(ids.shape) < 1 / 3] = -1
+    if not np.any(ids):  # T·k = 1 draws expert 0 one time in E: an all-zero input tests nothing
+        ids[...] = e - 1
+    return ids
+
+
+def _grouped(fn, x, w, sorted_ids, expert_ids, topk, block_m) -> np.ndarray:
+    bf16 = ml_dtypes.bfloat16
+    out = fn(x.view(bf16), w.view(bf16), sorted_ids, expert_ids, int(block_m), int(topk))
+    return out.view(np.uint16)
+
+
+def grouped_tolerance(x, w, sorted_ids, expert_ids, block_m: int, topk: int, silu: bool) -> str:
+    """close:RTOL:ATOL for the grouped GEMM (BF16 bits x [T, K], w [E, N, K]), as
+    gemm_bf16_tolerance: RTOL 1.6e-2 for the one BF16 rounding (kernel and reference may land on
+    neighbouring BF16 values), ATOL for the FP32 accumulation, eps = 8 sqrt(K) 2^-24 S with S the
+    largest sum_k |x_k w_k| of a routed row: it grows with sqrt(K).
+
+    With silu, g and u (gate, up) each carry that FP32 error eps and are not rounded to BF16;
+    silu(g) u moves by |silu'(g) u| eps + |silu(g)| eps, and |silu'| <= 1.1, so ATOL is
+    eps (1.1 max |u| + max |silu(g)|) over the routed rows. SiLU's own FP32 error (a few ulp of
+    FP32) is far inside RTOL."""
+    bf16 = ml_dtypes.bfloat16
+    xv, wv = x.view(bf16).astype(np.float64), w.view(bf16).astype(np.float64)
+    k = xv.shape[1]
+    abs_sum = moe.grouped_gemm(np.abs(xv), np.abs(wv), sorted_ids, expert_ids, block_m, topk)
+    eps = 8 * np.sqrt(k) * 2.0**-24 * float(abs_sum.max())
+    if not silu:
+        return f"close:1.6e-2:{eps:.3g}"
+    gate_up = moe.grouped_gemm(xv, wv, sorted_ids, expert_ids, block_m, topk)  # (T*k,N)
+    gate, up = np.split(gate_up, 2, axis=1)
+    silu_gate = gate / (1.0 + np.exp(-gate))
+    atol = eps * (1.1 * float(np.abs(up).max()) + float(np.abs(silu_gate).max()))
+    return f"close:1.6e-2:{atol:.3g}"
+
+
+def moe_sum_tolerance(y, weights) -> str:
+    """close:RTOL:ATOL for moe_sum (y BF16 bits [T, k, d], weights FP32 [T, k]). The kernel's
+    FP32 sum of k fused multiply-adds is off the exact one by delta, |delta| <= k 2^-24 A (A =
+    sum_j |w_j y_j|, the largest over the outputs); it is then rounded once, as the reference
+    rounds the exact sum: the two BF16 values are at most half an ulp each (2^-8 relative) from
+    what they round, so |got - ref| <= 2^-7 |ref| + |delta| (times a hair). RTOL 8e-3 > 2^-7,
+    ATOL 2 (k + 1) 2^-24 A."""
+    yv = y.view(ml_dtypes.bfloat16).astype(np.float64)
+    a = float(np.einsum("tj,tjd->td", np.abs(weights.astype(np.float64)), np.abs(yv)).max())
+    return f"close:8e-3:{2 * (y.shape[1] + 1) * 2.0**-24 * a:.3g}"
+
+
+# (tag, T, topk, E, N, K, BLOCK_M, routing): E = 60; T = 1 (decode: most experts empty); topk =
+# 1; N = 8 and K = 8 (the smallest multiples), N = 200 (past a 128-channel block), K = 136 and
+# 72 (a 64-k stage plus a half k16 step); BLOCK_M 16, 48 (tiles of 16 only), 64, 128 (two tiles
+# a block); "hot": every slot on one expert; "skip": one expert gets no slot, and two blocks of
+# sentinels only are appended, of a real expert and of -1. Average rows per expert decide the
+# kernels' tile (16, 32 or 64 rows): uniform_t128 (32), hot, bm128 and big (64) run the wider ones.
+GROUPED_CASES = (
+    ("uniform", 128, 2, 8, 256, 512, 64, "uniform"),
+    ("e60", 33, 4, 60, 200, 136, 16, "uniform"),
+    ("decode", 1, 8, 64, 128, 256, 64, "uniform"),
+    ("k1", 100, 1, 16, 64, 64, 32, "zipf"),
+    ("hot", 300, 1, 8, 136, 72, 64, "hot"),
+    ("min", 5, 2, 4, 8, 8, 16, "uniform"),
+    ("bm128", 200, 2, 8, 64, 192, 128, "uniform"),
+    ("bm48", 50, 3, 12, 72, 88, 48, "zipf"),
+    ("skip", 40, 2, 6, 96, 128, 16, "skip"),
+    ("big", 256, 4, 8, 384, 1024, 64, "uniform"),
+)
+# The same routings for the gate_up GEMM, N a multiple of 16: N / 2 = 104 is no multiple of 64
+# (the last block's warps past N / 2), N = 16 the smallest.
+GROUPED_SILU_CASES = (
+    ("uniform", 128, 2, 8, 256, 512, 64, "uniform"),
+    ("e60", 33, 4, 60, 208, 136, 16, "uniform"),
+    ("decode", 1, 8, 64, 128, 256, 64, "uniform"),
+    ("hot", 300, 1, 8, 144, 72, 64, "hot"),
+    ("min", 5, 2, 4, 16, 8, 16, "uniform"),
+    ("skip", 40, 2, 6, 96, 128, 16, "skip"),
+    ("big", 256, 4, 8, 384, 1024, 64, "uniform"),
+)
+# (T, k, d): DeepSeek's d = 7168 at T = 1, k = 1, d = 8 (one piece), d = 2056 (not a multiple of
+# 256: lanes with fewer pieces), T = 513 (a partial block of 8 warps).
+SUM_CASES = ((1, 8, 7168), (37, 1, 8), (100, 6, 2056), (513, 2, 4096), (64, 8, 2048))
+
+
+def grouped_inputs(rng, t, topk, e, n, k, block_m, routing):
+    """x BF16 bits [T, K], w BF16 bits [E, N, K] (normal / sqrt(K): outputs of order one), and an
+    align of a routing where every slot is routed (an unrouted slot's row is never written)."""
+    if routing == "skip":  # expert `hole` gets nothing
+        hole = int(rng.integers(0, e))
+        ids = moe.routing_ids(rng, t, e - 1, topk, "uniform")
+        ids = (ids + (ids >= hole)).astype(np.int32)
+    else:
+        ids = _align_ids(rng, t, topk, e, routing)
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, block_m)
+    if routing == "skip":
+        sentinel = np.full(2 * block_m, t * topk, np.int32)
+        sorted_ids = np.concatenate([sorted_ids, sentinel])
+        expert_ids = np.concatenate([expert_ids, np.array([int(ids[0, 0]), -1], np.int32)])
+    x = gemv_activations(rng, t, k)  # (T,K)
+    w = formats.f32_to_bf16((rng.standard_normal((e, n, k)) / np.sqrt(k)).astype(np.float32))
+    return x, w, sorted_ids, expert_ids
+
+
+def moe_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for tag, t, k, e, block_m, dist in ALIGN_CASES:
+        ids = _align_ids(rng, t, k, e, dist)
+        params = {"num_experts": e, "block_m": block_m}
+        case_id = f"align_{tag}_t{t}_k{k}_e{e}_m{block_m}"
+        cases.append(Case(case_id, "moe_align_block_size", align_tolerance(block_m), [ids], params))
+    for op in ("topk_softmax", "topk_softmax_bf16"):
+        for tag, t, e, k, renorm, levels, step in TOPK_CASES:
+            x = routing_logits(rng, t, e, levels, step)  # (T,E)
+            x = formats.f32_to_bf16(x) if op == "topk_softmax_bf16" else x
+            case_id = "_".join([op, *([tag] if tag else []), f"t{t}_e{e}_k{k}_r{renorm}"])
+            params = {"k": k, "renormalize": renorm}
+            cases.append(Case(case_id, op, router_tolerance(e, k, False), [x], params))
+    for tag, t, e, k, n_group, topk_group, renorm, scale, levels in DEEPSEEK_CASES:
+        z, bias = deepseek_inputs(rng, t, e, k, n_group, topk_group, levels)
+        params = {"k": k, "n_group": n_group, "topk_group": topk_group, "renormalize": renorm,
+                  "routed_scaling_factor": scale}
+        case_id = "_".join(["deepseek", *([tag] if tag else []), f"t{t}_e{e}_k{k}_g{n_group}"])
+        cases.append(Case(case_id, "deepseek_router", router_tolerance(e, k, True), [z, bias], params))
+    for op, table in (("moe_grouped_gemm", GROUPED_CASES), ("moe_grouped_gemm_silu", GROUPED_SILU_CASES)):
+        for tag, t, topk, e, n, k, block_m, routing in table:
+            inputs = grouped_inputs(rng, t, topk, e, n, k, block_m, routing)
+            tol = grouped_tolerance(*inputs, block_m, topk, op.endswith("silu"))
+            case_id = f"{op}_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_m{block_m}"
+            cases.append(Case(case_id, op, tol, list(inputs), {"topk": topk, "block_m": block_m}))
+    for t, k, d in SUM_CASES:
+        y = gemv_activations(rng, t * k, d).reshape(t, k, d)  # (T,k,d)
+        w = rng.random((t, k)).astype(np.float32) + np.float32(0.05)
+        w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)  # (T,k) routing weights
+        cases.append(Case(f"moe_sum_t{t}_k{k}_d{d}", "moe_sum", moe_sum_tolerance(y, w), [y, w]))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
 
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
@@ -668,6 +978,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
+    "09_moe": moe_cases,
 }
 
 

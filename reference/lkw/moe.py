@@ -218,8 +218,9 @@ def grouped_gemm(x, w, sorted_token_ids, expert_ids, block_m: int, topk: int) ->
     i in expert e's run.
 
     x [T, d] (row t serves the slots t * topk .. t * topk + topk - 1), w [E, N, d]. Blocks with
-    expert id -1 and sorted ids >= T * topk (the sentinel) are skipped, as the kernel masks them.
-    Returns float64 [T * topk, N]; rows of slots no run names (masked slots) stay 0.
+    an expert id outside 0..E-1 (-1: no expert) and sorted ids outside 0..T*topk-1 (the sentinel
+    T * topk) are skipped, as the kernels skip them. Returns float64 [T * topk, N]; rows of slots
+    no run names (masked slots) stay 0.
     """
     x64 = _float64(x, "x", 2)  # (T,d)
     w64 = _float64(w, "w", 3)  # (E,N,d)
@@ -229,12 +230,53 @@ def grouped_gemm(x, w, sorted_token_ids, expert_ids, block_m: int, topk: int) ->
     rows = np.asarray(sorted_token_ids)
     out = np.zeros((n_slots, w64.shape[1]))  # (T*k,N)
     for block, e in enumerate(np.asarray(expert_ids)):
-        if e < 0:
+        if not 0 <= e < w64.shape[0]:
             continue
         slots = rows[block * block_m : (block + 1) * block_m]  # (BLOCK_M,)
-        slots = slots[slots < n_slots]
+        slots = slots[(slots >= 0) & (slots < n_slots)]
         out[slots] = x64[slots // topk] @ w64[e].T  # (rows,N)
     return out
+
+
+def grouped_gemm_bf16(x, w, sorted_token_ids, expert_ids, block_m: int, topk: int):
+    """The moe_grouped_gemm kernels' output: grouped_gemm (exact sums; the kernels sum in FP32)
+    rounded ONCE to bfloat16 [T * topk, N]."""
+    out = grouped_gemm(x, w, sorted_token_ids, expert_ids, block_m, topk)  # (T*k,N)
+    return f64_to_bf16(out).view(ml_dtypes.bfloat16)
+
+
+def grouped_gemm_silu_bf16(x, w, sorted_token_ids, expert_ids, block_m: int, topk: int):
+    """The moe_grouped_gemm_silu kernels' output: the gate_up GEMM with SiLU-and-mul in its
+    epilogue, bfloat16 [T * topk, N / 2] = silu(gate) * up, gate the first N / 2 rows of each
+    expert's w (vLLM's w13 = w1 || w3).
+
+    Rounding: gate and up are NOT rounded to bfloat16 (the kernels keep their FP32 sums in
+    registers and apply SiLU to them); the product is rounded once. So this differs from the
+    unfused chain silu_and_mul(bf16(gate_up)) (lkw.elementwise.silu_and_mul) by up to about an
+    ulp: two roundings fewer.
+    """
+    out = grouped_gemm(x, w, sorted_token_ids, expert_ids, block_m, topk)  # (T*k,N)
+    if out.shape[1] % 2:
+        raise ValueError(f"w must hold gate || up rows: N = {out.shape[1]} is odd")
+    return f64_to_bf16(silu_and_mul(out)).view(ml_dtypes.bfloat16)
+
+
+def routed_experts(expert_ids, num_experts: int | None = None) -> int:
+    """How many distinct experts the blocks of an align name (ids >= 0, and < num_experts when
+    given): the experts whose weights a grouped GEMM reads (its byte model's param
+    routed_experts)."""
+    ids = np.asarray(expert_ids).reshape(-1)
+    ids = ids[(ids >= 0) & (ids < (num_experts if num_experts is not None else np.inf))]
+    return int(np.unique(ids).size)
+
+
+def grouped_gemm_bytes(t: int, topk: int, n: int, d: int, routed: int, rows: int, block_m: int,
+                       silu: bool = False) -> int:
+    """The grouped GEMM's roofline bytes (the registry's model): x [T, d], the routed experts'
+    weights [routed, N, d], sorted_token_ids [rows] and expert_ids [rows / block_m] read once,
+    out [T * topk, N] (N / 2 with silu) written once; BF16 values, int32 ids."""
+    out_n = n // 2 if silu else n
+    return 2 * t * d + 2 * routed * n * d + 4 * rows + 4 * (rows // block_m) + 2 * t * topk * out_n
 
 
 def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
@@ -247,7 +289,8 @@ def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:
 
 def moe_sum(expert_out, topk_weights) -> np.ndarray:
     """y[t] = sum_j topk_weights[t, j] * expert_out[t, j, :], in float64, rounded once to
-    expert_out's dtype (float32, or bfloat16 round-to-nearest-even).
+    expert_out's dtype (float32, or bfloat16 round-to-nearest-even). The moe_sum kernel sums in
+    FP32 in j order and rounds once: within FP32 error of this sum (lkw.golden.moe_sum_tolerance).
 
     expert_out [T, k, d], topk_weights [T, k]. vLLM applies the weights in the second GEMM's
     epilogue and then sums unweighted: pass weights of 1 for that kernel.

@@ -168,11 +168,12 @@ def _first_line(e: BaseException) -> str:
 class VLLM:
     ops: object  # torch.ops._C
     scalar_types: object  # vllm.scalar_type.scalar_types (Marlin/Machete type ids)
+    moe: object = None  # torch.ops._moe_C (align, top-k routing), where its library loaded
 
 
 def _load_vllm(torch) -> tuple[VLLM, str]:
     kit = kit_dir()
-    libs = sorted((kit / "vllm_so").glob("_C_*.so.xz")) if kit else []
+    libs = sorted((kit / "vllm_so").glob("*_C_*.so.xz")) if kit else []  # _C_ and _moe_C_
     if libs:
         out_dir = _cache() / "vllm_so"
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,12 +188,20 @@ def _load_vllm(torch) -> tuple[VLLM, str]:
         sys.path.insert(0, str(kit / "vllm_so"))
         from vllm_scalar_type import scalar_types
 
-        return VLLM(torch.ops._C, scalar_types), f"vLLM kernel libraries ({', '.join(x.stem for x in libs)}, peer kit)"
+        moe = torch.ops._moe_C if any(x.name.startswith("_moe_C") for x in libs) else None
+        return (VLLM(torch.ops._C, scalar_types, moe),
+                f"vLLM kernel libraries ({', '.join(x.stem for x in libs)}, peer kit)")
     import vllm
     import vllm._custom_ops
     from vllm.scalar_type import scalar_types
 
-    return VLLM(torch.ops._C, scalar_types), f"vLLM {getattr(vllm, '__version__', '?')} (installed)"
+    try:
+        import vllm._moe_C  # registers torch.ops._moe_C
+
+        moe = torch.ops._moe_C
+    except ImportError:
+        moe = None
+    return VLLM(torch.ops._C, scalar_types, moe), f"vLLM {getattr(vllm, '__version__', '?')} (installed)"
 
 
 def _load_flashinfer(torch):
@@ -634,3 +643,54 @@ def w4a16_peers() -> dict[str, Callable]:
         return factory
 
     return {name: on_natural(name.split()[0], call) for name, call in W4A16_PEERS.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 09: MoE routing. align: inputs [topk_ids int32 [T, k]], outputs [sorted_token_ids,
+# expert_ids, num_tokens_post_padded]; topk_softmax: inputs [logits f32 [T, E]], outputs
+# [weights f32 [T, k], ids int32 [T, k]].
+
+
+def _vllm_moe():
+    lib = library("vllm")
+    if lib.moe is None:
+        raise Absent("vLLM's MoE kernel library (_moe_C) is not loaded")
+    return lib.moe
+
+
+def moe_peers(op: str, num_experts: int = 0, block_m: int = 0, k: int = 0,
+              renormalize: bool = False) -> dict[str, Callable]:
+    """vLLM's moe_align_block_size (its sorted ids and the padded total are checked; its expert ids
+    for the blocks after the runs are not written by the kernel) and topk_softmax."""
+
+    def align(torch, inputs):
+        moe = _vllm_moe()
+        (ids,) = inputs
+        worst = ids.numel() + num_experts * (block_m - 1)
+        cap = -(-worst // block_m) * block_m
+        sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
+        expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
+        post = torch.empty(1, dtype=torch.int32, device=ids.device)
+
+        def call():
+            moe.moe_align_block_size(ids, num_experts, block_m, sorted_ids, expert_ids, post, None)
+            return sorted_ids, expert_ids, post
+
+        return PeerCall(call, checked=(0, 2))
+
+    def topk_softmax(torch, inputs):
+        moe = _vllm_moe()
+        (logits,) = inputs
+        t = logits.shape[0]
+        weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+        ids = torch.empty(t, k, dtype=torch.int32, device=logits.device)
+        token_expert = torch.empty(t, k, dtype=torch.int32, device=logits.device)
+
+        def call():
+            moe.topk_softmax(weights, ids, token_expert, logits, renormalize, None, None)
+            return weights, ids
+
+        return PeerCall(call)
+
+    return {"moe_align_block_size": {"vllm moe_align_block_size": align},
+            "topk_softmax": {"vllm topk_softmax": topk_softmax}}.get(op, {})

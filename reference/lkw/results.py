@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import textwrap
 import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from lkw import REPO
@@ -361,7 +361,9 @@ def summary_text(data: dict) -> str:
     for op in dict.fromkeys(r["op"] for r in data["rows"]):
         rows = [r for r in data["rows"] if r["op"] == op and r["kind"] in ("version", "peer")]
         shapes = list(dict.fromkeys(r["shape"] for r in rows))
-        fields = [dict(kv.split("=", 1) for kv in s.split(",")) for s in shapes]
+        # A bare part of a shape (chapter 09's routing: "...,block_m=64,zipf") is the field "variant".
+        fields = [dict(kv.split("=", 1) if "=" in kv else ("variant", kv) for kv in s.split(","))
+                  for s in shapes]
         varying = [k for k in fields[0] if len({f.get(k) for f in fields}) > 1]
         fixed = ", ".join(f"{k}={v}" for k, v in fields[0].items() if k not in varying) if varying else ""
         labels = ["×".join(f.get(k, "?") for k in varying) for f in fields] if varying else shapes
@@ -949,6 +951,35 @@ def example(chapter: str) -> dict:
                 r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
                                              "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
                               for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]}
+    elif chapter == "09_moe":
+        rows, bm = [], 64
+        # (op, version, kind, µs at no slots, µs per 1000 slots)
+        align = [("v0_align_sort", "version", 12.0, 1.0), ("v1_align_global_atomics", "version", 9.0, 0.3),
+                 ("v2_align_shared_counting", "version", 4.5, 1.2), ("v3_align_multi_block", "version", 6.5, 0.05),
+                 ("torch_eager", "peer", 55.0, 2.5), ("vllm moe_align_block_size", "peer", 4.4, 0.45)]
+        topk = [("v4_topk_thread_per_token", "version", 60.0, 8.0), ("v5_topk_warp_per_token", "version", 3.1, 0.8),
+                ("torch_eager", "peer", 15.0, 6.0), ("vllm topk_softmax", "peer", 3.5, 1.0)]
+        for e, k in ((8, 2), (256, 8)):
+            for t in (1, 128, 4096):
+                for dist in ("uniform", "zipf", "one") if (e, t) == (256, 4096) else ("uniform",):
+                    cap = -(-(t * k + e * (bm - 1)) // bm) * bm
+                    model = 4 * t * k + 4 * cap + 4 * (cap // bm) + 4
+                    for version, kind, base, per in align:
+                        rows.append(row("moe_align_block_size", version, kind, "example row",
+                                        f"t={t},e={e},k={k},block_m={bm},{dist}",
+                                        base + per * t * k / 1000 * (1.5 if dist == "one" else 1), model,
+                                        dram_ratio=None))
+                for version, kind, base, per in topk:
+                    rows.append(row("topk_softmax", version, kind, "example row", f"t={t},e={e},k={k}",
+                                    base + per * t * e / 1e5, 4 * t * e + 8 * t * k, dram_ratio=None))
+        for r in rows:
+            r["graph_us"] = r["back_to_back_us"] = r["time_us"]
+        for r in rows:
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
+                                             "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
+                              for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
+                              and p["shape"] == r["shape"]}
     else:
         raise KeyError(f"no example for chapter {chapter}")
     return {

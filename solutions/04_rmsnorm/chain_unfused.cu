@@ -6,9 +6,8 @@
 // always the current v3 and chapter 03's current best per-token kernel. Because v3, v4 and v5
 // share one row routine, the chain's y, q and scales are the fused versions' bit for bit; the
 // chapter's tests check that (tests/cpp/04_rmsnorm).
-#include <map>
-#include <mutex>
 
+#include "lkw/workspace.h"
 #include "rmsnorm.cuh"
 
 namespace lkw::rmsnorm {
@@ -78,38 +77,13 @@ Status with_context(const char* step, Status s) {
 }
 
 // The chain's BF16 y between its norm and its quant kernel. The registry's Args carry only the
-// op's outputs, so this baseline keeps its own workspace: one per device, grown on demand (after
-// the device has finished with the smaller one) and kept for the life of the process. A plain
-// cudaMalloc, no memset: nothing but the chain's own three kernels runs inside a launch, which
-// the ncu pass relies on. Two chains running at once on different streams would share it: fine
+// op's outputs, so this baseline keeps its own workspace (lkw::Workspace: one per device, grown
+// on demand, kept for the process; no memset: nothing but the chain's own three kernels runs
+// inside a launch, which the ncu pass relies on). Two chains running at once on different streams would share it: fine
 // for a baseline timed one launch at a time, not an interface to build on.
 Status scratch_y(int64_t bytes, void** out) {
-  struct Workspace {
-    void* data = nullptr;
-    int64_t bytes = 0;
-  };
-  static std::mutex mutex;
-  static std::map<int, Workspace> per_device;
-  std::lock_guard<std::mutex> lock(mutex);
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  Workspace& w = per_device[device];
-  if (e == cudaSuccess && w.bytes < bytes) {
-    e = cudaDeviceSynchronize();
-    if (e == cudaSuccess && w.data) e = cudaFree(w.data);
-    if (e == cudaSuccess) {
-      w = {};
-      e = cudaMalloc(&w.data, size_t(bytes));
-      if (e == cudaSuccess) w.bytes = bytes;
-    }
-  }
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // an allocation failure must not surface as the next launch's error
-    return error(Code::kCudaError,
-                 std::string("chain_unfused scratch y: ") + cudaGetErrorString(e));
-  }
-  *out = w.data;
-  return {};
+  static Workspace workspace("chain_unfused scratch y");
+  return workspace.get(bytes, out);
 }
 
 Args norm_step_args(const NormArgs& a, const __nv_bfloat16* r, void* y) {

@@ -7,10 +7,8 @@
 #pragma once
 #include <cuda_bf16.h>
 
-#include <mutex>
-#include <set>
-#include <string>
 
+#include "lkw/launch.h"
 #include "lkw/ptx.cuh"
 #include "w4a16_gemm.cuh"
 
@@ -54,21 +52,11 @@ inline dim3 tile_grid(const GemmArgs& a, int m_tiles, int splits = 1) {
               unsigned(splits));
 }
 
-// Launch with `bytes` of dynamic shared memory (over 48 KB needs the opt-in, set once per kernel).
+// Launch with `bytes` of dynamic shared memory, kThreads threads (lkw/launch.h: the opt-in over
+// 48 KB, set once per kernel).
 template <class Kernel, class... Params>
 Status launch_tiles(Kernel kernel, dim3 grid, int bytes, cudaStream_t stream, const char* op, Params... params) {
-  static std::mutex mutex;
-  static std::set<const void*> opted_in;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!opted_in.count(reinterpret_cast<const void*>(kernel))) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if (e != cudaSuccess) return error(Code::kCudaError, std::string(op) + ": " + cudaGetErrorString(e));
-      opted_in.insert(reinterpret_cast<const void*>(kernel));
-    }
-  }
-  kernel<<<grid, kThreads, bytes, stream>>>(params...);
-  return last_launch_status(op);
+  return launch_with_smem(kernel, grid, kThreads, bytes, stream, op, params...);
 }
 
 }  // namespace lkw::w4a16

@@ -3,8 +3,9 @@
 // registered version on every case of its op and compare.
 //
 // manifest.txt, one record per line:
-//   case <id> <op> <tolerance> <params>     tolerance: exact | ulp:N | close:RTOL:ATOL, or one
-//                                            per output joined by '/' (e.g. ulp:2/exact)
+//   case <id> <op> <tolerance> <params>     tolerance: exact | ulp:N | close:RTOL:ATOL |
+//                                            multiset:KEY:WIDTH (compare.h), or one per output
+//                                            joined by '/' (e.g. ulp:2/exact)
 //                                            params: - | name=value,name=value
 //   in   <id> <index> <dtype> <file>         dtype as numpy/ml_dtypes names it; narrow floats
 //   out  <id> <index> <dtype> <file>         are stored as their raw bits (uint8/uint16)
@@ -177,6 +178,24 @@ struct RunResult {
   }
 };
 
+// Output i of a run against the case's expected output i, under its tolerance. A multiset
+// tolerance cuts the rows into runs by the expected value of another output (its key).
+inline CompareReport compare_output(const std::vector<uint8_t>& got, const CaseData& d, size_t i,
+                                    const Tolerance& tol) {
+  const HostTensor& ref = d.expected[i];
+  if (tol.mode != Tolerance::Mode::kMultiset)
+    return compare(got.data(), ref.bytes.data(), ref.dtype, ref.numel(), tol);
+  const size_t key = size_t(tol.key_output);
+  if (key >= d.expected.size() || key == i || ref.dtype != DType::kI32 ||
+      d.expected[key].dtype != DType::kI32)
+    throw std::runtime_error("manifest: a multiset output and its key output must be two "
+                             "different int32 outputs");
+  return compare_runs(reinterpret_cast<const int32_t*>(got.data()),
+                      reinterpret_cast<const int32_t*>(ref.bytes.data()), ref.numel(),
+                      reinterpret_cast<const int32_t*>(d.expected[key].bytes.data()),
+                      d.expected[key].numel(), tol);
+}
+
 // Runs version v on the case on the GPU: outputs poisoned with `poison` first, guard bands
 // checked after.
 inline RunResult run_on_gpu(const Version& v, const Case& c, const CaseData& d, uint8_t poison) {
@@ -199,8 +218,7 @@ inline RunResult run_on_gpu(const Version& v, const Case& c, const CaseData& d, 
   if (!r.status.ok()) return r;
   for (size_t i = 0; i < d.expected.size(); ++i) {
     std::vector<uint8_t> got = out_bufs[i].download();
-    r.reports.push_back(compare(got.data(), d.expected[i].bytes.data(), d.expected[i].dtype,
-                                d.expected[i].numel(), c.tol(i)));
+    r.reports.push_back(compare_output(got, d, i, c.tol(i)));
     r.tolerances.push_back(c.tol(i).str());
     r.guards_intact &= out_bufs[i].guard_intact();
   }

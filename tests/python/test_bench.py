@@ -546,3 +546,52 @@ def test_w4a16_torch_peers_weights_are_the_references_rounded_once(rng):
     sz = bench._int4pack_scales_and_zeros(torch, s_t)
     assert tuple(sz.shape) == (k // g, n, 2) and sz.is_contiguous()
     assert torch.equal(sz[..., 0], s_t) and not sz[..., 1].any()
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 09's bench helpers (numpy only)
+
+
+def test_runs_sorted_sorts_inside_each_run_of_keys_and_the_tail():
+    values = np.array([5, 3, 9, 9, 1, 0, 7, 7, 4, 2])
+    keys = np.array([2, 2, 1, 1])  # runs [0, 4), [4, 8); rows 8, 9 past the keys: one more run
+    assert bench._runs_sorted(values, keys, 2).tolist() == [3, 5, 9, 9, 0, 1, 7, 7, 2, 4]
+    # A value moved across runs is still a difference after sorting.
+    moved = np.array([5, 3, 9, 1, 9, 0, 7, 7, 4, 2])
+    assert bench._runs_sorted(moved, keys, 2).tolist() != bench._runs_sorted(values, keys, 2).tolist()
+
+
+def test_moe_cases_cover_the_goal_shapes():
+    shapes = {(c.op, c.shape) for c in bench.cases_of("09_moe")}
+    assert ("moe_align_block_size", "t=4096,e=256,k=8,block_m=64,uniform") in shapes
+    assert {("topk_softmax", f"t={t},e=256,k=8") for t in (1, 128, 16384)} <= shapes
+    ops = {c.op for c in bench.cases_of("09_moe")}
+    assert {"moe_grouped_gemm", "moe_grouped_gemm_silu", "moe_sum"} <= ops
+
+
+def test_grouped_sample_reference_is_the_golden_reference_on_its_rows():
+    import ml_dtypes
+    from lkw import golden, moe
+
+    rng = np.random.default_rng(5)
+    t, e, k, n, kk, bm = 12, 5, 2, 16, 24, 16
+    ids = moe.routing_ids(rng, t, e, k, "uniform")
+    x = rng.standard_normal((t, kk)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    w = (rng.standard_normal((e, n, kk)) / 5).astype(ml_dtypes.bfloat16).view(np.uint16)
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, bm)
+    for silu, full in ((False, moe.grouped_gemm_bf16), (True, moe.grouped_gemm_silu_bf16)):
+        rows = 10
+        got, tol = bench.grouped_sample_reference(x, w, ids, k, rows, silu)
+        want = full(x.view(ml_dtypes.bfloat16), w.view(ml_dtypes.bfloat16), sorted_ids, expert_ids, bm, k)
+        assert np.array_equal(got.view(np.uint16), np.asarray(want).view(np.uint16)[:rows])
+        # Its tolerance is the golden formula's on these rows: no larger than on all rows.
+        whole = golden.grouped_tolerance(x, w, sorted_ids, expert_ids, bm, k, silu)
+        assert tol.startswith("close:1.6e-2:")
+        assert 0 < float(tol.split(":")[2]) <= float(whole.split(":")[2]) * 1.001
+
+
+def test_expert_order_gathers_each_expert_s_slots_in_order():
+    ids = np.array([[2, 0], [0, 1], [2, 1]])
+    slots, tokens, counts = bench._expert_order(ids, 4)
+    assert slots.tolist() == [1, 2, 3, 5, 0, 4] and tokens.tolist() == [0, 1, 1, 2, 0, 2]
+    assert counts.tolist() == [2, 2, 2, 0]

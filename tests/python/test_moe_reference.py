@@ -316,6 +316,72 @@ def test_grouped_gemm_is_a_loop_over_slots(rng):
     np.testing.assert_allclose(again, got, rtol=1e-13, atol=1e-13)
 
 
+def test_grouped_gemm_skips_the_ids_a_kernel_skips(rng):
+    """Sorted ids outside 0..T*topk-1 and expert ids outside 0..E-1 name nothing: the kernels
+    skip them (no read or write out of bounds), and so does the reference."""
+    t, e, k, d, n, block_m = 4, 3, 2, 16, 8, 4
+    x = rng.normal(size=(t, d)).astype(ml_dtypes.bfloat16)
+    w = rng.normal(size=(e, n, d)).astype(np.float32)
+    sorted_ids = np.array([0, -5, 3, 99, 1, 2, 8, 8, 4, 6, 8, 8], np.int32)
+    expert_ids = np.array([1, e, -2], np.int32)
+    got = moe.grouped_gemm(x, w, sorted_ids, expert_ids, block_m, k)
+    ref = np.zeros((t * k, n))
+    for slot in (0, 3):
+        ref[slot] = x[slot // k].astype(np.float64) @ w[1].astype(np.float64).T
+    np.testing.assert_allclose(got, ref, rtol=1e-13, atol=1e-13)
+
+
+def test_grouped_gemm_bf16_rounds_the_exact_sum_once(rng):
+    t, e, k, d, n, block_m = 9, 4, 2, 24, 16, 8
+    ids = moe.routing_ids(rng, t, e, k, "uniform")
+    align = moe.moe_align_block_size(ids, e, block_m)
+    x = rng.normal(size=(t, d)).astype(ml_dtypes.bfloat16)
+    w = rng.normal(size=(e, n, d)).astype(ml_dtypes.bfloat16)
+    exact = moe.grouped_gemm(x, w, align[0], align[1], block_m, k)
+    got = moe.grouped_gemm_bf16(x, w, align[0], align[1], block_m, k)
+    assert got.dtype == ml_dtypes.bfloat16 and got.shape == (t * k, n)
+    assert np.array_equal(got.view(np.uint16), formats.f64_to_bf16(exact))
+
+
+def test_grouped_gemm_silu_is_silu_of_the_unrounded_gate_and_up(rng):
+    """gate = the first N/2 rows of w[e], up the last; silu(gate) * up from the exact (never
+    rounded) gate and up, rounded once; the unfused chain silu_and_mul(bf16(gate_up)) rounds
+    three times and lands an ulp away somewhere."""
+    t, e, k, d, d_ff, block_m = 40, 4, 2, 64, 32, 16
+    ids = moe.routing_ids(rng, t, e, k, "zipf")
+    align = moe.moe_align_block_size(ids, e, block_m)
+    x = rng.normal(size=(t, d)).astype(ml_dtypes.bfloat16)
+    w = rng.normal(0, d**-0.5, (e, 2 * d_ff, d)).astype(ml_dtypes.bfloat16)
+    got = moe.grouped_gemm_silu_bf16(x, w, align[0], align[1], block_m, k)
+    assert got.dtype == ml_dtypes.bfloat16 and got.shape == (t * k, d_ff)
+    ref = np.zeros((t * k, d_ff))
+    for tok in range(t):
+        for j in range(k):
+            w_e = w[ids[tok, j]].astype(np.float64)
+            gate = w_e[:d_ff] @ x[tok].astype(np.float64)
+            up = w_e[d_ff:] @ x[tok].astype(np.float64)
+            ref[tok * k + j] = gate / (1 + np.exp(-gate)) * up
+    assert np.array_equal(got.view(np.uint16), formats.f64_to_bf16(ref))
+    gate_up = moe.grouped_gemm_bf16(x, w, align[0], align[1], block_m, k)
+    d2 = gate_up.astype(np.float64)
+    chain = formats.f64_to_bf16(d2[:, :d_ff] / (1 + np.exp(-d2[:, :d_ff])) * d2[:, d_ff:])
+    assert not np.array_equal(chain, got.view(np.uint16))
+    with pytest.raises(ValueError, match="odd"):
+        moe.grouped_gemm_silu_bf16(x, w[:, :-1], align[0], align[1], block_m, k)
+
+
+def test_routed_experts_and_the_byte_model():
+    expert_ids = np.array([3, 3, 0, 7, -1, -1], np.int32)
+    assert moe.routed_experts(expert_ids) == 3
+    assert moe.routed_experts(expert_ids, num_experts=5) == 2  # an id past E is skipped
+    assert moe.routed_experts(np.full(4, -1, np.int32)) == 0
+    # T 16, topk 8, N 4096, d 7168, 37 routed experts, 1024 rows of blocks of 16
+    got = moe.grouped_gemm_bytes(16, 8, 4096, 7168, 37, 1024, 16)
+    assert got == 2 * 16 * 7168 + 37 * 2 * 4096 * 7168 + 4 * 1024 + 4 * 64 + 2 * 128 * 4096
+    silu = moe.grouped_gemm_bytes(16, 8, 4096, 7168, 37, 1024, 16, silu=True)
+    assert got - silu == 2 * 128 * 2048
+
+
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_moe_sum_rounds_once_to_the_input_dtype(rng, dtype):
     t, k, d = 13, 4, 96

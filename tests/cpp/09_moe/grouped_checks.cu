@@ -1,0 +1,217 @@
+// Chapter 09 checks of the expert half (moe_grouped_gemm, moe_grouped_gemm_silu, moe_sum) beyond
+// the golden cases:
+//   HostValidation  what the launchers refuse before launching anything: N, K, d off their
+//                   multiples, BLOCK_M not whole m16 tiles, expert_ids of the wrong length, out of
+//                   the wrong shape or overlapping an input, a missing param; and what they accept
+//                   (the smallest multiples reach the device check, not an argument error)
+//   HostModels      the byte model counts the routed experts' weights only; the FLOP model the
+//                   real rows only
+//   GroupedBadIds (GPU)  sorted ids outside 0..T·topk − 1 and expert ids outside 0..E − 1 are
+//                   skipped: the launch succeeds, nothing is written past out, the rows of skipped
+//                   blocks keep their poison and the valid rows are written
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cmath>
+#include <random>
+
+#include "golden.h"
+#include "lkw/check.h"
+#include "moe.cuh"
+
+namespace lkw::moe::test {
+namespace {
+
+std::vector<const Version*> versions_of(const std::string& op) {
+  std::vector<const Version*> out;
+  for (const Version* v : Registry::get().chapter(kChapter))
+    if (v->op == op && v->kind != Kind::kMutant) out.push_back(v);
+  return out;
+}
+
+// Fake, widely spaced addresses (never launched).
+void* at(int i) { return reinterpret_cast<void*>(uintptr_t(i + 1) << 36); }
+
+Args grouped_call(bool silu, int64_t t, int64_t topk, int64_t e, int64_t n, int64_t k,
+                  int64_t block_m, int64_t rows) {
+  Args a;
+  a.inputs = {{at(0), DType::kBF16, {t, k}},
+              {at(1), DType::kBF16, {e, n, k}},
+              {at(2), DType::kI32, {rows}},
+              {at(3), DType::kI32, {rows / block_m}}};
+  a.outputs = {{at(4), DType::kBF16, {t * topk, silu ? n / 2 : n}}};
+  a.params = {{"topk", double(topk)}, {"block_m", double(block_m)}};
+  return a;
+}
+
+void expect_refused(const std::string& op, const Args& a, const std::string& words) {
+  const std::vector<const Version*> versions = versions_of(op);
+  ASSERT_FALSE(versions.empty()) << "no version of " << op;
+  for (const Version* v : versions) {
+    const Status s = v->launch(a, nullptr);
+    EXPECT_EQ(s.code, Code::kInvalidArgument) << v->name() << ": " << s.str();
+    EXPECT_NE(s.message.find(words), std::string::npos) << v->name() << ": " << s.str();
+  }
+}
+
+// A shape the kernels take gets past every argument check: without a device the launcher stops
+// at the device check, with one it launches (here on fake addresses, so never with one).
+void expect_accepted(const std::string& op, const Args& a) {
+  if (has_device()) return;
+  for (const Version* v : versions_of(op)) {
+    const Status s = v->launch(a, nullptr);
+    EXPECT_NE(s.code, Code::kInvalidArgument) << v->name() << ": " << s.str();
+  }
+}
+
+TEST(HostValidation, GroupedGemmRefusesWhatItCannotTile) {
+  for (bool silu : {false, true}) {
+    const std::string op = silu ? kGroupedSiluOp : kGroupedOp;
+    const int64_t piece = silu ? 16 : 8;
+    expect_accepted(op, grouped_call(silu, 1, 8, 60, piece, 8, 16, 16 * 61));
+    expect_accepted(op, grouped_call(silu, 5, 1, 3, 200 * piece / 8, 136, 48, 96));
+    expect_refused(op, grouped_call(silu, 4, 2, 8, piece + 4, 64, 16, 64),
+                   "must be a multiple of " + std::to_string(piece));
+    expect_refused(op, grouped_call(silu, 4, 2, 8, 64, 12, 16, 64), "K = 12");
+    expect_refused(op, grouped_call(silu, 4, 2, 8, 64, 64, 8, 64), "block_m = 8");
+    expect_refused(op, grouped_call(silu, 4, 2, 8, 64, 64, 24, 48), "block_m = 24");
+    Args a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.inputs[3].shape = {5};
+    expect_refused(op, a, "expert_ids");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.outputs[0].shape = {8, 72};
+    expect_refused(op, a, "out must be");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.outputs[0].shape = {9, a.outputs[0].shape[1]};
+    expect_refused(op, a, "out must be");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.inputs[1].shape = {8, 64, 72};
+    expect_refused(op, a, "disagree on K");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.params.erase("topk");
+    expect_refused(op, a, "topk");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.outputs[0].data = static_cast<char*>(a.inputs[0].data) + 64;  // inside x
+    expect_refused(op, a, "overlap");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.inputs[2].dtype = DType::kI64;
+    expect_refused(op, a, "int32");
+    a = grouped_call(silu, 4, 2, 8, 64, 64, 16, 64);
+    a.inputs[0].data = static_cast<char*>(a.inputs[0].data) + 8;  // 8-byte aligned only
+    expect_refused(op, a, "16-byte aligned");
+  }
+}
+
+Args sum_call(int64_t t, int64_t k, int64_t d) {
+  Args a;
+  a.inputs = {{at(0), DType::kBF16, {t, k, d}}, {at(1), DType::kF32, {t, k}}};
+  a.outputs = {{at(2), DType::kBF16, {t, d}}};
+  return a;
+}
+
+TEST(HostValidation, MoeSumRefusesRowsItCannotVectorize) {
+  expect_accepted(kSumOp, sum_call(1, 8, 7168));
+  expect_accepted(kSumOp, sum_call(37, 1, 8));
+  expect_refused(kSumOp, sum_call(4, 2, 12), "d = 12");
+  Args a = sum_call(4, 2, 64);
+  a.inputs[1].shape = {4, 3};
+  expect_refused(kSumOp, a, "topk_weights");
+  a = sum_call(4, 2, 64);
+  a.outputs[0].shape = {4, 72};
+  expect_refused(kSumOp, a, "out must be");
+  a = sum_call(4, 2, 64);
+  a.outputs[0].data = static_cast<char*>(a.inputs[0].data) + 256;  // inside y
+  expect_refused(kSumOp, a, "overlap");
+}
+
+TEST(HostModels, GroupedBytesCountTheRoutedExpertsOnly) {
+  const int64_t t = 16, topk = 8, e = 256, n = 4096, k = 7168, block_m = 16;
+  const int64_t rows = align_capacity(t * topk, e, block_m);
+  Args a = grouped_call(false, t, topk, e, n, k, block_m, rows);
+  const double fixed = 2.0 * t * k + 4.0 * rows + 4.0 * (rows / block_m) + 2.0 * t * topk * n;
+  for (const Version* v : versions_of(kGroupedOp)) {
+    // No routed_experts: at most T·topk = 128 experts are touched, not all 256.
+    EXPECT_DOUBLE_EQ(v->bytes(a), fixed + 128.0 * 2 * n * k) << v->name();
+    a.params["routed_experts"] = 37;
+    EXPECT_DOUBLE_EQ(v->bytes(a), fixed + 37.0 * 2 * n * k) << v->name();
+    a.params.erase("routed_experts");
+    EXPECT_DOUBLE_EQ(v->flops(a), 2.0 * t * topk * n * k) << v->name();
+  }
+  const Args silu = grouped_call(true, 1, 2, 4, n, k, block_m, 64);  // T·topk = 2 < E
+  for (const Version* v : versions_of(kGroupedSiluOp))
+    EXPECT_DOUBLE_EQ(v->bytes(silu), 2.0 * k + 4.0 * 64 + 4.0 * 4 + 2.0 * 2 * (n / 2) +
+                                         2.0 * 2 * n * k)
+        << v->name();
+}
+
+// ---------------------------------------------------------------------------------------------
+// GroupedBadIds (GPU)
+
+TEST(GroupedBadIds, AreSkippedAndNothingIsWrittenOutOfBounds) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  const int64_t t = 4, topk = 2, e = 3, k = 64, block_m = 16, rows = 3 * block_m;
+  const int32_t sentinel = int32_t(t * topk);
+  std::mt19937 rng(lkw::test::random_seed("GroupedBadIds"));
+  std::normal_distribution<float> normal;
+  for (bool silu : {false, true}) {
+    const int64_t n = 32, out_n = silu ? n / 2 : n;
+    std::vector<__nv_bfloat16> x(t * k), w(e * n * k);
+    for (auto& v : x) v = __float2bfloat16(normal(rng));
+    for (auto& v : w) v = __float2bfloat16(normal(rng));
+    // Block 0 (expert 1): slots 0, 3, 5, 7 among the sentinel and ids that name no slot. Block 1
+    // (expert id E) holds slots 1 and 2, block 2 (expert id −2) slots 4 and 6: both skipped.
+    std::vector<int32_t> sorted(rows, sentinel);
+    const std::vector<int32_t> block0 = {0, -5, 3, sentinel + 7, INT_MAX, 5, INT_MIN, 7};
+    std::copy(block0.begin(), block0.end(), sorted.begin());
+    sorted[block_m] = 1, sorted[block_m + 1] = 2, sorted[2 * block_m] = 4;
+    sorted[2 * block_m + 1] = 6;
+    const std::vector<int32_t> experts = {1, int32_t(e), -2};
+    DeviceBuffer x_gl(2 * x.size()), w_gl(2 * w.size()), sorted_gl(4 * rows), experts_gl(12),
+        out_gl(2 * t * topk * out_n);
+    x_gl.upload(x.data());
+    w_gl.upload(w.data());
+    sorted_gl.upload(sorted.data());
+    experts_gl.upload(experts.data());
+    Args a = grouped_call(silu, t, topk, e, n, k, block_m, rows);
+    a.inputs[0].data = x_gl.data();
+    a.inputs[1].data = w_gl.data();
+    a.inputs[2].data = sorted_gl.data();
+    a.inputs[3].data = experts_gl.data();
+    a.outputs[0].data = out_gl.data();
+    for (const Version* v : versions_of(silu ? kGroupedSiluOp : kGroupedOp)) {
+      out_gl.poison(0xFF);
+      const Status s = v->launch(a, nullptr);
+      LKW_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(s.ok()) << v->name() << ": " << s.str();
+      EXPECT_TRUE(out_gl.guard_intact()) << v->name() << ": wrote past the end of out";
+      std::vector<uint16_t> got(t * topk * out_n);
+      out_gl.download(got.data());
+      for (int64_t slot = 0; slot < t * topk; ++slot) {
+        const bool routed = slot == 0 || slot == 3 || slot == 5 || slot == 7;
+        for (int64_t c = 0; c < out_n; ++c) {
+          const uint16_t bits = got[slot * out_n + c];
+          if (!routed) {
+            ASSERT_EQ(bits, 0xFFFF) << v->name() << ": slot " << slot << " of a skipped block";
+            continue;
+          }
+          double gate = 0, up = 0;  // expert 1's row c (and row c + N/2) times x[slot / topk]
+          for (int64_t i = 0; i < k; ++i) {
+            const double xi = __bfloat162float(x[(slot / topk) * k + i]);
+            gate += xi * __bfloat162float(w[(1 * n + c) * k + i]);
+            if (silu) up += xi * __bfloat162float(w[(1 * n + c + n / 2) * k + i]);
+          }
+          const double ref = silu ? gate / (1 + std::exp(-gate)) * up : gate;
+          __nv_bfloat16 value;
+          std::memcpy(&value, &bits, 2);
+          // A BF16 rounding of an FP32 sum of 64 products of normals (each row's sums stay
+          // below ~64 in size; silu · up below ~64²): 2^-7 relative and 1e-3 absolute.
+          EXPECT_NEAR(__bfloat162float(value), ref, 1e-3 + std::abs(ref) / 128)
+              << v->name() << ": slot " << slot << ", column " << c;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lkw::moe::test

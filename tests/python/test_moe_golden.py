@@ -1,0 +1,242 @@
+"""lkw.golden's chapter 09 cases: the align cases cover the edges the issue names, their
+tolerance is the multiset spelling, and the routing inputs make every decision decisive, so that
+a kernel computing in FP32 must return the reference's ids (checked here by an FP32 emulation of
+the kernels' arithmetic). The grouped GEMM and moe_sum cases cover their edges, route every slot,
+and an FP32 emulation of the kernels' arithmetic stays inside their tolerances."""
+
+import itertools
+
+import numpy as np
+import pytest
+from lkw import formats, golden, moe
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return golden.moe_cases(np.random.default_rng(2024))
+
+
+def by_op(cases, op):
+    return [c for c in cases if c.op == op]
+
+
+def test_align_cases_cover_the_edges(cases):
+    align = by_op(cases, "moe_align_block_size")
+    shapes = {(c.inputs[0].shape, c.params["num_experts"], c.params["block_m"]) for c in align}
+    assert any(e == 60 for _, e, _ in shapes), "E not a power of two"
+    assert any(s[1] == 1 for s, _, _ in shapes), "k = 1"
+    assert {1, 65536} <= {s[0] for s, _, _ in shapes}, "T = 1 and 65536"
+    assert {1, 256} <= {m for _, _, m in shapes}, "BLOCK_M 1 (no padding) and 256"
+    assert any(np.all(c.inputs[0] == c.inputs[0].flat[0]) for c in align), "all to one expert"
+    assert any(np.any(c.inputs[0] == -1) for c in align), "masked slots"
+    for c in align:
+        assert c.tolerance == f"multiset:1:{c.params['block_m']}/exact/exact"
+        ids = c.inputs[0]
+        assert ids.dtype == np.int32 and np.all((ids >= -1) & (ids < c.params["num_experts"]))
+
+
+def test_align_outputs_are_the_reference_and_its_capacity(cases):
+    for c in by_op(cases, "moe_align_block_size"):
+        sorted_ids, expert_ids, post = golden.expected_outputs(c)
+        e, m = int(c.params["num_experts"]), int(c.params["block_m"])
+        assert sorted_ids.size == moe.capacity(c.inputs[0].size, e, m)
+        assert expert_ids.size == sorted_ids.size // m and post.shape == (1,)
+        assert post.dtype == expert_ids.dtype == sorted_ids.dtype == np.int32
+
+
+def test_multiset_runs_are_canonical_align(cases):
+    """The C++ comparison (runs of equal keys in expert_ids, sorted) is lkw.moe.canonical_align:
+    a shuffled run still matches, a slot moved to the next run does not."""
+    rng = np.random.default_rng(7)
+    c = by_op(cases, "moe_align_block_size")[0]
+    sorted_ids, expert_ids, post = golden.expected_outputs(c)
+    m, sentinel = int(c.params["block_m"]), c.inputs[0].size
+    shuffled = sorted_ids.copy()
+    bounds = np.flatnonzero(np.diff(np.r_[-2, expert_ids[: post[0] // m], -2])) * m
+    for a, b in itertools.pairwise(bounds):
+        shuffled[a:b] = rng.permutation(shuffled[a:b])
+    canon = [moe.canonical_align(x, expert_ids, int(post[0]), m, sentinel) for x in (sorted_ids, shuffled)]
+    assert np.array_equal(*canon)
+    moved = sorted_ids.copy()
+    moved[[bounds[1] - 1, bounds[1]]] = moved[[bounds[1], bounds[1] - 1]]
+    if moved[bounds[1] - 1] != moved[bounds[1]]:
+        canon_moved = moe.canonical_align(moved, expert_ids, int(post[0]), m, sentinel)
+        assert not np.array_equal(canon[0], canon_moved)
+
+
+def test_tolerance_spelling_is_accepted_and_bad_spellings_are_not():
+    ids = np.array([[1, 2]], np.int32)
+    good = golden.Case("a", "moe_align_block_size", "multiset:1:4/exact/exact", [ids],
+                       {"num_experts": 4, "block_m": 4})
+    golden.check_case(good, golden.expected_outputs(good))
+    for bad in ("multiset:1/exact/exact", "multiset:a:4/exact/exact"):
+        case = golden.Case("a", "moe_align_block_size", bad, [ids], {"num_experts": 4, "block_m": 4})
+        with pytest.raises(ValueError, match="tolerance"):
+            golden.check_case(case, golden.expected_outputs(case))
+
+
+def _fp32_softmax_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The kernels' arithmetic in float32: p = exp(x - max) * (1 / sum); top-k by (-p, id)."""
+    x = logits.astype(np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    p = e * (np.float32(1) / e.sum(axis=1, dtype=np.float32, keepdims=True))
+    return np.argsort(-p, axis=1, kind="stable")[:, :k]
+
+
+def test_softmax_ids_do_not_depend_on_fp32_rounding(cases):
+    for op in ("topk_softmax", "topk_softmax_bf16"):
+        for c in by_op(cases, op):
+            x = c.inputs[0]
+            x = formats.bf16_to_f32(x) if op.endswith("bf16") else x
+            _, ids = golden.expected_outputs(c)
+            assert np.array_equal(_fp32_softmax_ids(x, int(c.params["k"])), ids), c.id
+
+
+def _fp32_deepseek_ids(z, bias, k, n_group, topk_group):
+    s = np.float32(1) / (np.float32(1) + np.exp(-z.astype(np.float32)))
+    c = (s + bias.astype(np.float32)).astype(np.float32)
+    t, e = c.shape
+    top2 = np.sort(c.reshape(t, n_group, -1), axis=-1)[..., -2:]
+    group = (top2[..., 1] + top2[..., 0]).astype(np.float32)
+    kept = np.argsort(-group, axis=1, kind="stable")[:, :topk_group]
+    mask = np.zeros((t, n_group), bool)
+    np.put_along_axis(mask, kept, True, axis=1)
+    masked = np.where(np.repeat(mask, e // n_group, axis=1), c, -np.inf)
+    return np.argsort(-masked, axis=1, kind="stable")[:, :k]
+
+
+def test_deepseek_ids_do_not_depend_on_fp32_rounding(cases):
+    deepseek = by_op(cases, "deepseek_router")
+    assert any("ties" in c.id for c in deepseek)
+    for c in deepseek:
+        z, bias = c.inputs
+        p = {name: int(c.params[name]) for name in ("k", "n_group", "topk_group")}
+        _, ids = golden.expected_outputs(c)
+        assert np.array_equal(_fp32_deepseek_ids(z, bias, **p), ids), c.id
+
+
+def test_decisive_rows_keep_exact_ties_and_refuse_near_ones():
+    e, n_group = 16, 4
+    bias = np.zeros(e, np.float32)
+    z = np.linspace(-2, 2, e).astype(np.float32)
+    assert golden.deepseek_decisive(z, bias, 4, n_group, n_group)
+    tie = z.copy()
+    tie[1] = tie[15]  # an exact tie of identical inputs with the best expert
+    assert golden.deepseek_decisive(tie, bias, 4, n_group, n_group)
+    near = z.copy()
+    near[1] = np.nextafter(z[15], np.float32(0))  # one ulp below the best: rounding decides
+    assert not golden.deepseek_decisive(near, bias, 4, n_group, n_group)
+    # ... unless its group is dropped: expert 1's group 0 ranks below groups 3 and 2
+    assert golden.deepseek_decisive(near, bias, 4, n_group, 2)
+
+
+def test_ties_cases_hold_ties(cases):
+    c = next(c for c in cases if c.id.startswith("topk_softmax_ties"))
+    x = c.inputs[0]
+    assert all(len(np.unique(row)) < row.size for row in x)
+    _, ids = golden.expected_outputs(c)
+    values = np.take_along_axis(x, ids, axis=1)
+    tied = values[:, 1:] == values[:, :-1]
+    assert tied.any() and np.all(ids[:, 1:][tied] > ids[:, :-1][tied]), "lower id first"
+
+
+def test_router_tolerance_grows_with_e_and_k():
+    assert golden.router_tolerance(256, 8, False) == f"close:{280 * 2.0**-24:.3g}:0/exact"
+    assert golden.router_tolerance(256, 8, True) == f"close:{28 * 2.0**-24:.3g}:0/exact"
+
+
+# ---------------------------------------------------------------------------------------------
+# The expert half: grouped GEMM (plain and gate_up + SiLU) and moe_sum
+
+
+def test_grouped_cases_cover_the_edges(cases):
+    for op in ("moe_grouped_gemm", "moe_grouped_gemm_silu"):
+        grouped = by_op(cases, op)
+        t = {c.inputs[0].shape[0] for c in grouped}
+        topk = {c.params["topk"] for c in grouped}
+        e = {c.inputs[1].shape[0] for c in grouped}
+        n = {c.inputs[1].shape[1] for c in grouped}
+        k = {c.inputs[0].shape[1] for c in grouped}
+        piece = 16 if op.endswith("silu") else 8
+        assert 1 in t and 60 in e and piece in n and 8 in k, op
+        assert any(v % 64 for v in k), f"{op}: a K tail past the last 64-k stage"
+        assert any((v // (2 if piece == 16 else 1)) % 64 for v in n), f"{op}: a partial block"
+        assert all(v % piece == 0 for v in n) and all(v % 8 == 0 for v in k)
+        if op == "moe_grouped_gemm":
+            assert 1 in topk and {16, 48, 64, 128} <= {c.params["block_m"] for c in grouped}
+        for c in grouped:
+            x, w, sorted_ids, expert_ids = c.inputs
+            slots = x.shape[0] * int(c.params["topk"])
+            routed = sorted_ids[(sorted_ids >= 0) & (sorted_ids < slots)]
+            # every slot routed exactly once: a row the kernel never writes keeps its poison
+            assert np.array_equal(np.sort(routed), np.arange(slots)), c.id
+            assert sorted_ids.size == expert_ids.size * c.params["block_m"]
+            used = moe.routed_experts(expert_ids, w.shape[0])
+            if "hot" in c.id:
+                assert used == 1, c.id
+            if "skip" in c.id:
+                assert used < w.shape[0], f"{c.id}: an expert with no rows"
+                tail = sorted_ids[-2 * int(c.params["block_m"]) :]
+                assert np.all(tail == slots) and expert_ids[-1] == -1 and expert_ids[-2] >= 0
+
+
+def test_grouped_tolerance_grows_with_sqrt_k():
+    atol = []
+    for k in (256, 1024, 4096):
+        x = formats.f32_to_bf16(np.ones((2, k), np.float32))
+        w = formats.f32_to_bf16(np.full((1, 8, k), 1 / k, np.float32))
+        ids, experts = np.array([0, 1] + [2] * 14, np.int32), np.array([0], np.int32)
+        tol = golden.grouped_tolerance(x, w, ids, experts, 16, 1, False)
+        assert tol.startswith("close:1.6e-2:")
+        atol.append(float(tol.split(":")[2]))
+    assert atol[1] / atol[0] == pytest.approx(2, rel=0.02)
+    assert atol[2] / atol[1] == pytest.approx(2, rel=0.02)
+
+
+def test_grouped_outputs_stay_inside_their_tolerance_under_fp32_sums(cases):
+    """An FP32 emulation of the kernels' arithmetic (products exact, FP32 sums in k order, one
+    BF16 rounding; SiLU on FP32 gate and up) lands within each case's tolerance."""
+    for c in by_op(cases, "moe_grouped_gemm") + by_op(cases, "moe_grouped_gemm_silu"):
+        if c.inputs[1].size > 2**20:
+            continue  # the emulation is a Python loop over k: small cases only
+        x, w, sorted_ids, expert_ids = c.inputs
+        topk, block_m = int(c.params["topk"]), int(c.params["block_m"])
+        xv, wv = formats.bf16_to_f32(x), formats.bf16_to_f32(w)
+        acc = np.zeros((x.shape[0] * topk, w.shape[1]), np.float32)
+        for b, e in enumerate(expert_ids):
+            rows = sorted_ids[b * block_m : (b + 1) * block_m]
+            rows = rows[(rows >= 0) & (rows < acc.shape[0])]
+            if e < 0 or e >= w.shape[0] or rows.size == 0:
+                continue
+            part = np.zeros((rows.size, w.shape[1]), np.float32)
+            for i in range(x.shape[1]):
+                part += np.outer(xv[rows // topk, i], wv[e, :, i]).astype(np.float32)
+            acc[rows] = part
+        if c.op.endswith("silu"):
+            gate, up = np.split(acc, 2, axis=1)
+            acc = gate / (np.float32(1) + np.exp(-gate)) * up
+        got = formats.bf16_to_f32(formats.f32_to_bf16(acc)).astype(np.float64)
+        ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
+        _, rtol, atol = c.tolerance.split(":")
+        assert np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)), c.id
+
+
+def test_moe_sum_cases_and_tolerance(cases):
+    sums = by_op(cases, "moe_sum")
+    shapes = {c.inputs[0].shape for c in sums}
+    assert any(s[1] == 1 for s in shapes) and any(s[0] == 1 for s in shapes)
+    assert any(s[2] == 8 for s in shapes) and any(s[2] % 256 for s in shapes)
+    for c in sums:
+        y, w = c.inputs
+        assert y.dtype == np.uint16 and w.dtype == np.float32 and w.shape == y.shape[:2]
+        # the kernel's arithmetic: FP32 fused multiply-adds in j order, one rounding
+        yv = formats.bf16_to_f32(y)
+        acc = np.zeros((y.shape[0], y.shape[2]), np.float32)
+        for j in range(y.shape[1]):
+            acc = (acc.astype(np.float64) + w[:, j, None].astype(np.float64) * yv[:, j]).astype(
+                np.float32
+            )
+        got = formats.bf16_to_f32(formats.f32_to_bf16(acc)).astype(np.float64)
+        ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
+        _, rtol, atol = c.tolerance.split(":")
+        assert np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)), c.id
