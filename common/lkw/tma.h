@@ -19,19 +19,25 @@ namespace lkw {
 inline Status tensor_map_2d(CUtensorMap* map, const void* base, CUtensorMapDataType type,
                             int elem_bytes, int64_t rows, int64_t cols, int box_rows, int box_cols,
                             CUtensorMapSwizzle swizzle) {
+  const std::string what = "a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] tensor map";
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || (cols * elem_bytes) % 16 != 0)
+    return error(Code::kInvalidArgument, what + " needs a 16-byte aligned base and row pitch");
+  if (rows < 1 || cols < 1 || box_rows < 1 || box_rows > 256 || box_cols < 1 || box_cols > 256)
+    return error(Code::kInvalidArgument, what + ": empty, or a box side outside 1..256");
+  if (swizzle == CU_TENSOR_MAP_SWIZZLE_128B && box_cols * elem_bytes > 128)
+    return error(Code::kInvalidArgument, what + ": a 128-byte swizzled box is at most 128 bytes across");
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                          &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // not the next launch's error
       fn = nullptr;
+    }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (encode == nullptr) return error(Code::kCudaError, "the driver has no cuTensorMapEncodeTiled");
-  const std::string what = "a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] tensor map";
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || (cols * elem_bytes) % 16 != 0)
-    return error(Code::kInvalidArgument, what + " needs a 16-byte aligned base and row pitch");
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
   const cuuint64_t pitch[1] = {cuuint64_t(cols) * elem_bytes};      // bytes from row to row
   const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gemm_plan.h"
+#include "lkw/tma.h"
 #include "w4a16_gemm.cuh"
 
 namespace lkw::w4a16 {
@@ -154,6 +155,26 @@ TEST(HostPlan, SplitRangesCoverEveryStageOnce) {
       }
       EXPECT_EQ(next, k_tiles) << k_tiles << " / " << splits;
     }
+}
+
+// v6 and v7 read x, the words and the scales through tensor maps: what TMA cannot take is refused
+// before the driver is asked (no GPU needed).
+TEST(HostTensorMap, WhatTmaCannotTakeIsRefused) {
+  CUtensorMap map;
+  const auto* base = reinterpret_cast<const void*>(uintptr_t(0x10000000));
+  const auto refused = [&](const void* at, int64_t rows, int64_t cols, int box_rows, int box_cols,
+                           CUtensorMapSwizzle swizzle) {
+    return tensor_map_2d(&map, at, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows, cols, box_rows,
+                         box_cols, swizzle)
+               .code == Code::kInvalidArgument;
+  };
+  const auto none = CU_TENSOR_MAP_SWIZZLE_NONE, sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
+  EXPECT_TRUE(refused(reinterpret_cast<const char*>(base) + 8, 16, 64, 16, 64, none));  // base
+  EXPECT_TRUE(refused(base, 16, 60, 16, 60, none));     // a 120-byte row pitch
+  EXPECT_TRUE(refused(base, 16, 64, 257, 64, none));    // a box side over 256
+  EXPECT_TRUE(refused(base, 0, 64, 16, 64, none));      // empty
+  EXPECT_TRUE(refused(base, 16, 128, 16, 128, sw128));  // 256 bytes across a 128-byte swizzle
+  EXPECT_FALSE(refused(base, 16, 64, 16, 64, sw128));   // x's box in v6 and v7
 }
 
 }  // namespace
