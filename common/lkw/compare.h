@@ -195,4 +195,15 @@ inline CompareReport compare_runs(const int32_t* got, const int32_t* ref, int64_
   return r;
 }
 
+// The comparison a tolerance names: element by element, or for a multiset tolerance by runs of
+// `key` (the reference's key output: int32, `keys` elements), which it then requires.
+inline CompareReport compare(const void* got, const void* ref, DType t, int64_t n,
+                             const Tolerance& tol, const int32_t* key, int64_t keys) {
+  if (tol.mode != Tolerance::Mode::kMultiset) return compare(got, ref, t, n, tol);
+  if (t != DType::kI32 || key == nullptr || keys < 0)
+    throw std::invalid_argument("a multiset tolerance compares int32 values by an int32 key");
+  return compare_runs(static_cast<const int32_t*>(got), static_cast<const int32_t*>(ref), n, key,
+                      keys, tol);
+}
+
 }  // namespace lkw

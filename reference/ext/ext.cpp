@@ -210,13 +210,18 @@ NB_MODULE(_ext, m) {
   // comparison only needs the bits, and it avoids one more import path for host memory.
   m.def("compare",
         [](uintptr_t got, uintptr_t ref, int64_t count, const std::string& dtype,
-           const std::string& tol) {
+           const std::string& tol, uintptr_t key, int64_t keys) {
           lkw::DType t;
           if (!lkw::dtype_from_name(dtype, &t)) throw nb::value_error(("unknown dtype " + dtype).c_str());
           if (!got || !ref || count < 0) throw nb::value_error("compare: bad buffers");
-          const lkw::CompareReport rep = lkw::compare(reinterpret_cast<const void*>(got),
-                                                      reinterpret_cast<const void*>(ref), t, count,
-                                                      lkw::Tolerance::parse(tol));
+          lkw::CompareReport rep;
+          try {
+            rep = lkw::compare(reinterpret_cast<const void*>(got), reinterpret_cast<const void*>(ref),
+                               t, count, lkw::Tolerance::parse(tol),
+                               reinterpret_cast<const int32_t*>(key), keys);
+          } catch (const std::invalid_argument& e) {
+            throw nb::value_error(e.what());
+          }
           nb::dict d;
           d["pass"] = rep.pass;
           d["count"] = rep.count;
@@ -228,8 +233,10 @@ NB_MODULE(_ext, m) {
           d["text"] = rep.str();
           return d;
         },
-        "got"_a, "ref"_a, "count"_a, "dtype"_a, "tolerance"_a = "exact",
-        "The harness's comparison (common/lkw/compare.h) of two host buffers of `count` `dtype`s.");
+        "got"_a, "ref"_a, "count"_a, "dtype"_a, "tolerance"_a = "exact", "key"_a = uintptr_t(0),
+        "keys"_a = int64_t(0),
+        "The harness's comparison (common/lkw/compare.h) of two host buffers of `count` `dtype`s; "
+        "a multiset tolerance also takes the reference's int32 key output (`keys` elements).");
 
   m.def("flush_l2", [] { lkw::ext::flush_l2(); },
         "Read twice the L2's size: evicts (and writes back) whatever the last kernel left there.");

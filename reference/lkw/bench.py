@@ -926,10 +926,12 @@ MOE_GEMM_SAMPLE = 64  # leading slots (rows of out) the reference computes
 
 def grouped_sample_reference(x_bits, w_bits, slot_expert, topk: int, rows: int, silu: bool):
     """The grouped GEMM's first `rows` output rows (slots 0 .. rows - 1, each of expert
-    slot_expert[s], token s // topk) as BF16 bits, and the tolerance of exactly those rows:
-    lkw.golden.grouped_tolerance's formula (one BF16 rounding, the FP32 sum's error growing with
-    sqrt(K)), computed in float64 one expert at a time (w [E, N, K] may be many GB)."""
+    slot_expert[s], token s // topk) as BF16 bits, and the tolerance of exactly those rows
+    (lkw.golden.grouped_tolerance_from_sums), computed in float64 one expert at a time (w
+    [E, N, K] may be many GB)."""
     import ml_dtypes
+
+    from lkw import golden
 
     bf16 = ml_dtypes.bfloat16
     xv = np.asarray(x_bits).view(bf16)
@@ -941,13 +943,11 @@ def grouped_sample_reference(x_bits, w_bits, slot_expert, topk: int, rows: int, 
         xe = xv[s // topk].astype(np.float64)  # (rows of e, K)
         we = np.asarray(w_bits[e]).view(bf16).astype(np.float64)  # (N, K)
         out[s], abs_sum[s] = xe @ we.T, np.abs(xe) @ np.abs(we).T
-    eps = 8 * np.sqrt(k) * 2.0**-24 * float(abs_sum.max())
+    tol = golden.grouped_tolerance_from_sums(float(abs_sum.max()), k, out if silu else None)
     if not silu:
-        return formats.f64_to_bf16(out), f"close:1.6e-2:{eps:.3g}"
+        return formats.f64_to_bf16(out), tol
     gate, up = np.split(out, 2, axis=1)
-    silu_gate = gate / (1.0 + np.exp(-gate))
-    atol = eps * (1.1 * float(np.abs(up).max()) + float(np.abs(silu_gate).max()))
-    return formats.f64_to_bf16(silu_gate * up), f"close:1.6e-2:{atol:.3g}"
+    return formats.f64_to_bf16(gate / (1.0 + np.exp(-gate)) * up), tol
 
 
 def _expert_order(ids: np.ndarray, num_experts: int):
@@ -1122,12 +1122,18 @@ def ext():
     return _ext
 
 
-def compare(got: np.ndarray, ref: np.ndarray, dtype: str, tolerance: str = "exact") -> dict:
-    """The harness's comparison (C++, common/lkw/compare.h) on two host arrays of the same bits."""
+def compare(got: np.ndarray, ref: np.ndarray, dtype: str, tolerance: str = "exact",
+            key: np.ndarray | None = None) -> dict:
+    """The harness's comparison (C++, common/lkw/compare.h) on two host arrays of the same bits;
+    a multiset tolerance (multiset:KEY:WIDTH) needs `key`, the reference's int32 key output."""
     got, ref = np.ascontiguousarray(got), np.ascontiguousarray(ref)
     if got.nbytes != ref.nbytes or got.size != ref.size:
         raise ValueError(f"compare: {got.shape} {got.dtype} vs {ref.shape} {ref.dtype}")
-    return ext().compare(got.ctypes.data, ref.ctypes.data, got.size, dtype, tolerance)
+    if key is None:
+        return ext().compare(got.ctypes.data, ref.ctypes.data, got.size, dtype, tolerance)
+    key = np.ascontiguousarray(key)
+    return ext().compare(got.ctypes.data, ref.ctypes.data, got.size, dtype, tolerance,
+                         key=key.ctypes.data, keys=key.size)
 
 
 def _verify(case: Case, inputs, outputs, expected, tolerance: str | None = None,
@@ -1143,28 +1149,10 @@ def _verify(case: Case, inputs, outputs, expected, tolerance: str | None = None,
         if case.sample_rows:
             got = case.cut[i](got, case.sample_rows) if i in case.cut else got[: case.sample_rows]
         tol = tolerance_of(tolerance or case.tolerance, i)
-        if tol.startswith("multiset:"):  # order inside a run of the key output's values is free
-            key, width = (int(v) for v in tol.split(":")[1:])
-            got, ref, tol = _runs_sorted(got, expected[key], width), _runs_sorted(ref, expected[key], width), "exact"
-        reports.append(compare(got, ref, dtype, tol))
+        key = expected[int(tol.split(":")[1])] if tol.startswith("multiset:") else None
+        reports.append(compare(got, ref, dtype, tol, key))
     ok = bool(reports) and all(r["pass"] for r in reports)
     return {"pass": ok, "text": "; ".join(r["text"] for r in reports) or "no output compared"}
-
-
-def _runs_sorted(values: np.ndarray, keys: np.ndarray, width: int) -> np.ndarray:
-    """values with each run sorted: a run is a maximal stretch of equal keys, key j covering rows
-    width·j .. width·(j + 1); rows past the keys are one more run (compare.h's key_runs, the
-    tolerance multiset:KEY:WIDTH)."""
-    out = np.array(values).reshape(-1).copy()
-    keys = np.asarray(keys).reshape(-1)
-    begin = 0
-    for b in range(1, keys.size + 1):
-        if b == keys.size or keys[b] != keys[b - 1]:
-            end = min(out.size, b * width)
-            out[begin:end] = np.sort(out[begin:end])
-            begin = max(begin, end)
-    out[begin:] = np.sort(out[begin:])
-    return out
 
 
 def tolerance_of(tolerance: str, output: int) -> str:

@@ -857,12 +857,18 @@ def grouped_tolerance(x, w, sorted_ids, expert_ids, block_m: int, topk: int, sil
     FP32) is far inside RTOL."""
     bf16 = ml_dtypes.bfloat16
     xv, wv = x.view(bf16).astype(np.float64), w.view(bf16).astype(np.float64)
-    k = xv.shape[1]
     abs_sum = moe.grouped_gemm(np.abs(xv), np.abs(wv), sorted_ids, expert_ids, block_m, topk)
-    eps = 8 * np.sqrt(k) * 2.0**-24 * float(abs_sum.max())
-    if not silu:
+    gate_up = moe.grouped_gemm(xv, wv, sorted_ids, expert_ids, block_m, topk) if silu else None
+    return grouped_tolerance_from_sums(float(abs_sum.max()), xv.shape[1], gate_up)
+
+
+def grouped_tolerance_from_sums(abs_sum: float, k: int, gate_up=None) -> str:
+    """grouped_tolerance from what it is made of, for callers that compute it on some rows only
+    (the bench): abs_sum = the largest sum_k |x_k w_k| of the rows checked; gate_up = their exact
+    gate || up rows (float64 [rows, N]) for the SiLU op, None otherwise."""
+    eps = 8 * np.sqrt(k) * 2.0**-24 * abs_sum
+    if gate_up is None:
         return f"close:1.6e-2:{eps:.3g}"
-    gate_up = moe.grouped_gemm(xv, wv, sorted_ids, expert_ids, block_m, topk)  # (T*k,N)
     gate, up = np.split(gate_up, 2, axis=1)
     silu_gate = gate / (1.0 + np.exp(-gate))
     atol = eps * (1.1 * float(np.abs(up).max()) + float(np.abs(silu_gate).max()))

@@ -190,10 +190,9 @@ inline CompareReport compare_output(const std::vector<uint8_t>& got, const CaseD
       d.expected[key].dtype != DType::kI32)
     throw std::runtime_error("manifest: a multiset output and its key output must be two "
                              "different int32 outputs");
-  return compare_runs(reinterpret_cast<const int32_t*>(got.data()),
-                      reinterpret_cast<const int32_t*>(ref.bytes.data()), ref.numel(),
-                      reinterpret_cast<const int32_t*>(d.expected[key].bytes.data()),
-                      d.expected[key].numel(), tol);
+  return compare(got.data(), ref.bytes.data(), ref.dtype, ref.numel(), tol,
+                 reinterpret_cast<const int32_t*>(d.expected[key].bytes.data()),
+                 d.expected[key].numel());
 }
 
 // Runs version v on the case on the GPU: outputs poisoned with `poison` first, guard bands

@@ -552,13 +552,17 @@ def test_w4a16_torch_peers_weights_are_the_references_rounded_once(rng):
 # Chapter 09's bench helpers (numpy only)
 
 
-def test_runs_sorted_sorts_inside_each_run_of_keys_and_the_tail():
-    values = np.array([5, 3, 9, 9, 1, 0, 7, 7, 4, 2])
-    keys = np.array([2, 2, 1, 1])  # runs [0, 4), [4, 8); rows 8, 9 past the keys: one more run
-    assert bench._runs_sorted(values, keys, 2).tolist() == [3, 5, 9, 9, 0, 1, 7, 7, 2, 4]
-    # A value moved across runs is still a difference after sorting.
-    moved = np.array([5, 3, 9, 1, 9, 0, 7, 7, 4, 2])
-    assert bench._runs_sorted(moved, keys, 2).tolist() != bench._runs_sorted(values, keys, 2).tolist()
+def test_a_multiset_tolerance_compares_by_runs_of_the_reference_s_key():
+    ref = np.array([3, 5, 9, 9, 0, 1, 7, 7, 2, 4], np.int32)
+    keys = np.array([2, 2, 1, 1], np.int32)  # runs [0, 4), [4, 8); rows 8, 9 past the keys: one more
+    tol = "multiset:1:2"
+    shuffled = np.array([5, 3, 9, 9, 1, 0, 7, 7, 4, 2], np.int32)  # each run reordered, the tail too
+    assert bench.compare(shuffled, ref, "int32", tol, keys)["pass"]
+    moved = np.array([5, 3, 9, 1, 9, 0, 7, 7, 4, 2], np.int32)  # a value moved across runs
+    rep = bench.compare(moved, ref, "int32", tol, keys)
+    assert not rep["pass"] and "multiset" in rep["text"]
+    with pytest.raises(ValueError):
+        bench.compare(shuffled, ref, "int32", tol)  # no key: refused, not compared element-wise
 
 
 def test_moe_cases_cover_the_goal_shapes():
