@@ -4,7 +4,6 @@
 //   mma.sync m16n8k16 BF16                     the tensor core with fragments we place ourselves
 //   ldmatrix x4                                four 8×8 BF16 tiles from shared memory into mma fragments
 //   wgmma (m64nNk16 BF16, A in registers)       Hopper's warpgroup tensor core, B read from shared memory
-//   fence.proxy.async                          shared-memory writes made visible to wgmma's reads
 //   mbarrier (init, arrive.expect_tx, wait)    a shared-memory barrier that counts bytes in flight
 //   cp.async.bulk.tensor (TMA, 2D)             a whole tile copied by the copy engine, swizzled
 //   griddepcontrol                             programmatic dependent launch (sm_90)
@@ -165,14 +164,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-
-// Shared memory written by ordinary stores or cp.async (the generic proxy) is read by wgmma through
-// the async proxy: each writer fences after its writes land, then a barrier, then the wgmma.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 
