@@ -17,7 +17,8 @@
 //   mutant_wrong_expert     moe_grouped_gemm with each block's expert id e read as (e + 1) % E
 //                           (v7 run on a remapped copy of expert_ids): the weights of a neighbour
 //   mutant_weights_reversed moe_sum applying weight k − 1 − j to row j
-#include "moe.cuh"
+#include "align.cuh"
+#include "experts.cuh"
 
 namespace lkw::moe {
 namespace {

@@ -10,7 +10,7 @@
 // Expect: O(T·k) work instead of the sort's passes, but four nodes in the stream, and every
 // atomic a round trip to L2 — on a skewed routing, thousands of them on the same word.
 // SASS: global atomics (RED/REDG for the histogram, ATOMG for the cursors), no local memory.
-#include "moe.cuh"
+#include "align.cuh"
 
 namespace lkw::moe {
 namespace {

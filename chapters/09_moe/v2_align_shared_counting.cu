@@ -10,7 +10,7 @@
 // nothing else runs, so it is one launch and no workspace. One block is also its limit: for
 // large T·k a single SM's bandwidth and its atomics on a few hot experts are the bottleneck (v3).
 // Expect: one kernel, no memset, no global atomics; SASS: ATOMS, no ATOMG/RED, no local memory.
-#include "moe.cuh"
+#include "align.cuh"
 
 namespace lkw::moe {
 namespace {

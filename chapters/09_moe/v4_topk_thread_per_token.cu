@@ -11,7 +11,7 @@
 // Expect: correct, and slow by design: k + 2 passes over each row, neighbouring threads reading
 // rows E·4 bytes apart (uncoalesced), a handful of tokens per SM at small T. SASS: no shuffles,
 // no local memory.
-#include "moe.cuh"
+#include "router.cuh"
 
 namespace lkw::moe {
 namespace {

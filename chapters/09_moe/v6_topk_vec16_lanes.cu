@@ -11,7 +11,7 @@
 // A row whose vectors would be misaligned (E·bytes not a multiple of 16) takes a scalar path
 // with the same register layout. Expect: full warps and 16-byte loads at every E; SASS:
 // LDG.E.128 and SHFL.BFLY, no local memory.
-#include "moe.cuh"
+#include "router.cuh"
 
 namespace lkw::moe {
 namespace {

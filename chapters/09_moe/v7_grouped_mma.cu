@@ -14,7 +14,7 @@
 // Expect: one launch for all experts, the routed experts' weights read once per BM rows;
 // SASS: LDGSTS, LDSM, HMMA, no local memory.
 #include "lkw/ptx.cuh"
-#include "moe.cuh"
+#include "experts.cuh"
 
 namespace lkw::moe {
 namespace {

@@ -12,7 +12,7 @@
 // SASS (our kernels): no atomics, no local memory.
 #include <cub/device/device_radix_sort.cuh>
 
-#include "moe.cuh"
+#include "align.cuh"
 
 namespace lkw::moe {
 namespace {

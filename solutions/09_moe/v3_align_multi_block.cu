@@ -16,7 +16,7 @@
 
 #include <algorithm>
 
-#include "moe.cuh"
+#include "align.cuh"
 
 namespace lkw::moe {
 namespace {

@@ -10,7 +10,7 @@
 // per group; lane g keeps group g's score for the topk_group picks over the groups.
 // Expect: every lane busy at E ≥ 32, one read of the logits, k·5 shuffle rounds per token; at
 // E = 8 three quarters of the warp idle (v6). SASS: SHFL.BFLY, no local memory.
-#include "moe.cuh"
+#include "router.cuh"
 
 namespace lkw::moe {
 namespace {

@@ -12,7 +12,7 @@
 // Expect: as v7's mma loop; out bytes halved and the silu_and_mul kernel gone from the chain;
 // SASS: LDGSTS, LDSM, HMMA, MUFU (the exponential), no local memory.
 #include "lkw/ptx.cuh"
-#include "moe.cuh"
+#include "experts.cuh"
 
 namespace lkw::moe {
 namespace {

@@ -11,7 +11,7 @@
 // d must be a multiple of 8 (whole 16-byte pieces); any T, any k.
 // Expect: a copy-like kernel, (2k + 2)·d bytes a token; SASS: LDG.E.128, STG.E.128, no local
 // memory.
-#include "moe.cuh"
+#include "experts.cuh"
 
 namespace lkw::moe {
 namespace {

@@ -16,7 +16,8 @@
 
 #include "golden.h"
 #include "lkw/check.h"
-#include "moe.cuh"
+#include "align.cuh"
+#include "router.cuh"
 
 namespace lkw::moe::test {
 namespace {

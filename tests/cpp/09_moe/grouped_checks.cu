@@ -17,7 +17,8 @@
 
 #include "golden.h"
 #include "lkw/check.h"
-#include "moe.cuh"
+#include "align.cuh"
+#include "experts.cuh"
 
 namespace lkw::moe::test {
 namespace {

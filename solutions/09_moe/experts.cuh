@@ -1,0 +1,230 @@
+// Chapter 09 — the expert half: moe_grouped_gemm (plain, or gate_up with SiLU-and-mul) and moe_sum,
+// their arguments, byte models and registry entries (v7–v9).
+#pragma once
+#include "lkw/launch.h"
+#include "moe.cuh"
+
+namespace lkw::moe {
+
+constexpr const char* kGroupedOp = "moe_grouped_gemm";
+constexpr const char* kGroupedSiluOp = "moe_grouped_gemm_silu";
+constexpr const char* kSumOp = "moe_sum";
+
+// The grouped GEMM's tiles: rows come in m16 tiles (the mma's M), so an align block is a whole
+// number of them; K and N come in 8-element pieces (a 16-byte cp.async of a row, an n8 tile).
+constexpr int kGemmRowTile = 16;
+constexpr int kGemmPiece = 8;
+
+struct GroupedArgs {
+  const __nv_bfloat16* x;     // [T, K]: token t serves slots t·topk .. t·topk + topk − 1
+  const __nv_bfloat16* w;     // [E, N, K]
+  const int32_t* sorted_ids;  // [rows]: slots, each expert's run padded with the sentinel T·topk
+  const int32_t* expert_ids;  // [rows / block_m]: −1 = no expert (the block is skipped)
+  __nv_bfloat16* out;         // [T·topk, N], or [T·topk, N/2] with silu
+  int64_t t, n, k;
+  int num_experts, topk, block_m;
+  int64_t rows;
+  bool silu;
+};
+
+using GroupedLaunch = Status (*)(const GroupedArgs& a, cudaStream_t stream);
+
+// Everything a launcher can check without reading device memory. The ids are data: a sorted id
+// outside 0..T·topk − 1 (the sentinel included) is a row the kernels skip, an expert id outside
+// 0..E − 1 a block they skip, so no id makes them read or write out of bounds.
+inline Status validate_grouped(const GroupedArgs& a) {
+  const int64_t n_piece = a.silu ? 2 * kGemmPiece : kGemmPiece;
+  const int64_t out_n = a.silu ? a.n / 2 : a.n;
+  return Check()
+      .not_null(a.x, "x")
+      .not_null(a.w, "w")
+      .not_null(a.sorted_ids, "sorted_token_ids")
+      .not_null(a.expert_ids, "expert_ids")
+      .not_null(a.out, "out")
+      .positive(a.t, "T")
+      .positive(a.n, "N")
+      .positive(a.k, "K")
+      .that(a.num_experts >= 1, "w must hold at least one expert")
+      .that(a.topk >= 1, "topk must be >= 1 (got " + std::to_string(a.topk) + ")")
+      .that(a.t * a.topk < (int64_t(1) << 31) && a.k < (int64_t(1) << 31) &&
+                a.n <= 65535 * int64_t(128),
+            "T·topk and K must fit int32, N at most 65535·128")
+      .that(a.n % n_piece == 0,
+            "N = " + std::to_string(a.n) + " must be a multiple of " + std::to_string(n_piece) +
+                (a.silu ? " (gate and up halves of whole n8 tiles)" : " (whole n8 tiles)"))
+      .that(a.k % kGemmPiece == 0,
+            "K = " + std::to_string(a.k) + " must be a multiple of 8 (16-byte rows)")
+      .that(a.block_m >= kGemmRowTile && a.block_m <= kMaxBlockM && a.block_m % kGemmRowTile == 0,
+            "block_m = " + std::to_string(a.block_m) +
+                " must be a multiple of 16 (whole m16 tiles) in 16..1024")
+      .that(a.rows >= a.block_m && a.rows % a.block_m == 0 && a.rows < (int64_t(1) << 31),
+            "sorted_token_ids must hold a positive multiple of block_m entries (below 2^31)")
+      .aligned(a.x, 16, "x")
+      .aligned(a.w, 16, "w")
+      .aligned(a.out, 16, "out")
+      .aligned(a.sorted_ids, 4, "sorted_token_ids")
+      .aligned(a.expert_ids, 4, "expert_ids")
+      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.x, 2 * a.t * a.k, "out and x")
+      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.w, 2 * a.num_experts * a.n * a.k, "out and w")
+      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.sorted_ids, 4 * a.rows,
+                "out and sorted_token_ids")
+      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.expert_ids, 4 * (a.rows / a.block_m),
+                "out and expert_ids")
+      .arch_at_least(80)
+      .status();
+}
+
+// Generic Args → GroupedArgs: inputs x, w, sorted_token_ids, expert_ids; output out; params
+// topk and block_m (the align's).
+inline Status grouped_args(const Args& a, bool silu, GroupedArgs* out) {
+  const char* name = silu ? kGroupedSiluOp : kGroupedOp;
+  Status s = Check()
+                 .that(a.inputs.size() == 4 && a.outputs.size() == 1,
+                       std::string(name) +
+                           " takes x, w, sorted_token_ids, expert_ids and writes out")
+                 .that(a.params.count("topk") == 1 && a.params.count("block_m") == 1,
+                       std::string(name) + " needs the params topk and block_m")
+                 .status();
+  if (!s.ok()) return s;
+  const TensorRef &x = a.inputs[0], &w = a.inputs[1], &sorted = a.inputs[2],
+                  &experts = a.inputs[3], &y = a.outputs[0];
+  s = Check()
+          .that(x.dtype == DType::kBF16 && x.shape.size() == 2, "x is bfloat16 [T, K]")
+          .that(w.dtype == DType::kBF16 && w.shape.size() == 3, "w is bfloat16 [E, N, K]")
+          .that(sorted.dtype == DType::kI32 && sorted.shape.size() == 1 &&
+                    experts.dtype == DType::kI32 && experts.shape.size() == 1,
+                "sorted_token_ids and expert_ids are int32 vectors")
+          .that(y.dtype == DType::kBF16 && y.shape.size() == 2, "out is bfloat16 [T·topk, N]")
+          .status();
+  if (!s.ok()) return s;
+  const double topk = a.params.at("topk"), m = a.params.at("block_m");
+  s = Check()
+          .that(topk >= 1 && topk < (1 << 20) && topk == std::floor(topk),
+                "topk must be a positive integer")
+          .that(m >= 1 && m <= kMaxBlockM && m == std::floor(m), "block_m must be in 1..1024")
+          .that(w.dim(2) == x.dim(1), "x [T, K] and w [E, N, K] disagree on K")
+          .status();
+  if (!s.ok()) return s;
+  const int64_t out_n = silu ? w.dim(1) / 2 : w.dim(1);
+  s = Check()
+          .that(y.dim(0) == x.dim(0) * int64_t(topk) && y.dim(1) == out_n,
+                std::string("out must be [T·topk, ") + (silu ? "N/2" : "N") + "] = [" +
+                    std::to_string(x.dim(0) * int64_t(topk)) + ", " + std::to_string(out_n) +
+                    "]")
+          .that(experts.dim(0) * int64_t(m) == sorted.dim(0),
+                "expert_ids must hold one id per block_m rows of sorted_token_ids")
+          .status();
+  if (!s.ok()) return s;
+  *out = GroupedArgs{static_cast<const __nv_bfloat16*>(x.data),
+                     static_cast<const __nv_bfloat16*>(w.data),
+                     static_cast<const int32_t*>(sorted.data),
+                     static_cast<const int32_t*>(experts.data),
+                     static_cast<__nv_bfloat16*>(y.data),
+                     x.dim(0),
+                     w.dim(1),
+                     x.dim(1),
+                     int(w.dim(0)),
+                     int(topk),
+                     int(m),
+                     sorted.dim(0),
+                     silu};
+  return {};
+}
+
+// Bytes of the roofline minimum: x, the ids and out once, and the weights of the ROUTED experts
+// only (a decode step touches a few of E). Which experts are routed is data on the device, so
+// the caller says how many (param routed_experts: the distinct ids >= 0 in expert_ids,
+// lkw.moe.routed_experts); without it, min(E, T·topk), the most a routing can touch.
+inline double grouped_bytes(const Args& a) {
+  const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
+  const double slots = double(x.dim(0)) * a.param("topk", 1.0);
+  const double routed = a.param("routed_experts", std::min(double(w.dim(0)), slots));
+  return double(x.bytes() + a.inputs.at(2).bytes() + a.inputs.at(3).bytes() +
+                a.outputs.at(0).bytes()) +
+         routed * 2.0 * double(w.dim(1)) * double(w.dim(2));
+}
+
+inline Version grouped_version(bool silu, const char* id, const char* summary,
+                               GroupedLaunch launch, std::vector<SassFact> sass = {},
+                               Kind kind = Kind::kVersion) {
+  Version v = version_of(kChapter, silu ? kGroupedSiluOp : kGroupedOp, id, summary, kind,
+                         std::move(sass));
+  v.launch = [silu, launch](const Args& a, cudaStream_t stream) -> Status {
+    GroupedArgs ga;
+    Status s = grouped_args(a, silu, &ga);
+    return s.ok() ? launch(ga, stream) : s;
+  };
+  v.bytes = grouped_bytes;
+  // 2·N·K per real row (T·topk of them; padding rows are work, not FLOPs); the SiLU and the
+  // product of the epilogue are not counted.
+  v.flops = [](const Args& a) {
+    const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
+    return 2.0 * double(x.dim(0)) * a.param("topk", 1.0) * double(w.dim(1)) * double(w.dim(2));
+  };
+  return v;
+}
+
+// ---- moe_sum
+
+struct SumArgs {
+  const __nv_bfloat16* y;  // [T, k, d]: row t·k + j is slot (t, j)'s expert output
+  const float* weights;    // [T, k]
+  __nv_bfloat16* out;      // [T, d]
+  int64_t t, d;
+  int k;
+};
+
+using SumLaunch = Status (*)(const SumArgs& a, cudaStream_t stream);
+
+inline Status validate_sum(const SumArgs& a) {
+  return Check()
+      .not_null(a.y, "y")
+      .not_null(a.weights, "topk_weights")
+      .not_null(a.out, "out")
+      .positive(a.t, "T")
+      .positive(a.d, "d")
+      .that(a.k >= 1, "k must be >= 1 (got " + std::to_string(a.k) + ")")
+      .that(a.t < (int64_t(1) << 31), "T must be below 2^31")
+      .that(a.d % 8 == 0, "d = " + std::to_string(a.d) + " must be a multiple of 8 (16-byte rows)")
+      .aligned(a.y, 16, "y")
+      .aligned(a.out, 16, "out")
+      .aligned(a.weights, 4, "topk_weights")
+      .disjoint(a.out, 2 * a.t * a.d, a.y, 2 * a.t * a.k * a.d, "out and y")
+      .disjoint(a.out, 2 * a.t * a.d, a.weights, 4 * a.t * a.k, "out and topk_weights")
+      .arch_at_least(80)
+      .status();
+}
+
+inline Version sum_version(const char* id, const char* summary, SumLaunch launch,
+                           std::vector<SassFact> sass = {}, Kind kind = Kind::kVersion) {
+  Version v = version_of(kChapter, kSumOp, id, summary, kind, std::move(sass));
+  v.launch = [launch](const Args& a, cudaStream_t stream) -> Status {
+    Status s = Check()
+                   .that(a.inputs.size() == 2 && a.outputs.size() == 1,
+                         "moe_sum takes y and topk_weights and writes out")
+                   .status();
+    if (!s.ok()) return s;
+    const TensorRef &y = a.inputs[0], &w = a.inputs[1], &out = a.outputs[0];
+    s = Check()
+            .that(y.dtype == DType::kBF16 && y.shape.size() == 3, "y is bfloat16 [T, k, d]")
+            .that(w.dtype == DType::kF32 && w.shape.size() == 2, "topk_weights is float32 [T, k]")
+            .that(out.dtype == DType::kBF16 && out.shape.size() == 2, "out is bfloat16 [T, d]")
+            .status();
+    if (!s.ok()) return s;
+    s = Check()
+            .that(w.dim(0) == y.dim(0) && w.dim(1) == y.dim(1), "topk_weights must be y's [T, k]")
+            .that(out.dim(0) == y.dim(0) && out.dim(1) == y.dim(2), "out must be [T, d]")
+            .that(y.dim(1) < (1 << 20), "k must be below 2^20")
+            .status();
+    if (!s.ok()) return s;
+    return launch(SumArgs{static_cast<const __nv_bfloat16*>(y.data),
+                          static_cast<const float*>(w.data), static_cast<__nv_bfloat16*>(out.data),
+                          y.dim(0), y.dim(2), int(y.dim(1))},
+                  stream);
+  };
+  v.bytes = tensor_bytes;
+  v.flops = [](const Args& a) { return 2.0 * double(a.inputs.at(0).numel()); };  // an FMA each
+  return v;
+}
+
+}  // namespace lkw::moe
