@@ -924,30 +924,50 @@ MOE_GEMM_T = (16, 4096)
 MOE_GEMM_SAMPLE = 64  # leading slots (rows of out) the reference computes
 
 
+def _grouped_sample(x_bits, weight_of, slot_expert, topk: int, rows: int):
+    """out, sum |x w| and sum (x w)^2 of the grouped GEMM's first `rows` slots (slot s: expert
+    slot_expert[s], token s // topk), float64, one expert at a time: weight_of(e) is expert e's
+    [N, K] in float64 (w [E, N, K] may be many GB)."""
+    import ml_dtypes
+
+    xv = np.asarray(x_bits).view(ml_dtypes.bfloat16)
+    experts = np.asarray(slot_expert).reshape(-1)[:rows]
+    out = abs_sum = walk_sq = None
+    for e in np.unique(experts):
+        s = np.flatnonzero(experts == e)
+        xe, we = xv[s // topk].astype(np.float64), weight_of(int(e))  # (rows of e, K), (N, K)
+        if out is None:
+            out, abs_sum, walk_sq = (np.zeros((rows, we.shape[0])) for _ in range(3))
+        out[s], abs_sum[s], walk_sq[s] = xe @ we.T, np.abs(xe) @ np.abs(we).T, (xe * xe) @ (we * we).T
+    return out, abs_sum, walk_sq
+
+
 def grouped_sample_reference(x_bits, w_bits, slot_expert, topk: int, rows: int, silu: bool):
-    """The grouped GEMM's first `rows` output rows (slots 0 .. rows - 1, each of expert
-    slot_expert[s], token s // topk) as BF16 bits, and the tolerance of exactly those rows
-    (lkw.golden.grouped_tolerance_from_sums), computed in float64 one expert at a time (w
-    [E, N, K] may be many GB)."""
+    """The grouped GEMM's first `rows` output rows (slots 0 .. rows - 1) as BF16 bits, and the
+    tolerance of exactly those rows (lkw.golden.grouped_tolerance_from_sums)."""
     import ml_dtypes
 
     from lkw import golden
 
-    bf16 = ml_dtypes.bfloat16
-    xv = np.asarray(x_bits).view(bf16)
-    n, k = w_bits.shape[1], w_bits.shape[2]
-    out, abs_sum = np.zeros((rows, n)), np.zeros((rows, n))
-    experts = np.asarray(slot_expert).reshape(-1)[:rows]
-    for e in np.unique(experts):
-        s = np.flatnonzero(experts == e)
-        xe = xv[s // topk].astype(np.float64)  # (rows of e, K)
-        we = np.asarray(w_bits[e]).view(bf16).astype(np.float64)  # (N, K)
-        out[s], abs_sum[s] = xe @ we.T, np.abs(xe) @ np.abs(we).T
-    tol = golden.grouped_tolerance_from_sums(float(abs_sum.max()), k, out if silu else None)
+    weight_of = lambda e: np.asarray(w_bits[e]).view(ml_dtypes.bfloat16).astype(np.float64)
+    out, abs_sum, _ = _grouped_sample(x_bits, weight_of, slot_expert, topk, rows)
+    tol = golden.grouped_tolerance_from_sums(float(abs_sum.max()), w_bits.shape[2], out if silu else None)
     if not silu:
         return formats.f64_to_bf16(out), tol
     gate, up = np.split(out, 2, axis=1)
     return formats.f64_to_bf16(gate / (1.0 + np.exp(-gate)) * up), tol
+
+
+def grouped_w4a16_sample_reference(x_bits, words, scale_bits, slot_expert, topk: int, rows: int):
+    """The W4A16 grouped GEMM's first `rows` rows (W_hat = s * (q - 8) of each expert's repacked
+    words, exact) as BF16 bits, and their tolerance: lkw.golden.grouped_w4a16_tolerance's
+    (chapter 07's, lkw.gemv.tolerance_from_maxima) on exactly these rows."""
+    from lkw import gemv, w4a16
+
+    n, k = scale_bits.shape[2], words.shape[2] // 8
+    weight_of = lambda e: w4a16.w_hat(w4a16.unrepack(np.asarray(words[e]), n, k), np.asarray(scale_bits[e]))
+    out, abs_sum, walk_sq = _grouped_sample(x_bits, weight_of, slot_expert, topk, rows)
+    return formats.f64_to_bf16(out), gemv.tolerance_from_maxima(float(walk_sq.max()), float(abs_sum.max()), k)
 
 
 def _expert_order(ids: np.ndarray, num_experts: int):
@@ -1084,6 +1104,80 @@ def moe_gemm_cases() -> list[Case]:
     return cases
 
 
+MOE_W4A16_T = (1, 16, 64)  # decode: where INT4 weights pay
+MOE_W4A16_G = 128
+
+
+def moe_w4a16_cases() -> list[Case]:
+    """moe_grouped_gemm_w4a16 at decode (MOE_W4A16_T) for every MOE_GEMM_MODELS model's gate_up
+    (N = 2·inter, K = d) and down (N = d, K = inter) weights, G = 128: random natural words per
+    expert repacked on the GPU (_torch_repack), scales |N(0, 1)|·0.01 + 1e-3, uniform routing drawn
+    on the host as moe_gemm_cases. The reference computes the first MOE_GEMM_SAMPLE slots
+    (grouped_w4a16_sample_reference). Peers: torch._grouped_mm and the per-expert matmul loop on
+    the BF16 dequantized weights (made untimed): the issue's BF16 baseline."""
+    from lkw import moe
+
+    cases = []
+    bm = MOE_BLOCK_M
+    for e, k, d, inter in MOE_GEMM_MODELS.values():
+        for t in MOE_W4A16_T:
+            ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
+            routed = int(np.unique(ids).size)
+            cap = moe.capacity(t * k, e, bm)
+            rows = min(MOE_GEMM_SAMPLE, t * k)
+            for n, kk in ((2 * inter, d), (d, inter)):
+
+                def make(torch, gen, t=t, e=e, n=n, kk=kk, ids=ids, cap=cap):
+                    dev = {"device": "cuda", "generator": gen}
+                    x = torch.randn(t, kk, **dev).to(torch.bfloat16)
+                    words = torch.empty(e, n // 64, 8 * kk, dtype=torch.int32, device="cuda")
+                    for ex in range(e):  # one expert's natural words at a time: [N, K/8]
+                        natural = torch.randint(-(2**31), 2**31 - 1, (n, kk // 8), dtype=torch.int32, **dev)
+                        words[ex] = _torch_repack(torch, natural)
+                    scales = (torch.randn(e, kk // MOE_W4A16_G, n, **dev).abs() * 0.01 + 1e-3).to(torch.bfloat16)
+                    routing = torch.from_numpy(ids).to("cuda")
+                    sorted_ids, expert_ids, _ = _torch_align(torch, routing, e, bm, cap)
+                    out = torch.empty(ids.size, n, dtype=torch.bfloat16, device="cuda")
+                    return [x, words, scales, sorted_ids, expert_ids], [out]
+
+                holder: list[Case] = []
+
+                def expected(host, ids=ids, k=k, holder=holder, rows=rows):
+                    out, tol = grouped_w4a16_sample_reference(host[0], host[1], host[2], ids, k, rows)
+                    holder[0].tolerance = tol  # the tolerance of the rows checked
+                    return [out]
+
+                case = Case(
+                    "moe_grouped_gemm_w4a16", f"t={t},e={e},k={k},n={n},k_dim={kk},g={MOE_W4A16_G},block_m={bm}",
+                    ["bfloat16", "uint32", "bfloat16", "int32", "int32", "bfloat16"], make, expected,
+                    tolerance="close:1.6e-2:0",  # replaced by the reference's
+                    sample_rows=rows, reference_sees_all=True,
+                    params={"topk": k, "block_m": bm, "routed_experts": routed},
+                    torch_peers=_dequantized_peers(_grouped_torch_peers(ids, e, False)))
+                holder.append(case)
+                cases.append(case)
+    return cases
+
+
+def _dequantized_peers(peers_bf16: dict[str, Callable]) -> dict[str, Callable]:
+    """The BF16 grouped peers run on W_hat = s·(q − 8) in BF16 [E, N, K], dequantized from the
+    case's repacked words and scales once, untimed: what the layer costs without an INT4 kernel."""
+
+    def wrap(factory):
+        def peer(torch, inputs):
+            x, words, scales = inputs[0], inputs[1], inputs[2]
+            e, n, kk = scales.shape[0], scales.shape[2], words.shape[2] // 8
+            w = torch.empty(e, n, kk, dtype=torch.bfloat16, device=x.device)
+            for ex in range(e):
+                natural = _torch_unrepack(torch, words[ex].view(torch.int32), n, kk)
+                w[ex] = _dequantized_bf16(torch, natural, False, scales[ex])
+            return factory(torch, [x, w])
+
+        return peer
+
+    return {name: wrap(f) for name, f in peers_bf16.items()}
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
@@ -1092,7 +1186,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
-    "09_moe": lambda: moe_cases() + moe_gemm_cases(),
+    "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_w4a16_cases(),
 }
 
 # A chapter's full measurement matrix where it is larger than one run should be (--extended):

@@ -148,6 +148,12 @@ OPS = {
         ("bfloat16",),
         ("topk", "block_m"),
     ),
+    "moe_grouped_gemm_w4a16": Op(
+        lambda x, w, sc, s, e, **p: _grouped_w4a16(x, w, sc, s, e, **p),
+        ("bfloat16", "uint32", "bfloat16", "int32", "int32"),
+        ("bfloat16",),
+        ("topk", "block_m"),
+    ),
     "moe_sum": Op(
         lambda y, w: moe.moe_sum(y.view(ml_dtypes.bfloat16), w).view(np.uint16),
         ("bfloat16", "float32"),
@@ -845,6 +851,13 @@ def _grouped(fn, x, w, sorted_ids, expert_ids, topk, block_m) -> np.ndarray:
     return out.view(np.uint16)
 
 
+def _grouped_w4a16(x, w, scales, sorted_ids, expert_ids, topk, block_m) -> np.ndarray:
+    out = moe.grouped_gemm_w4a16(
+        x.view(ml_dtypes.bfloat16), w, scales, sorted_ids, expert_ids, int(block_m), int(topk)
+    )
+    return out.view(np.uint16)
+
+
 def grouped_tolerance(x, w, sorted_ids, expert_ids, block_m: int, topk: int, silu: bool) -> str:
     """close:RTOL:ATOL for the grouped GEMM (BF16 bits x [T, K], w [E, N, K]), as
     gemm_bf16_tolerance: RTOL 1.6e-2 for the one BF16 rounding (kernel and reference may land on
@@ -873,6 +886,20 @@ def grouped_tolerance_from_sums(abs_sum: float, k: int, gate_up=None) -> str:
     silu_gate = gate / (1.0 + np.exp(-gate))
     atol = eps * (1.1 * float(np.abs(up).max()) + float(np.abs(silu_gate).max()))
     return f"close:1.6e-2:{atol:.3g}"
+
+
+def grouped_w4a16_tolerance(x, w, scales, sorted_ids, expert_ids, block_m: int, topk: int) -> str:
+    """close:RTOL:ATOL for moe_grouped_gemm_w4a16: chapter 07's W4A16 tolerance (lkw.gemv's
+    formula, w4a16.tolerance) over the routed rows, with W_hat the exact dequantized weights
+    (moe.w_hat_experts). It is grouped_tolerance's (RTOL 1.6e-2 for the one BF16 rounding, an
+    ATOL for FP32 sums growing with sqrt(K)) on W_hat plus the term for what grouped_tolerance
+    has no need of: the kernels round each s * (q - 8) to BF16 before the multiply (HMUL2), a
+    random walk of 2^-8 relative errors per product, bounded at 8 sigma of the largest row's."""
+    xv = x.view(ml_dtypes.bfloat16).astype(np.float64)  # (T,K)
+    wv = moe.w_hat_experts(w, scales)  # (E,N,K)
+    walk_sq = moe.grouped_gemm(xv * xv, wv * wv, sorted_ids, expert_ids, block_m, topk).max()
+    abs_sum = moe.grouped_gemm(np.abs(xv), np.abs(wv), sorted_ids, expert_ids, block_m, topk).max()
+    return gemv.tolerance_from_maxima(float(walk_sq), float(abs_sum), xv.shape[1])
 
 
 def moe_sum_tolerance(y, weights) -> str:
@@ -916,14 +943,30 @@ GROUPED_SILU_CASES = (
     ("skip", 40, 2, 6, 96, 128, 16, "skip"),
     ("big", 256, 4, 8, 384, 1024, 64, "uniform"),
 )
+# moe_grouped_gemm_w4a16, decode-like (tag, T, topk, E, N, K, G, BLOCK_M, routing): E = 60 at
+# T = 1 (52 experts or more empty) and T = 64 (about 9 rows an expert), topk = 1, "skip" (an
+# expert with no slot, sentinel-only blocks), G = 32, 64, 128 and K (per channel); K = 1056 and
+# 352 have K % 64 == 32 (the last stage's second half past K); N = 128, 192 and 320 end inside a
+# 256-channel block (idle warps); "hot" (300 rows on one expert) and "uniform" (32 rows an
+# expert) run the 64- and 32-row tiles.
+GROUPED_W4A16_CASES = (
+    ("decode", 1, 8, 60, 256, 512, 128, 64, "uniform"),
+    ("decode64", 64, 8, 60, 128, 256, 32, 16, "uniform"),
+    ("k1", 48, 1, 16, 192, 1056, 32, 16, "zipf"),
+    ("skip", 40, 2, 6, 320, 256, 64, 16, "skip"),
+    ("perchannel", 5, 2, 4, 64, 352, 352, 16, "uniform"),
+    ("hot", 300, 1, 8, 128, 512, 128, 64, "hot"),
+    ("uniform", 128, 2, 8, 256, 384, 64, 32, "uniform"),
+)
+
 # (T, k, d): DeepSeek's d = 7168 at T = 1, k = 1, d = 8 (one piece), d = 2056 (not a multiple of
 # 256: lanes with fewer pieces), T = 513 (a partial block of 8 warps).
 SUM_CASES = ((1, 8, 7168), (37, 1, 8), (100, 6, 2056), (513, 2, 4096), (64, 8, 2048))
 
 
-def grouped_inputs(rng, t, topk, e, n, k, block_m, routing):
-    """x BF16 bits [T, K], w BF16 bits [E, N, K] (normal / sqrt(K): outputs of order one), and an
-    align of a routing where every slot is routed (an unrouted slot's row is never written)."""
+def grouped_align(rng, t, topk, e, block_m, routing):
+    """sorted_token_ids and expert_ids of a routing where every slot is routed (an unrouted
+    slot's row is never written)."""
     if routing == "skip":  # expert `hole` gets nothing
         hole = int(rng.integers(0, e))
         ids = moe.routing_ids(rng, t, e - 1, topk, "uniform")
@@ -935,9 +978,27 @@ def grouped_inputs(rng, t, topk, e, n, k, block_m, routing):
         sentinel = np.full(2 * block_m, t * topk, np.int32)
         sorted_ids = np.concatenate([sorted_ids, sentinel])
         expert_ids = np.concatenate([expert_ids, np.array([int(ids[0, 0]), -1], np.int32)])
+    return sorted_ids, expert_ids
+
+
+def grouped_inputs(rng, t, topk, e, n, k, block_m, routing):
+    """x BF16 bits [T, K], w BF16 bits [E, N, K] (normal / sqrt(K): outputs of order one), and
+    grouped_align's ids."""
+    sorted_ids, expert_ids = grouped_align(rng, t, topk, e, block_m, routing)
     x = gemv_activations(rng, t, k)  # (T,K)
     w = formats.f32_to_bf16((rng.standard_normal((e, n, k)) / np.sqrt(k)).astype(np.float32))
     return x, w, sorted_ids, expert_ids
+
+
+def grouped_w4a16_inputs(rng, t, topk, e, n, k, g, block_m, routing):
+    """grouped_inputs with INT4 experts: x BF16 bits [T, K], words with every nibble value, each
+    expert repacked (uint32 [E, N/64, 8K]), BF16 scale bits [E, K/G, N] (chapter 07's draw)."""
+    sorted_ids, expert_ids = grouped_align(rng, t, topk, e, block_m, routing)
+    x = gemv_activations(rng, t, k)  # (T,K)
+    words = rng.integers(0, 2**32, (e, n, k // 8), dtype=np.uint32)  # (E,N,K/8)
+    w = np.stack([w4a16.repack(words[i]) for i in range(e)])  # (E,N/64,8K)
+    scales = np.stack([dequant_scales(rng, k // g, n, "bfloat16") for _ in range(e)])
+    return x, w, scales, sorted_ids, expert_ids
 
 
 def moe_cases(rng: np.random.Generator) -> list[Case]:
@@ -966,6 +1027,12 @@ def moe_cases(rng: np.random.Generator) -> list[Case]:
             tol = grouped_tolerance(*inputs, block_m, topk, op.endswith("silu"))
             case_id = f"{op}_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_m{block_m}"
             cases.append(Case(case_id, op, tol, list(inputs), {"topk": topk, "block_m": block_m}))
+    for tag, t, topk, e, n, k, g, block_m, routing in GROUPED_W4A16_CASES:
+        inputs = grouped_w4a16_inputs(rng, t, topk, e, n, k, g, block_m, routing)
+        tol = grouped_w4a16_tolerance(*inputs, block_m, topk)
+        case_id = f"moe_grouped_gemm_w4a16_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_g{g}_m{block_m}"
+        params = {"topk": topk, "block_m": block_m, "group_size": g}
+        cases.append(Case(case_id, "moe_grouped_gemm_w4a16", tol, list(inputs), params))
     for t, k, d in SUM_CASES:
         y = gemv_activations(rng, t * k, d).reshape(t, k, d)  # (T,k,d)
         w = rng.random((t, k)).astype(np.float32) + np.float32(0.05)

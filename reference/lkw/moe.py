@@ -4,6 +4,7 @@
     ids -> moe_align_block_size -> sorted_token_ids, expert_ids, num_tokens_post_padded
     x [T, d] -> grouped_gemm (W1 = gate || up) -> SiLU(gate) * up -> grouped_gemm (W2)
     -> moe_sum (the k rows of a token, weighted) -> y [T, d]
+    (grouped_gemm_w4a16: the same GEMM with INT4 expert weights in chapter 07's layout)
 
 A token's k choices are named by the flat index i = t * k + j of topk_ids (the slot); row i of
 every [T * k, ...] intermediate belongs to slot i. The align step is a counting sort of the slots
@@ -22,6 +23,7 @@ what they cost the grouped GEMM: padding waste and load imbalance.
 import ml_dtypes
 import numpy as np
 
+from lkw import w4a16
 from lkw.formats import f64_to_bf16
 
 FLOAT_DTYPES = (np.float32, np.float64, ml_dtypes.bfloat16)
@@ -261,6 +263,29 @@ def grouped_gemm_silu_bf16(x, w, sorted_token_ids, expert_ids, block_m: int, top
     return f64_to_bf16(silu_and_mul(out)).view(ml_dtypes.bfloat16)
 
 
+def w_hat_experts(w, scales) -> np.ndarray:
+    """Every expert's dequantized weights [E, N, K] in float64, exact: W_hat[e] = s * (q - 8)
+    (lkw.w4a16.w_hat) of expert e's repacked words w[e] (uint32 [N/64, 8K], unrepacked first)
+    and scale bits scales[e] (uint16 [K/G, N]). N comes from the scales, K from the words."""
+    words, s = np.asarray(w), np.asarray(scales)
+    if words.ndim != 3 or s.ndim != 3 or words.shape[0] != s.shape[0]:
+        raise ValueError(
+            f"w [E, N/64, 8K] and scales [E, K/G, N] must agree on E: {words.shape}, {s.shape}"
+        )
+    n, k = s.shape[2], words.shape[2] // 8
+    return np.stack([w4a16.w_hat(w4a16.unrepack(words[e], n, k), s[e]) for e in range(s.shape[0])])
+
+
+def grouped_gemm_w4a16(x, w, scales, sorted_token_ids, expert_ids, block_m: int, topk: int):
+    """The moe_grouped_gemm_w4a16 kernels' output: moe_grouped_gemm with INT4 weights, bfloat16
+    [T * topk, N]. w uint32 [E, N/64, 8K] (each expert in chapter 07's repacked layout), scales
+    BF16 bits uint16 [E, K/G, N]: out[i] = x[i // topk] . W_hat[e]^T with W_hat = s * (q - 8)
+    exact (w_hat_experts), float64 sums, ONE rounding to bfloat16. The kernels round each
+    s * (q - 8) to BF16 before the multiply and sum in FP32: lkw.golden's tolerance covers both."""
+    out = grouped_gemm(x, w_hat_experts(w, scales), sorted_token_ids, expert_ids, block_m, topk)
+    return f64_to_bf16(out).view(ml_dtypes.bfloat16)
+
+
 def routed_experts(expert_ids, num_experts: int | None = None) -> int:
     """How many distinct experts the blocks of an align name (ids >= 0, and < num_experts when
     given): the experts whose weights a grouped GEMM reads (its byte model's param
@@ -277,6 +302,14 @@ def grouped_gemm_bytes(t: int, topk: int, n: int, d: int, routed: int, rows: int
     out [T * topk, N] (N / 2 with silu) written once; BF16 values, int32 ids."""
     out_n = n // 2 if silu else n
     return 2 * t * d + 2 * routed * n * d + 4 * rows + 4 * (rows // block_m) + 2 * t * topk * out_n
+
+
+def grouped_gemm_w4a16_bytes(t: int, topk: int, n: int, d: int, group: int, routed: int,
+                             rows: int, block_m: int) -> int:
+    """grouped_gemm_bytes with the routed experts' weights as stored: INT4 words (N * d / 2 bytes
+    an expert) and BF16 scales (N * d / G * 2), instead of BF16 weights (2 N d)."""
+    dense = grouped_gemm_bytes(t, topk, n, d, 0, rows, block_m)
+    return dense + routed * (n * d // 2 + 2 * n * (d // group))
 
 
 def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:

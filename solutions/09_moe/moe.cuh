@@ -14,6 +14,9 @@
 //                      of expert e; FP32 sums, one BF16 rounding (params topk, block_m)
 //   moe_grouped_gemm_silu  the same with w = gate || up ([E, N, K], gate rows first, vLLM's w13)
 //                      → out BF16 [T·k, N/2] = silu(gate) · up, gate and up kept in FP32
+//   moe_grouped_gemm_w4a16  moe_grouped_gemm with INT4 weights: w uint32 [E, N/64, 8K] (each
+//                      expert in chapter 07's repacked layout, lkw.w4a16.repack), scales BF16
+//                      [E, K/G, N]: W_hat[e] = s · (q − 8), G ∈ {32, 64, 128} or K
 //   moe_sum            y BF16 [T, k, d], topk_weights FP32 [T, k] → out BF16 [T, d]:
 //                      out[t] = Σ_j w[t, j] · y[t, j] in FP32 in j order, one BF16 rounding
 // The align is a counting sort of the S = T·k slots by expert: each expert's run of slot indices
@@ -29,7 +32,7 @@
 // versions (one sequence for the chapter; each file's name says its family):
 //   v0_align_sort → v1_align_global_atomics → v2_align_shared_counting → v3_align_multi_block,
 //   v4_topk_thread_per_token → v5_topk_warp_per_token → v6_topk_vec16_lanes,
-//   v7_grouped_mma → v8_grouped_silu_epilogue, v9_sum_vec16.
+//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16, v9_sum_vec16.
 // Bytes are the roofline minimum: ids read once, every output slot written once (the align fills
 // its whole capacity); logits read once, weights and ids written once; the grouped GEMM
 // reads the weights of the routed experts only (param routed_experts, see grouped_bytes).

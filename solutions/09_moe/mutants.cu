@@ -16,6 +16,9 @@
 //   mutant_wrong_expert     moe_grouped_gemm with each block's expert id e read as (e + 1) % E
 //                           (v7 run on a remapped copy of expert_ids): the weights of a neighbour
 //   mutant_weights_reversed moe_sum applying weight k − 1 − j to row j
+//   mutant_next_group_scale moe_grouped_gemm_w4a16 with the scales of group (g + 1) mod K/G
+//                           for group g (v10 run on a rotated copy of the scales): a scale row
+//                           indexed one group off. With one group (G = K) it changes nothing.
 #include "align.cuh"
 #include "experts.cuh"
 
@@ -152,9 +155,47 @@ Status sum_weights_reversed(const SumArgs& a, cudaStream_t stream) {
   return last_launch_status("mutant_weights_reversed");
 }
 
+__global__ void next_group_kernel(const __nv_bfloat16* __restrict__ scales,
+                                  __nv_bfloat16* __restrict__ out, int64_t rows, int64_t groups,
+                                  int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // one scale of [E·K/G, N]
+  if (i >= rows * n) return;
+  const int64_t row = i / n, g = row % groups;
+  out[i] = scales[(row - g + (g + 1) % groups) * n + i % n];
+}
+
+Status grouped_w4a16_next_group(const GroupedW4a16Args& a, cudaStream_t stream) {
+  Status s = validate_grouped_w4a16(a);
+  if (!s.ok()) return s;
+  const int64_t groups = a.k / a.group, rows = a.num_experts * groups;
+  void* rotated = nullptr;
+  s = align_workspace(2 * rows * a.n, &rotated);
+  if (!s.ok()) return s;
+  next_group_kernel<<<unsigned(ceil_div(rows * a.n, 256)), 256, 0, stream>>>(
+      a.scales, static_cast<__nv_bfloat16*>(rotated), rows, groups, a.n);
+  s = last_launch_status("mutant_next_group_scale");
+  if (!s.ok()) return s;
+  const Version* v10 =
+      Registry::get().find(std::string(kChapter) + "/" + kGroupedW4a16Op + "/v10_grouped_w4a16");
+  if (!v10) return error(Code::kInvalidArgument, "mutant_next_group_scale needs v10_grouped_w4a16");
+  Args args;
+  args.inputs = {
+      {const_cast<__nv_bfloat16*>(a.x), DType::kBF16, {a.t, a.k}},
+      {const_cast<uint32_t*>(a.w), DType::kU32, {a.num_experts, a.n / kRepackN, 8 * a.k}},
+      {rotated, DType::kBF16, {a.num_experts, groups, a.n}},
+      {const_cast<int32_t*>(a.sorted_ids), DType::kI32, {a.rows}},
+      {const_cast<int32_t*>(a.expert_ids), DType::kI32, {a.rows / a.block_m}}};
+  args.outputs = {{a.out, DType::kBF16, {a.t * a.topk, a.n}}};
+  args.params = {{"topk", double(a.topk)}, {"block_m", double(a.block_m)}};
+  return v10->launch(args, stream);
+}
+
 const Register kWrongExpert{grouped_version(false, "mutant_wrong_expert",
                                             "each block multiplies by the next expert's weights",
                                             grouped_wrong_expert, {}, Kind::kMutant)};
+const Register kNextGroupScale{grouped_w4a16_version("mutant_next_group_scale",
+                                                     "group g multiplied by group g + 1's scale",
+                                                     grouped_w4a16_next_group, {}, Kind::kMutant)};
 const Register kWeightsReversed{sum_version("mutant_weights_reversed",
                                             "weight k − 1 − j applied to row j",
                                             sum_weights_reversed, {}, Kind::kMutant)};

@@ -599,3 +599,24 @@ def test_expert_order_gathers_each_expert_s_slots_in_order():
     slots, tokens, counts = bench._expert_order(ids, 4)
     assert slots.tolist() == [1, 2, 3, 5, 0, 4] and tokens.tolist() == [0, 1, 1, 2, 0, 2]
     assert counts.tolist() == [2, 2, 2, 0]
+
+
+def test_grouped_w4a16_sample_reference_is_the_golden_reference_on_its_rows():
+    import ml_dtypes
+    from lkw import golden, moe, w4a16
+
+    rng = np.random.default_rng(6)
+    t, e, k, n, kk, g, bm = 10, 4, 2, 64, 64, 32, 16
+    ids = moe.routing_ids(rng, t, e, k, "uniform")
+    x = rng.standard_normal((t, kk)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    words = np.stack([w4a16.repack(rng.integers(0, 2**32, (n, kk // 8), dtype=np.uint64).astype(np.uint32))
+                      for _ in range(e)])
+    scales = (np.abs(rng.standard_normal((e, kk // g, n))) * 0.01 + 1e-3).astype(ml_dtypes.bfloat16).view(np.uint16)
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, bm)
+    rows = 12
+    got, tol = bench.grouped_w4a16_sample_reference(x, words, scales, ids, k, rows)
+    want = moe.grouped_gemm_w4a16(x.view(ml_dtypes.bfloat16), words, scales, sorted_ids, expert_ids, bm, k)
+    assert np.array_equal(got.view(np.uint16), np.asarray(want).view(np.uint16)[:rows])
+    whole = golden.grouped_w4a16_tolerance(x, words, scales, sorted_ids, expert_ids, bm, k)
+    assert tol.split(":")[:2] == whole.split(":")[:2]
+    assert 0 < float(tol.split(":")[2]) <= float(whole.split(":")[2]) * 1.001

@@ -1,8 +1,9 @@
 """lkw.golden's chapter 09 cases: the align cases cover the edges the issue names, their
 tolerance is the multiset spelling, and the routing inputs make every decision decisive, so that
 a kernel computing in FP32 must return the reference's ids (checked here by an FP32 emulation of
-the kernels' arithmetic). The grouped GEMM and moe_sum cases cover their edges, route every slot,
-and an FP32 emulation of the kernels' arithmetic stays inside their tolerances."""
+the kernels' arithmetic). The grouped GEMM (BF16 and INT4 experts) and moe_sum cases cover their
+edges, route every slot, and an FP32 emulation of the kernels' arithmetic stays inside their
+tolerances."""
 
 import itertools
 
@@ -219,6 +220,75 @@ def test_grouped_outputs_stay_inside_their_tolerance_under_fp32_sums(cases):
         ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
         _, rtol, atol = c.tolerance.split(":")
         assert np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)), c.id
+
+
+def test_grouped_w4a16_cases_cover_the_edges(cases):
+    """E = 60 at T = 1, topk = 1, an expert with no slot, G = 32, 64, 128 and K, a K tail, N
+    ending inside a 256-channel block, every tile of rows (16, 32, 64: the average rows an
+    expert gets decide), every slot routed once, and the weights in the repacked layout."""
+    grouped = by_op(cases, "moe_grouped_gemm_w4a16")
+    groups = set()
+    tiles = set()
+    for c in grouped:
+        x, w, scales, sorted_ids, expert_ids = c.inputs
+        t, k = x.shape
+        e, groups_k, n = scales.shape
+        topk, block_m = int(c.params["topk"]), int(c.params["block_m"])
+        assert w.dtype == np.uint32 and w.shape == (e, n // 64, 8 * k), c.id
+        assert scales.dtype == np.uint16 and k % groups_k == 0 and k % 32 == 0, c.id
+        groups.add(k // groups_k if groups_k > 1 else "K")
+        per_expert = -(-t * topk // e)
+        tiles.add(16 if per_expert <= 16 else 32 if per_expert <= 32 else 64)
+        slots = t * topk
+        routed = sorted_ids[(sorted_ids >= 0) & (sorted_ids < slots)]
+        assert np.array_equal(np.sort(routed), np.arange(slots)), c.id
+        if "skip" in c.id:
+            assert moe.routed_experts(expert_ids, e) < e
+    shapes = [(c.inputs[0].shape, c.inputs[2].shape, c.params["topk"]) for c in grouped]
+    assert any(x[0] == 1 and s[0] == 60 for x, s, _ in shapes), "E = 60 at T = 1"
+    assert any(topk == 1 for _, _, topk in shapes), "topk = 1"
+    assert {32, 64, 128, "K"} <= groups and tiles == {16, 32, 64}
+    assert any(x[1] % 64 for x, _, _ in shapes), "a K tail past the last 64-k stage"
+    assert any(s[2] % 256 for _, s, _ in shapes), "N ending inside a block"
+
+
+def _w4a16_kernel_emulation(c, scales=None):
+    """The kernels' arithmetic: W_hat rounded to BF16 per weight (HMUL2 of the exact q - 8 by
+    the scale), exact products, FP32 sums in k order, one BF16 rounding."""
+    x, w, scale_bits, sorted_ids, expert_ids = c.inputs
+    scale_bits = scale_bits if scales is None else scales
+    topk, block_m = int(c.params["topk"]), int(c.params["block_m"])
+    w_bf16 = formats.bf16_to_f32(formats.f64_to_bf16(moe.w_hat_experts(w, scale_bits)))
+    xv = formats.bf16_to_f32(x)
+    acc = np.zeros((x.shape[0] * topk, w_bf16.shape[1]), np.float32)
+    for b, e in enumerate(expert_ids):
+        rows = sorted_ids[b * block_m : (b + 1) * block_m]
+        rows = rows[(rows >= 0) & (rows < acc.shape[0])]
+        if e < 0 or e >= w_bf16.shape[0] or rows.size == 0:
+            continue
+        part = np.zeros((rows.size, w_bf16.shape[1]), np.float32)
+        for i in range(x.shape[1]):
+            part += np.outer(xv[rows // topk, i], w_bf16[e, :, i]).astype(np.float32)
+        acc[rows] = part
+    return formats.bf16_to_f32(formats.f32_to_bf16(acc)).astype(np.float64)
+
+
+def _within(c, got) -> bool:
+    ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
+    _, rtol, atol = c.tolerance.split(":")
+    return bool(np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)))
+
+
+def test_grouped_w4a16_outputs_stay_inside_their_tolerance_and_a_wrong_group_does_not(cases):
+    """The FP32 emulation of the kernels lands within each case's tolerance; the mutant's slip
+    (each group multiplied by the next group's scale) lands outside wherever there are two
+    groups or more."""
+    for c in by_op(cases, "moe_grouped_gemm_w4a16"):
+        assert _within(c, _w4a16_kernel_emulation(c)), c.id
+        scales = c.inputs[2]
+        if scales.shape[1] > 1:
+            rotated = np.roll(scales, -1, axis=1)  # group g gets group g + 1's scales
+            assert not _within(c, _w4a16_kernel_emulation(c, rotated)), c.id
 
 
 def test_moe_sum_cases_and_tolerance(cases):

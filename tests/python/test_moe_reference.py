@@ -1,6 +1,7 @@
 """lkw.moe, chapter 09's reference: every function agrees with a slow loop written from its
 docstring (routing with its tie rules, DeepSeek's group masking and bias, the align's runs,
-padding and sentinel, the grouped GEMM, the weighted sum's one rounding, the whole layer), the
+padding and sentinel, the grouped GEMM (BF16 and INT4 experts), the weighted sum's one rounding,
+the whole layer), the
 align comparison tolerates what kernels may do (another order inside an expert) and catches
 three mutants, and the experiment helpers give the hand-computed numbers."""
 
@@ -9,7 +10,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from lkw import formats, moe
+from lkw import formats, int4, moe, w4a16
 
 # ---------------------------------------------------------------------------------------------
 # Routing
@@ -370,6 +371,52 @@ def test_grouped_gemm_silu_is_silu_of_the_unrounded_gate_and_up(rng):
         moe.grouped_gemm_silu_bf16(x, w[:, :-1], align[0], align[1], block_m, k)
 
 
+def int4_experts(rng, e, n, k, g):
+    """Random 4-bit q [E, N, K], each expert's words repacked (uint32 [E, N/64, 8K]), and BF16
+    scale bits [E, K/G, N]."""
+    q = rng.integers(0, 16, (e, n, k))
+    w = np.stack([w4a16.repack(int4.pack(q[i])) for i in range(e)])
+    s = formats.f32_to_bf16(rng.uniform(0.005, 0.05, (e, k // g, n)).astype(np.float32))
+    return q, w, s
+
+
+@pytest.mark.parametrize("g", [32, 64, 128, 256])
+def test_grouped_gemm_w4a16_dequantizes_each_expert_then_rounds_once(rng, g):
+    """W_hat[e][n, k] = s[e][k // G, n] * (q[e][n, k] - 8), written as a loop over the elements
+    (G = K = 256: one scale per channel); the op is grouped_gemm on it, rounded once to BF16,
+    and every expert multiplies by its own weights and scales."""
+    t, e, topk, n, k, block_m = 9, 5, 2, 64, 256, 16
+    q, w, scale_bits = int4_experts(rng, e, n, k, g)
+    s = formats.bf16_to_f32(scale_bits).astype(np.float64)  # (E,K/G,N)
+    w_hat = np.zeros((e, n, k))
+    for i in range(e):
+        for c in range(n):
+            for j in range(k):
+                w_hat[i, c, j] = s[i, j // g, c] * (q[i, c, j] - 8)
+    assert np.array_equal(moe.w_hat_experts(w, scale_bits), w_hat)
+    ids = masked(rng, moe.routing_ids(rng, t, e, topk, "uniform"), 0.2)
+    align = moe.moe_align_block_size(ids, e, block_m)
+    x = rng.normal(size=(t, k)).astype(ml_dtypes.bfloat16)
+    got = moe.grouped_gemm_w4a16(x, w, scale_bits, align[0], align[1], block_m, topk)
+    assert got.dtype == ml_dtypes.bfloat16 and got.shape == (t * topk, n)
+    exact = moe.grouped_gemm(x, w_hat, align[0], align[1], block_m, topk)
+    assert np.array_equal(got.view(np.uint16), formats.f64_to_bf16(exact))
+    for tok, j in zip(*np.nonzero(ids >= 0)):  # each slot with its own expert's W_hat
+        row = x[tok].astype(np.float64) @ w_hat[ids[tok, j]].T
+        np.testing.assert_allclose(exact[tok * topk + j], row, rtol=1e-12, atol=1e-12)
+    assert not np.any(exact[(ids < 0).reshape(-1)])  # masked slots stay zero
+
+
+def test_grouped_gemm_w4a16_refuses_mismatched_weights(rng):
+    _, w, s = int4_experts(rng, 3, 64, 64, 32)
+    x = np.ones((2, 64), ml_dtypes.bfloat16)
+    ids, experts = np.array([0, 1] + [2] * 14, np.int32), np.array([0], np.int32)
+    with pytest.raises(ValueError, match="agree on E"):
+        moe.grouped_gemm_w4a16(x, w[:2], s, ids, experts, 16, 1)
+    with pytest.raises(ValueError, match="disagree on d"):
+        moe.grouped_gemm_w4a16(np.ones((2, 128), ml_dtypes.bfloat16), w, s, ids, experts, 16, 1)
+
+
 def test_routed_experts_and_the_byte_model():
     expert_ids = np.array([3, 3, 0, 7, -1, -1], np.int32)
     assert moe.routed_experts(expert_ids) == 3
@@ -380,6 +427,9 @@ def test_routed_experts_and_the_byte_model():
     assert got == 2 * 16 * 7168 + 37 * 2 * 4096 * 7168 + 4 * 1024 + 4 * 64 + 2 * 128 * 4096
     silu = moe.grouped_gemm_bytes(16, 8, 4096, 7168, 37, 1024, 16, silu=True)
     assert got - silu == 2 * 128 * 2048
+    # INT4 experts: half a byte a weight and a BF16 scale per 128 of them, for the routed 37
+    int4_bytes = moe.grouped_gemm_w4a16_bytes(16, 8, 4096, 7168, 128, 37, 1024, 16)
+    assert got - int4_bytes == 37 * (2 * 4096 * 7168 - 4096 * 7168 // 2 - 2 * 4096 * 56)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])

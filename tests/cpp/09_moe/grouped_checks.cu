@@ -1,11 +1,15 @@
-// Chapter 09 checks of the expert half (moe_grouped_gemm, moe_grouped_gemm_silu, moe_sum) beyond
-// the golden cases:
+// Chapter 09 checks of the expert half (moe_grouped_gemm, moe_grouped_gemm_silu,
+// moe_grouped_gemm_w4a16, moe_sum) beyond the golden cases:
 //   HostValidation  what the launchers refuse before launching anything: N, K, d off their
 //                   multiples, BLOCK_M not whole m16 tiles, expert_ids of the wrong length, out of
-//                   the wrong shape or overlapping an input, a missing param; and what they accept
-//                   (the smallest multiples reach the device check, not an argument error)
-//   HostModels      the byte model counts the routed experts' weights only; the FLOP model the
-//                   real rows only
+//                   the wrong shape or overlapping an input, a missing param; for W4A16 also a
+//                   group size other than 32, 64, 128, K, scales or words of the wrong shape,
+//                   dtype or alignment; and what they accept (the smallest multiples, G = K,
+//                   reach the device check, not an argument error)
+//   HostDivisor     divide(n, divisor_of(d)) is n / d for every d the kernels divide by (topk,
+//                   block_m) and n up to 2^31 − 1
+//   HostModels      the byte model counts the routed experts' weights only (W4A16: their INT4
+//                   words and scales); the FLOP model the real rows only
 //   GroupedBadIds (GPU)  sorted ids outside 0..T·topk − 1 and expert ids outside 0..E − 1 are
 //                   skipped: the launch succeeds, nothing is written past out, the rows of skipped
 //                   blocks keep their poison and the valid rows are written
@@ -103,6 +107,70 @@ TEST(HostValidation, GroupedGemmRefusesWhatItCannotTile) {
   }
 }
 
+// moe_grouped_gemm_w4a16's arguments: x [T, K], w [E, N/64, 8K], scales [E, K/G, N], the ids.
+Args w4a16_call(int64_t t, int64_t topk, int64_t e, int64_t n, int64_t k, int64_t g,
+                int64_t block_m, int64_t rows) {
+  Args a;
+  a.inputs = {{at(0), DType::kBF16, {t, k}},
+              {at(1), DType::kU32, {e, n / 64, 8 * k}},
+              {at(5), DType::kBF16, {e, k / g, n}},
+              {at(2), DType::kI32, {rows}},
+              {at(3), DType::kI32, {rows / block_m}}};
+  a.outputs = {{at(4), DType::kBF16, {t * topk, n}}};
+  a.params = {{"topk", double(topk)}, {"block_m", double(block_m)}};
+  return a;
+}
+
+TEST(HostValidation, GroupedW4a16RefusesWhatItCannotTile) {
+  const std::string op = kGroupedW4a16Op;
+  expect_accepted(op, w4a16_call(1, 8, 60, 64, 128, 32, 16, 16 * 61));
+  expect_accepted(op, w4a16_call(5, 1, 3, 192, 352, 352, 48, 96));  // G = K, K % 64 == 32
+  expect_accepted(op, w4a16_call(64, 8, 60, 320, 2048, 128, 64, 64 * 68));
+  expect_refused(op, w4a16_call(4, 2, 8, 96, 128, 32, 16, 64), "must be a multiple of 64");
+  expect_refused(op, w4a16_call(4, 2, 8, 64, 48, 48, 16, 64), "K = 48");
+  expect_refused(op, w4a16_call(4, 2, 8, 64, 256, 16, 16, 64), "group size");
+  expect_refused(op, w4a16_call(4, 2, 8, 64, 64, 64, 8, 64), "block_m = 8");
+  Args a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[2].shape = {8, 3, 64};  // K/G = 3 does not divide K = 256
+  expect_refused(op, a, "scales must be [E, K/G, N]");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[1].shape = {8, 1, 256 / 8};  // natural [N, K/8]-sized rows, not repacked
+  expect_refused(op, a, "w must be repacked words");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[1].shape = {7, 1, 8 * 256};  // one expert fewer than the scales
+  expect_refused(op, a, "w must be repacked words");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[1].dtype = DType::kBF16;
+  expect_refused(op, a, "uint32");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[2].shape = {8, 64};
+  expect_refused(op, a, "scales are bfloat16 [E, K/G, N]");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs.pop_back();
+  expect_refused(op, a, "takes x, w, scales");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.params.erase("block_m");
+  expect_refused(op, a, "block_m");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[4].shape = {5};
+  expect_refused(op, a, "expert_ids");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.outputs[0].shape = {8, 128};
+  expect_refused(op, a, "out must be");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.outputs[0].data = static_cast<char*>(a.inputs[1].data) + 256;  // inside w
+  expect_refused(op, a, "out and w must not overlap");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.outputs[0].data = static_cast<char*>(a.inputs[2].data) + 256;  // inside the scales
+  expect_refused(op, a, "out and scales must not overlap");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[2].data = static_cast<char*>(a.inputs[2].data) + 8;
+  expect_refused(op, a, "scales must be 16-byte aligned");
+  a = w4a16_call(4, 2, 8, 64, 256, 64, 16, 64);
+  a.inputs[1].data = static_cast<char*>(a.inputs[1].data) + 4;
+  expect_refused(op, a, "w must be 16-byte aligned");
+}
+
 Args sum_call(int64_t t, int64_t k, int64_t d) {
   Args a;
   a.inputs = {{at(0), DType::kBF16, {t, k, d}}, {at(1), DType::kF32, {t, k}}};
@@ -143,6 +211,39 @@ TEST(HostModels, GroupedBytesCountTheRoutedExpertsOnly) {
     EXPECT_DOUBLE_EQ(v->bytes(silu), 2.0 * k + 4.0 * 64 + 4.0 * 4 + 2.0 * 2 * (n / 2) +
                                          2.0 * 2 * n * k)
         << v->name();
+}
+
+TEST(HostDivisor, MultiplyAndShiftIsTheIntegerQuotient) {
+  std::mt19937 rng(lkw::test::random_seed("HostDivisor"));
+  std::uniform_int_distribution<int> any(0, INT_MAX);
+  std::vector<int> divisors;
+  for (int d = 1; d <= 1100; ++d) divisors.push_back(d);
+  for (int d : {4095, 4096, 4097, 65535, 99991, (1 << 20) - 1, 1 << 20}) divisors.push_back(d);
+  for (int d : divisors) {
+    const Divisor div = divisor_of(d);
+    for (int n :
+         {0, 1, d - 1, d, d + 1, INT_MAX - 1, INT_MAX, INT_MAX / d * d, INT_MAX / d * d - 1})
+      ASSERT_EQ(divide(n, div), n / d) << n << " / " << d;
+    for (int i = 0; i < 2000; ++i) {
+      const int n = any(rng);
+      ASSERT_EQ(divide(n, div), n / d) << n << " / " << d;
+    }
+  }
+}
+
+TEST(HostModels, GroupedW4a16BytesCountTheRoutedExpertsInt4WordsAndScales) {
+  const int64_t t = 16, topk = 8, e = 256, n = 4096, k = 7168, g = 128, block_m = 16;
+  const int64_t rows = align_capacity(t * topk, e, block_m);
+  Args a = w4a16_call(t, topk, e, n, k, g, block_m, rows);
+  const double fixed = 2.0 * t * k + 4.0 * rows + 4.0 * (rows / block_m) + 2.0 * t * topk * n;
+  const double per_expert = 0.5 * n * k + 2.0 * n * (k / g);  // 0.5 byte a weight + its scales
+  for (const Version* v : versions_of(kGroupedW4a16Op)) {
+    EXPECT_DOUBLE_EQ(v->bytes(a), fixed + 128.0 * per_expert) << v->name();
+    a.params["routed_experts"] = 37;
+    EXPECT_DOUBLE_EQ(v->bytes(a), fixed + 37.0 * per_expert) << v->name();
+    a.params.erase("routed_experts");
+    EXPECT_DOUBLE_EQ(v->flops(a), 2.0 * t * topk * n * k) << v->name();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
