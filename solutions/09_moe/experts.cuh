@@ -35,6 +35,18 @@ __host__ __device__ __forceinline__ int divide(int n, Divisor d) {
   return int((uint64_t(uint32_t(n)) * d.magic) >> d.shift);
 }
 
+// A grouped launch's live tiles, as the host plans them (split-K, v10): it cannot see the routing
+// (the launch stays asynchronous, as a decoder's graph needs), so it counts a uniform routing's:
+// min(E, T·topk) experts of ceil(T·topk / that) rows each, in tiles of `tile_rows` rows, times the
+// N tiles. A skewed routing has fewer live tiles: more idle SMs, never a wrong result.
+inline int64_t uniform_live_tiles(int64_t t, int64_t topk, int64_t experts, int64_t tile_rows,
+                                  int64_t n_tiles) {
+  const int64_t slots = t * topk, routed = std::min(experts, slots);
+  if (routed <= 0) return 0;
+  const int64_t rows = (slots + routed - 1) / routed;
+  return routed * ((rows + tile_rows - 1) / tile_rows) * n_tiles;
+}
+
 struct GroupedArgs {
   const __nv_bfloat16* x;     // [T, K]: token t serves slots t·topk .. t·topk + topk − 1
   const __nv_bfloat16* w;     // [E, N, K]

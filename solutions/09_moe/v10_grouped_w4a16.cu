@@ -1,18 +1,18 @@
-// v10_grouped_w4a16 — v7 with INT4 weights: chapter 07's repacked words and group scales.
+// v10_grouped_w4a16 — v7 with INT4 weights: chapter 07's repacked words, group scales, split-K.
 //
 // Since v7: expert e's weights are chapter 07's INT4 (uint32 [N/64, 8K] repacked, BF16 scales
-// [K/G, N], W_hat = s·(q − 8)). The x side, the schedule and the store are v7's; the weights'
-// side is chapter 07's v4: a stage copies each 64-channel block's 2 KB run of words and the
-// stage's two scale rows (k 0..31, 32..63) into shared memory; a k16 step is one 16-byte shared
-// read per lane (its B fragments of 64 channels: a warp takes 64, v7's 32), four lop3 unpacks and
-// an HMUL2 by the channel's scale before the mma. At decode (T ≤ 64, a row or two per expert)
-// the bound is the routed experts' weights: 0.5 byte per weight + 2/G of scale, a quarter of
-// v7's. BM is v7's pick (16 rows at decode); a stage being a quarter of v7's, the ring gets one
-// more: more bytes in flight for decode's few blocks.
-// Expect: v7's schedule at a quarter of the weight bytes; with few routed experts and small N the
-// grid is a few dozen blocks, too few to keep HBM busy (split-K is chapter 07's v5). SASS:
-// LDGSTS, LDSM (x), LDS.128 (words), LOP3, HMMA, no I2F, no local memory.
+// [K/G, N], W_hat = s·(q − 8)). The weights' side is chapter 07's v4: a stage copies each
+// 64-channel block's 2 KB run of words and its two scale rows into shared memory; a k16 step is
+// one 16-byte shared read per lane (B fragments of 64 channels), four lop3 unpacks and an HMUL2
+// by the scale before the mma. At decode (T ≤ 64) the bound is the routed experts' weights, 0.5
+// byte per weight + 2/G of scale: a quarter of v7's. But decode routes a few experts, and a small
+// N leaves a few dozen tiles (Mixtral's down GEMM at T = 1: 2 experts × 16 = 32 blocks streaming
+// K = 14336 each): so K is split as in chapter 07's v5 where the tiles of a uniform routing would
+// leave SMs idle; each split stores its FP32 rows by slot, the last to arrive sums them in split
+// order. Expect: near the copy bound on the routed experts' bytes at T ≤ 64. SASS: LDGSTS, LDSM
+// (x), LDS.128 (words), LOP3, HMMA, no I2F, no local memory.
 #include "02_int4_dequant/dequant.cuh"
+#include "07_w4a16_gemm/gemm_plan.h"
 #include "07_w4a16_gemm/w4a16_gemm.cuh"
 #include "lkw/ptx.cuh"
 #include "experts.cuh"
@@ -22,6 +22,7 @@ namespace {
 
 using w4a16::bits_of;  // chapter 07's register helpers
 using w4a16::group_shift_of;
+using w4a16::SplitCut;
 
 constexpr int kThreads = 128;  // 4 warps side by side over N
 constexpr int kWarpN = 64;     // a warp's channels: one repacked block, eight n8 tiles
@@ -103,7 +104,8 @@ __global__ void __launch_bounds__(kThreads)
                        const int32_t* __restrict__ sorted_ids,
                        const int32_t* __restrict__ expert_ids, __nv_bfloat16* __restrict__ out,
                        int slots, int64_t n, int64_t k, int64_t groups, int group_shift,
-                       int num_experts, Divisor topk, Divisor block_m) {
+                       int num_experts, Divisor topk, Divisor block_m, SplitCut cut,
+                       float* __restrict__ partials, unsigned* __restrict__ arrivals) {
   constexpr int kBM = 16 * kMTiles;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int slot_sh[kBM], token_sh[kBM];
@@ -126,7 +128,11 @@ __global__ void __launch_bounds__(kThreads)
 
   const uint32_t* w_e = w + int64_t(expert) * (n / kRepackN) * (8 * k);  // (E, N/64, 8K)
   const __nv_bfloat16* s_e = scales + int64_t(expert) * groups * n;      // (E, K/G, N)
-  const int k_tiles = int((k + kBlockK - 1) / kBlockK);
+  // This block's stages: all of K, or its split's share (chapter 07's v5; gridDim.z splits).
+  const int splits = int(gridDim.z);
+  int64_t begin = 0, end = (k + kBlockK - 1) / kBlockK;
+  if (splits > 1) w4a16::split_range(cut, int(blockIdx.z), &begin, &end);
+  const int stages = int(end - begin);
   auto a_stage = [&](int s) {
     return reinterpret_cast<__nv_bfloat16*>(smem + s * stage_bytes<kMTiles>());
   };
@@ -134,10 +140,11 @@ __global__ void __launch_bounds__(kThreads)
   auto s_stage = [&](int s) {
     return reinterpret_cast<__nv_bfloat16*>(b_stage(s) + kBlockN / kWarpN * kBlockWords);
   };
-  auto fetch = [&](int kt) {
-    if (kt < k_tiles) {
-      load_x_stage<kMTiles>(a_stage(kt % kStages), x, token_sh, kt, k);
-      load_w4_stage(b_stage(kt % kStages), s_stage(kt % kStages), w_e, s_e, n0, kt, n, k,
+  auto fetch = [&](int i) {  // the block's stage i: k tile begin + i, ring slot i % kStages
+    if (i < stages) {
+      const int kt = int(begin) + i;
+      load_x_stage<kMTiles>(a_stage(i % kStages), x, token_sh, kt, k);
+      load_w4_stage(b_stage(i % kStages), s_stage(i % kStages), w_e, s_e, n0, kt, n, k,
                     group_shift);
     }
     ptx::cp_async_commit();  // an empty group past the end keeps the wait count uniform
@@ -147,17 +154,18 @@ __global__ void __launch_bounds__(kThreads)
   const bool warp_live = n0 + warp * kWarpN < n;  // N % 256 != 0: the last block's idle warps
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) fetch(s);
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  for (int i = 0; i < stages; ++i) {
     ptx::cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage kt visible to all; every warp is done with the slot refilled next
-    fetch(kt + kStages - 1);
+    __syncthreads();  // stage i visible to all; every warp is done with the slot refilled next
+    fetch(i + kStages - 1);
     if (!warp_live) continue;
-    const __nv_bfloat16* a_sh = a_stage(kt % kStages);
-    const uint32_t* b_sh = b_stage(kt % kStages) + warp * kBlockWords;
-    const __nv_bfloat16* s_sh = s_stage(kt % kStages) + warp * kWarpN;
+    const int64_t kt = begin + i;
+    const __nv_bfloat16* a_sh = a_stage(i % kStages);
+    const uint32_t* b_sh = b_stage(i % kStages) + warp * kBlockWords;
+    const __nv_bfloat16* s_sh = s_stage(i % kStages) + warp * kWarpN;
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      if (int64_t(kt) * kBlockK + 16 * ks >= k) break;  // K % 64 == 32: the last stage's half
+      if (kt * kBlockK + 16 * ks >= k) break;  // K % 64 == 32: the last stage's half
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {  // matrices: rows 0-7 | 8-15 × k 0-7 | 8-15
@@ -189,21 +197,58 @@ __global__ void __launch_bounds__(kThreads)
   }
   ptx::cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
 
-  // Stage store (v7's): row r of the tile is slot slot_sh[r]'s row of out; sentinels store nothing.
-  if (!warp_live) return;
+  // Stage store (v7's): row r of the tile is slot slot_sh[r]'s row of out; sentinels store
+  // nothing. Thread (g, t) holds, for each m16 tile, half and n8 tile, two channels of one row.
+  auto for_each_pair = [&](auto&& body) {  // body(slot, column, the pair's two sums)
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int s = slot_sh[16 * mt + g + 8 * half];
+      for (int half = 0; half < 2; ++half) {
+        const int s = slot_sh[16 * mt + g + 8 * half];
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        const int64_t col = n0 + warp * kWarpN + 8 * j + 2 * t;
-        if (s >= 0)  // N is a multiple of 64: a live warp's channels all exist
-          *reinterpret_cast<__nv_bfloat162*>(out + int64_t(s) * n + col) =  // (T·topk, N)
-              __floats2bfloat162_rn(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
+        for (int j = 0; j < kNTiles; ++j)  // N is a multiple of 64: a live warp's columns exist
+          if (s >= 0)
+            body(s, n0 + warp * kWarpN + 8 * j + 2 * t, acc[mt][j][2 * half],
+                 acc[mt][j][2 * half + 1]);
       }
-    }
+  };
+  if (splits == 1) {
+    if (warp_live)
+      for_each_pair([&](int s, int64_t col, float v0, float v1) {
+        *reinterpret_cast<__nv_bfloat162*>(out + int64_t(s) * n + col) =  // (T·topk, N)
+            __floats2bfloat162_rn(v0, v1);
+      });
+    return;
+  }
+
+  // Reduce (chapter 07's v5): this split's FP32 rows to the workspace, [split][slot][N]; then
+  // count in, and the tile's last split adds every split's rows in split order (the same sum in
+  // every run) and stores them.
+  if (warp_live)
+    for_each_pair([&](int s, int64_t col, float v0, float v1) {
+      *reinterpret_cast<float2*>(partials + (int64_t(blockIdx.z) * slots + s) * n + col) =
+          make_float2(v0, v1);
+    });
+  __shared__ bool last_sh;
+  const unsigned tile = blockIdx.x * gridDim.y + blockIdx.y;
+  __threadfence();  // this block's partials visible device-wide before its arrival is
+  __syncthreads();
+  if (threadIdx.x == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(splits - 1);
+  __syncthreads();
+  if (!last_sh) return;
+  __threadfence();  // the other splits' partials, published before their arrivals, read after
+  if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
+  if (warp_live)
+    for_each_pair([&](int s, int64_t col, float, float) {
+      float2 sum = make_float2(0.f, 0.f);
+      for (int z = 0; z < splits; ++z) {
+        const float2 p =
+            __ldcg(reinterpret_cast<const float2*>(partials + (int64_t(z) * slots + s) * n + col));
+        sum.x += p.x, sum.y += p.y;
+      }
+      *reinterpret_cast<__nv_bfloat162*>(out + int64_t(s) * n + col) =
+          __floats2bfloat162_rn(sum.x, sum.y);
+    });
 }
 
 // BM: v7's rule, the largest m16 count whose tile divides BLOCK_M and no more than the rows an
@@ -215,14 +260,41 @@ inline int m_tiles_for(const GroupedW4a16Args& a) {
   return tiles;
 }
 
+// Splits: chapter 07's rule (gemm_plan.h) on the live tiles of a uniform routing
+// (uniform_live_tiles): none once they fill every resident block slot, as at prefill.
 template <int kMTiles>
 Status launch(const GroupedW4a16Args& a, cudaStream_t stream) {
-  const dim3 grid(unsigned(a.rows / (16 * kMTiles)), unsigned(ceil_div(a.n, kBlockN)));
-  return launch_with_smem(grouped_v10_kernel<kMTiles>, grid, kThreads,
-                          kStages * stage_bytes<kMTiles>(), stream, kGroupedW4a16Op, a.x, a.w,
-                          a.scales, a.sorted_ids, a.expert_ids, a.out, int(a.t * a.topk), a.n, a.k,
-                          a.k / a.group, group_shift_of(a.group, a.k), a.num_experts,
-                          divisor_of(a.topk), divisor_of(a.block_m));
+  constexpr int kBytes = kStages * stage_bytes<kMTiles>();
+  static int sms = 0, per_sm = 0;  // the device's, asked once per tile size
+  static std::once_flag asked;
+  std::call_once(asked, [] {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(grouped_v10_kernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grouped_v10_kernel<kMTiles>, kThreads,
+                                                  kBytes);
+  });
+  const int64_t tiles_m = a.rows / (16 * kMTiles), tiles_n = ceil_div(a.n, kBlockN);
+  const int64_t k_tiles = ceil_div(a.k, kBlockK), slots = a.t * a.topk;
+  const int splits = w4a16::splits_for(
+      uniform_live_tiles(a.t, a.topk, a.num_experts, 16 * kMTiles, tiles_n), k_tiles, sms, per_sm);
+  float* partials = nullptr;
+  unsigned* arrivals = nullptr;
+  SplitCut cut{0, 0};  // {0, 0}: one split
+  if (splits > 1) {
+    const Status s =
+        w4a16::split_workspace(splits * slots * a.n, tiles_m * tiles_n, &partials, &arrivals);
+    if (!s.ok()) return s;
+    cut = w4a16::split_cut(k_tiles, splits);
+  }
+  const dim3 grid{unsigned(tiles_m), unsigned(tiles_n), unsigned(splits)};
+  return launch_with_smem(grouped_v10_kernel<kMTiles>, grid, kThreads, kBytes, stream,
+                          kGroupedW4a16Op, a.x, a.w, a.scales, a.sorted_ids, a.expert_ids, a.out,
+                          int(slots), a.n, a.k, a.k / a.group, group_shift_of(a.group, a.k),
+                          a.num_experts, divisor_of(a.topk), divisor_of(a.block_m), cut, partials,
+                          arrivals);
 }
 
 Status grouped_v10_w4a16(const GroupedW4a16Args& a, cudaStream_t stream) {

@@ -10,6 +10,8 @@
 //                   block_m) and n up to 2^31 − 1
 //   HostModels      the byte model counts the routed experts' weights only (W4A16: their INT4
 //                   words and scales); the FLOP model the real rows only
+//   HostSplitPlan   the live tiles the host plans v10's split-K on (a uniform routing's): at
+//                   decode few, so K is split; at prefill every block slot full, so it is not
 //   GroupedBadIds (GPU)  sorted ids outside 0..T·topk − 1 and expert ids outside 0..E − 1 are
 //                   skipped: the launch succeeds, nothing is written past out, the rows of skipped
 //                   blocks keep their poison and the valid rows are written
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <random>
 
+#include "07_w4a16_gemm/gemm_plan.h"
 #include "golden.h"
 #include "lkw/check.h"
 #include "align.cuh"
@@ -229,6 +232,25 @@ TEST(HostDivisor, MultiplyAndShiftIsTheIntegerQuotient) {
       ASSERT_EQ(divide(n, div), n / d) << n << " / " << d;
     }
   }
+}
+
+TEST(HostSplitPlan, DecodeSplitsKAndPrefillDoesNot) {
+  // (T, topk, E, tile rows, N tiles): min(E, T·topk) experts, ceil(T·topk / that) rows each.
+  EXPECT_EQ(uniform_live_tiles(1, 2, 8, 16, 16), 2 * 16);         // Mixtral down, T = 1
+  EXPECT_EQ(uniform_live_tiles(64, 2, 8, 16, 112), 8 * 1 * 112);  // 16 rows an expert: one tile
+  EXPECT_EQ(uniform_live_tiles(64, 2, 8, 16, 16), 8 * 16);
+  EXPECT_EQ(uniform_live_tiles(17, 2, 8, 16, 1), 8 * 1);   // 34 rows: 5 an expert, one tile
+  EXPECT_EQ(uniform_live_tiles(72, 2, 8, 16, 1), 8 * 2);   // 18 rows an expert: two tiles
+  EXPECT_EQ(uniform_live_tiles(64, 8, 256, 16, 28), 256 * 28);  // T·topk = 2E: 2 rows an expert
+  EXPECT_EQ(uniform_live_tiles(4096, 8, 256, 64, 28), 256 * 2 * 28);
+  EXPECT_EQ(uniform_live_tiles(0, 8, 256, 16, 28), 0);
+  // Chapter 07's rule on them, 132 SMs holding 4 blocks each: Mixtral's down GEMM (K = 14336,
+  // 224 stages) at T = 1 splits K in 16 (528 slots / 32 tiles); at T = 64 in 4; its gate_up
+  // (N = 28672: 112 tiles an expert) at T = 64 fills the slots alone; DeepSeek at T = 4096 too.
+  EXPECT_EQ(w4a16::splits_for(uniform_live_tiles(1, 2, 8, 16, 16), 224, 132, 4), 16);
+  EXPECT_EQ(w4a16::splits_for(uniform_live_tiles(64, 2, 8, 16, 16), 224, 132, 4), 4);
+  EXPECT_EQ(w4a16::splits_for(uniform_live_tiles(64, 2, 8, 16, 112), 64, 132, 4), 1);
+  EXPECT_EQ(w4a16::splits_for(uniform_live_tiles(4096, 8, 256, 64, 28), 112, 132, 2), 1);
 }
 
 TEST(HostModels, GroupedW4a16BytesCountTheRoutedExpertsInt4WordsAndScales) {
