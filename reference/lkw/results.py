@@ -436,7 +436,8 @@ def ablation_markdown(chapter: str) -> str:
 # ---- merging a partial run into a recorded one (tools/bench.py --merge) ------------------------
 
 # What a run's summary in "runs" keeps of its top-level fields.
-_RUN_FIELDS = ("date", "commit", "driver", "cuda", "ceiling_version", *(mkey(m, "ceiling_gbps") for m in MODES))
+_RUN_FIELDS = ("date", "commit", "driver", "cuda", "ceiling_version", *(mkey(m, "ceiling_gbps") for m in MODES),
+               "peer_libraries")
 
 
 def _run_summary(data: dict, rows: int) -> dict:
@@ -470,10 +471,25 @@ def merge_runs(old: dict, new: dict) -> dict:
         else:
             rows.append(r)
     rows += [r for key, r in incoming.items() if key not in placed]
-    runs = [dict(run) for run in old.get("runs") or [_run_summary(old, len(old["rows"]))]] + [_run_summary(new, 0)]
+    runs = [dict(run) for run in old.get("runs") or [_run_summary(old, len(old["rows"]))]]
+    if runs and "peer_libraries" not in runs[-1] and "peer_libraries" in old:
+        runs[-1]["peer_libraries"] = old["peer_libraries"]  # the old top level is its newest run's
+    runs.append(_run_summary(new, 0))
     for run in runs:
         run["rows"] = sum(1 for r in rows if (r["run_date"], r["run_commit"]) == (run.get("date"), run.get("commit")))
-    return {**new, "rows": rows, "runs": [run for run in runs if run["rows"]]}
+    runs = [run for run in runs if run["rows"]]
+    return {**new, "rows": rows, "runs": runs, "peer_libraries": _merged_peers(runs)}
+
+
+def _merged_peers(runs: list[dict]) -> dict:
+    """A production peer library is available in a merged run if it was in any run that still owns
+    rows (its rows come from there); else the newest run's reason it was not."""
+    merged: dict = {}
+    for run in runs:  # oldest first: a later run's status replaces an earlier one, never "available"
+        for lib, st in (run.get("peer_libraries") or {}).items():
+            if lib not in merged or not merged[lib].get("available"):
+                merged[lib] = st
+    return merged
 
 
 # ---- comparing two runs (tools/bench.py --compare) ----------------------------------------------

@@ -122,6 +122,23 @@ def test_a_full_run_merged_in_leaves_one_run_and_the_plain_header():
     assert "2026-02-02 · commit bbb" in results.header_line(merged)
 
 
+def test_a_peer_library_of_any_merged_run_stays_available():
+    loaded = {"vllm": {"available": True, "detail": "vLLM kit"}}
+    absent = {"vllm": {"available": False, "detail": "vllm not available"}}
+    old = {**dated(run(row("v0", 10.0, shape="n=1"), row("v1", 8.0, shape="n=1")), "2026-01-01", "aaa"),
+           "peer_libraries": loaded}
+    new = {**dated(run(row("v1", 7.0, shape="n=1")), "2026-02-02", "bbb"), "peer_libraries": absent}
+    merged = results.merge_runs(old, new)  # v0's row (and its vLLM peers) still from the first run
+    assert merged["peer_libraries"] == loaded
+    assert [r["peer_libraries"] for r in merged["runs"]] == [loaded, absent]
+    assert not any("not in this run" in note for note in results._notes(merged))
+    # Once no row of the run with vLLM is left, the merged run says why it is absent.
+    again = results.merge_runs(merged, {**dated(run(row("v0", 9.0, shape="n=1")), "2026-03-03", "ccc"),
+                                        "peer_libraries": absent})
+    assert again["peer_libraries"] == absent
+    assert any("vllm not available" in note for note in results._notes(again))
+
+
 def test_runs_of_another_chapter_or_gpu_do_not_merge():
     old = run(row("v0", 10.0))
     with pytest.raises(ValueError, match="chapter"):
