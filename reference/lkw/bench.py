@@ -1178,6 +1178,97 @@ def _dequantized_peers(peers_bf16: dict[str, Callable]) -> dict[str, Callable]:
     return {name: wrap(f) for name, f in peers_bf16.items()}
 
 
+MOE_BLOCK_T = (1, 16, 128)
+MOE_BLOCK_SAMPLE = 8  # leading tokens the reference computes
+
+
+def moe_block_cases() -> list[Case]:
+    """moe_block, the whole MoE layer as the chapter's kernels chain it, for Mixtral and Qwen3 at
+    MOE_BLOCK_T tokens: router logits on lkw.golden.routing_logits' grid (drawn on the host, seed
+    0: every decision decisive, the routed experts known when the case is made), x ~ N(0, 1),
+    w_gate_up ~ N(0, 1/d), w_down ~ N(0, 1/d_ff) in BF16. The reference computes the first
+    MOE_BLOCK_SAMPLE tokens and their tolerance (lkw.golden.moe_block_rows). Peers: the same layer
+    in torch, softmax-top-k then torch._grouped_mm (or a loop of per-expert matmuls) for both
+    GEMMs, SiLU-and-mul and the weighted sum; they gather rows with the host's routing (known
+    when the case is made) where the kernels sort on the GPU."""
+    from lkw import golden, moe
+
+    cases = []
+    for name in ("mixtral", "qwen3"):
+        e, k, d, d_ff = MOE_GEMM_MODELS[name]
+        for t in MOE_BLOCK_T:
+            logits_np = golden.routing_logits(np.random.default_rng(0), t, e, 64, 1 / 8)
+            _, ids = moe.topk_softmax(logits_np, k, True)
+            routed = int(np.unique(ids).size)
+            tokens = min(MOE_BLOCK_SAMPLE, t)
+
+            def make(torch, gen, t=t, e=e, d=d, d_ff=d_ff, logits_np=logits_np):
+                dev = {"device": "cuda", "generator": gen}
+                x = torch.randn(t, d, **dev).to(torch.bfloat16)
+                z = torch.from_numpy(logits_np).to("cuda")
+                w1 = torch.randn(e, 2 * d_ff, d, dtype=torch.bfloat16, **dev).mul_(d**-0.5)
+                w2 = torch.randn(e, d, d_ff, dtype=torch.bfloat16, **dev).mul_(d_ff**-0.5)
+                return [x, z, w1, w2], [torch.empty(t, d, dtype=torch.bfloat16, device="cuda")]
+
+            holder: list[Case] = []
+
+            def expected(host, k=k, tokens=tokens, holder=holder):
+                y, atol = golden.moe_block_rows(host[0], host[1], host[2], host[3], k, True, tokens)
+                holder[0].tolerance = f"close:8e-3:{atol:.3g}"
+                return [formats.f64_to_bf16(y)]
+
+            case = Case(
+                "moe_block", f"t={t},e={e},k={k},d={d},d_ff={d_ff}",
+                ["bfloat16", "float32", "bfloat16", "bfloat16", "bfloat16"], make, expected,
+                tolerance="close:8e-3:0",  # replaced by the reference's
+                sample_rows=tokens, reference_sees_all=True,
+                params={"topk": k, "renormalize": 1, "routed_experts": routed},
+                torch_peers=_block_torch_peers(ids, e, k, d_ff),
+                # torch rounds gate_up to BF16 before SiLU-and-mul, and silu(gate) before the product
+                peer_tolerance="close:4e-2:1e-2")
+            holder.append(case)
+            cases.append(case)
+    return cases
+
+
+def _block_torch_peers(ids: np.ndarray, num_experts: int, k: int, d_ff: int) -> dict[str, Callable]:
+    """The layer in torch: softmax, top-k, renormalize; both GEMMs as torch._grouped_mm on the
+    rows in expert order (or one matmul per routed expert); SiLU-and-mul; the down rows put back
+    at their slots and summed with the weights in FP32. The gather order comes from the case's
+    routing, made untimed (the torch ids are the same: the logits make every choice decisive)."""
+    slots_np, tokens_np, counts = _expert_order(ids, num_experts)
+    ends = np.cumsum(counts)
+    runs = [(e, int(ends[e] - counts[e]), int(ends[e])) for e in range(num_experts) if counts[e]]
+
+    def factory(grouped: bool):
+        def peer(torch, inputs):
+            x, z, w1, w2 = inputs[:4]
+            t = x.shape[0]
+            slots = torch.from_numpy(slots_np).to(x.device)
+            tokens = torch.from_numpy(tokens_np).to(x.device)
+            offs = torch.from_numpy(ends.astype(np.int32)).to(x.device)
+            rows = torch.empty(t * k, x.shape[1], dtype=torch.bfloat16, device=x.device)
+            silu_mul = lambda g: torch.nn.functional.silu(g[:, :d_ff]) * g[:, d_ff:]  # noqa: E731
+
+            def experts(xs):
+                if grouped:
+                    h = silu_mul(torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs))
+                    return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+                return torch.cat([silu_mul(xs[a:b] @ w1[e].t()) @ w2[e].t() for e, a, b in runs])
+
+            def call():
+                weights, _ = torch.softmax(z, dim=1).topk(k, dim=1)
+                weights = weights / weights.sum(dim=1, keepdim=True)
+                rows.index_copy_(0, slots, experts(x.index_select(0, tokens)))
+                return (rows.view(t, k, -1).float() * weights[..., None]).sum(dim=1).to(torch.bfloat16)
+
+            return call
+
+        return peer
+
+    return {"torch_grouped_mm": factory(True), "torch_loop": factory(False)}
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
@@ -1186,7 +1277,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
-    "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_w4a16_cases(),
+    "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_w4a16_cases() + moe_block_cases(),
 }
 
 # A chapter's full measurement matrix where it is larger than one run should be (--extended):

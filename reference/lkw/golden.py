@@ -159,6 +159,14 @@ OPS = {
         ("bfloat16", "float32"),
         ("bfloat16",),
     ),
+    # The whole block: x [T, d], router logits [T, E], w_gate_up [E, 2 d_ff, d], w_down [E, d, d_ff]
+    # -> y [T, d]; the float64 layer (lkw.moe.moe_layer_reference) rounded once.
+    "moe_block": Op(
+        lambda x, z, w1, w2, **p: _moe_block(x, z, w1, w2, **p),
+        ("bfloat16", "float32", "bfloat16", "bfloat16"),
+        ("bfloat16",),
+        ("topk", "renormalize"),
+    ),
 }
 
 
@@ -914,6 +922,84 @@ def moe_sum_tolerance(y, weights) -> str:
     return f"close:8e-3:{2 * (y.shape[1] + 1) * 2.0**-24 * a:.3g}"
 
 
+def _bf16_values(bits: np.ndarray) -> np.ndarray:
+    return bits.view(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _moe_block(x, logits, w_gate_up, w_down, topk, renormalize) -> np.ndarray:
+    y = moe.moe_layer_reference(_bf16_values(x), logits, _bf16_values(w_gate_up), _bf16_values(w_down),
+                                int(topk), bool(renormalize))
+    return formats.f64_to_bf16(y)
+
+
+def moe_block_rows(x, logits, w_gate_up, w_down, topk: int, renormalize: bool, tokens: int):
+    """The block's first `tokens` rows of y, float64 [tokens, d] (the layer computed per token,
+    each routed expert's weights decoded when first used), and their ATOL (moe_block_tolerance)."""
+    weights, ids = moe.topk_softmax(np.asarray(logits)[:tokens], topk, bool(renormalize))  # (tokens,k)
+    xv = _bf16_values(np.asarray(x)[:tokens])
+    d_ff = w_down.shape[2]
+    d = xv.shape[1]
+    u = 2.0**-24
+    experts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    y = np.zeros((tokens, d))
+    atol = 0.0
+    for tok in range(tokens):
+        bound = np.zeros(d)
+        for j in range(topk):
+            e = int(ids[tok, j])
+            if e not in experts:
+                experts[e] = (_bf16_values(np.asarray(w_gate_up[e])), _bf16_values(np.asarray(w_down[e])))
+            w1, w2 = experts[e]
+            gate_up = w1 @ xv[tok]  # (2 d_ff,)
+            gate, up = gate_up[:d_ff], gate_up[d_ff:]
+            h = gate / (1.0 + np.exp(-gate)) * up
+            down = w2 @ h  # (d,)
+            y[tok] += float(weights[tok, j]) * down
+            dh_fp32 = 8 * np.sqrt(d) * u * (np.abs(w1) @ np.abs(xv[tok])).max() * (
+                1.1 * np.abs(up).max() + np.abs(gate).max())
+            walk = 8 * 2.0**-8 * np.sqrt((w2**2) @ (h**2))
+            fp32 = 8 * np.sqrt(d_ff) * u * (np.abs(w2) @ np.abs(h)) + dh_fp32 * np.abs(w2).sum(1)
+            bound += float(weights[tok, j]) * (walk + 2.0**-8 * np.abs(down) + fp32 + 2 * (topk + 1) * u * np.abs(down))
+        atol = max(atol, float(bound.max()))
+    return y, atol
+
+
+def moe_block_tolerance(x, logits, w_gate_up, w_down, topk: int, renormalize: bool) -> str:
+    """close:RTOL:ATOL for moe_block, the chain top-k -> align -> gate_up with SiLU-and-mul ->
+    down -> weighted sum against the float64 layer. The chain rounds three times where the layer
+    does not: h = silu(gate)·up to BF16 (each h_i off by at most 2^-8 |h_i|), the down GEMM's
+    rows to BF16 (2^-8 |down|), and y; its FP32 sums and weights add grouped_tolerance's and
+    moe_sum's terms. The h roundings reach a down output through sum_i W2[n, i] dh_i, a random
+    walk bounded at 8 sigma: 8 · 2^-8 sqrt(sum_i W2[n, i]^2 h_i^2). ATOL is the largest over the
+    outputs of sum_j w_j (that walk + 2^-8 |down_j| + the FP32 terms) (moe_block_rows); RTOL
+    8e-3 > 2^-7 covers y's two roundings (the chain's and the reference's), as for moe_sum."""
+    _, atol = moe_block_rows(x, logits, w_gate_up, w_down, topk, renormalize, np.asarray(x).shape[0])
+    return f"close:8e-3:{atol:.3g}"
+
+
+# (tag, T, topk, E, d, d_ff, renormalize): decode (T = 1, two of eight experts), E = 60 (not a
+# power of two, most experts empty at T = 16), topk = 1 (no sum to speak of), prefill-like
+# T = 300 (64-row tiles, the multi-block align). d and d_ff multiples of 16 (the SiLU GEMM's gate
+# and up halves of whole n8 tiles) and of 8 (moe_sum's 16-byte pieces).
+BLOCK_CASES = (
+    ("decode", 1, 2, 8, 256, 128, 1),
+    ("e60", 16, 4, 60, 128, 64, 1),
+    ("k1", 64, 1, 16, 128, 96, 0),
+    ("prefill", 300, 2, 8, 192, 128, 0),
+)
+
+
+def block_inputs(rng, t, topk, e, d, d_ff):
+    """x ~ N(0, 1) [T, d] (rows of one scale: the ATOL, a maximum over the outputs, then fits
+    every row), router logits on routing_logits' grid, w_gate_up [E, 2 d_ff, d] ~ N(0, 1/d),
+    w_down [E, d, d_ff] ~ N(0, 1/d_ff); BF16 bits."""
+    x = formats.f32_to_bf16(rng.standard_normal((t, d)).astype(np.float32))
+    logits = routing_logits(rng, t, e, 64, 1 / 8)
+    w1 = formats.f32_to_bf16((rng.standard_normal((e, 2 * d_ff, d)) / np.sqrt(d)).astype(np.float32))
+    w2 = formats.f32_to_bf16((rng.standard_normal((e, d, d_ff)) / np.sqrt(d_ff)).astype(np.float32))
+    return x, logits, w1, w2
+
+
 # (tag, T, topk, E, N, K, BLOCK_M, routing): E = 60; T = 1 (decode: most experts empty); topk =
 # 1; N = 8 and K = 8 (the smallest multiples), N = 200 (past a 128-channel block), K = 136 and
 # 72 (a 64-k stage plus a half k16 step); BLOCK_M 16, 48 (tiles of 16 only), 64, 128 (two tiles
@@ -1038,6 +1124,11 @@ def moe_cases(rng: np.random.Generator) -> list[Case]:
         w = rng.random((t, k)).astype(np.float32) + np.float32(0.05)
         w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)  # (T,k) routing weights
         cases.append(Case(f"moe_sum_t{t}_k{k}_d{d}", "moe_sum", moe_sum_tolerance(y, w), [y, w]))
+    for tag, t, topk, e, d, d_ff, renorm in BLOCK_CASES:
+        inputs = block_inputs(rng, t, topk, e, d, d_ff)
+        tol = moe_block_tolerance(*inputs, topk, bool(renorm))
+        case_id = f"moe_block_{tag}_t{t}_top{topk}_e{e}_d{d}_f{d_ff}"
+        cases.append(Case(case_id, "moe_block", tol, list(inputs), {"topk": topk, "renormalize": renorm}))
     return cases
 
 

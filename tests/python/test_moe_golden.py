@@ -310,3 +310,60 @@ def test_moe_sum_cases_and_tolerance(cases):
         ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
         _, rtol, atol = c.tolerance.split(":")
         assert np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)), c.id
+
+
+def _block_chain_emulation(c, reverse_weights=False):
+    """The chain's arithmetic: FP32 router weights (the reference's), gate_up in FP32, h =
+    silu(gate)·up rounded to BF16, the down GEMM's rows in FP32 rounded to BF16, the weighted sum
+    in FP32 in j order rounded to BF16. reverse_weights: the sum applies weight k − 1 − j to row j
+    (the block's mutant)."""
+    x, logits, w1, w2 = c.inputs
+    topk = int(c.params["topk"])
+    weights, ids = moe.topk_softmax(logits, topk, bool(c.params["renormalize"]))
+    if reverse_weights:
+        weights = weights[:, ::-1]
+    xv, w1v, w2v = (formats.bf16_to_f32(a) for a in (x, w1, w2))
+    d_ff = w2.shape[2]
+    rnd = lambda a: formats.bf16_to_f32(formats.f32_to_bf16(np.asarray(a, np.float32)))  # noqa: E731
+    y = np.zeros((x.shape[0], x.shape[1]), np.float32)
+    for j in range(topk):
+        gate_up = np.einsum("tk,tnk->tn", xv, w1v[ids[:, j]]).astype(np.float32)
+        gate, up = gate_up[:, :d_ff], gate_up[:, d_ff:]
+        h = rnd(gate / (np.float32(1) + np.exp(-gate)) * up)
+        down = rnd(np.einsum("tk,tnk->tn", h, w2v[ids[:, j]]).astype(np.float32))
+        y = (y + weights[:, j, None] * down).astype(np.float32)
+    return rnd(y).astype(np.float64)
+
+
+def test_block_cases_cover_the_edges_and_the_chain_stays_inside_their_tolerance(cases):
+    """moe_block: decode, E = 60, topk = 1 and a prefill-like T, renormalized or not; the chain's
+    arithmetic (emulated) lands within each case's tolerance, the tolerance is a few per cent of
+    the outputs at most (not vacuous), and the sum with its weights reversed lands outside
+    wherever topk > 1."""
+    blocks = by_op(cases, "moe_block")
+    shapes = {(c.inputs[0].shape[0], int(c.params["topk"]), c.inputs[1].shape[1]) for c in blocks}
+    assert {1, 300} <= {t for t, _, _ in shapes} and any(k == 1 for _, k, _ in shapes)
+    assert any(e == 60 for _, _, e in shapes)
+    assert {0.0, 1.0} == {c.params["renormalize"] for c in blocks}
+    for c in blocks:
+        ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
+        _, rtol, atol = c.tolerance.split(":")
+        assert float(atol) < 0.05 * np.abs(ref).max(), c.id
+        within = lambda got: np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref))  # noqa: E731
+        assert within(_block_chain_emulation(c)), c.id
+        if c.params["topk"] > 1:
+            assert not within(_block_chain_emulation(c, reverse_weights=True)), c.id
+
+
+def test_block_rows_per_token_are_the_layer_reference(cases):
+    """golden.moe_block_rows (the bench's sampled reference: per token, experts decoded when
+    used) gives the layer reference's rounded outputs and the case's tolerance, on all rows and
+    on a leading few."""
+    for c in by_op(cases, "moe_block"):
+        topk, renorm = int(c.params["topk"]), bool(c.params["renormalize"])
+        want = golden.expected_outputs(c)[0]
+        y, atol = golden.moe_block_rows(*c.inputs, topk, renorm, want.shape[0])
+        np.testing.assert_array_equal(formats.f64_to_bf16(y), want)
+        assert c.tolerance == f"close:8e-3:{atol:.3g}"
+        few, _ = golden.moe_block_rows(*c.inputs, topk, renorm, 1)
+        np.testing.assert_array_equal(formats.f64_to_bf16(few), want[:1])

@@ -5,7 +5,8 @@
 //                   the wrong shape or overlapping an input, a missing param; for W4A16 also a
 //                   group size other than 32, 64, 128, K, scales or words of the wrong shape,
 //                   dtype or alignment; and what they accept (the smallest multiples, G = K,
-//                   reach the device check, not an argument error)
+//                   reach the device check, not an argument error); moe_block refuses, before
+//                   its first step runs, what any of its steps would refuse
 //   HostDivisor     divide(n, divisor_of(d)) is n / d for every d the kernels divide by (topk,
 //                   block_m) and n up to 2^31 − 1
 //   HostModels      the byte model counts the routed experts' weights only (W4A16: their INT4
@@ -194,6 +195,34 @@ TEST(HostValidation, MoeSumRefusesRowsItCannotVectorize) {
   a = sum_call(4, 2, 64);
   a.outputs[0].data = static_cast<char*>(a.inputs[0].data) + 256;  // inside y
   expect_refused(kSumOp, a, "overlap");
+}
+
+Args block_call(int64_t t, int64_t topk, int64_t e, int64_t d, int64_t d_ff) {
+  Args a;
+  a.inputs = {{at(0), DType::kBF16, {t, d}},
+              {at(1), DType::kF32, {t, e}},
+              {at(2), DType::kBF16, {e, 2 * d_ff, d}},
+              {at(3), DType::kBF16, {e, d, d_ff}}};
+  a.outputs = {{at(4), DType::kBF16, {t, d}}};
+  a.params = {{"topk", double(topk)}, {"renormalize", 1.0}};
+  return a;
+}
+
+TEST(HostValidation, MoeBlockRefusesBeforeItsFirstStep) {
+  expect_refused("moe_block", block_call(4, 9, 8, 64, 32), "topk");          // topk > E
+  expect_refused("moe_block", block_call(4, 2, 600, 64, 32), "1..512");      // top-k v6's E
+  expect_refused("moe_block", block_call(4, 2, 8, 60, 32), "multiples of 8");
+  expect_refused("moe_block", block_call(4, 2, 8, 64, 36), "multiples of 8");
+  Args a = block_call(4, 2, 8, 64, 32);
+  a.inputs[3].shape = {8, 64, 40};  // w_down's d_ff differs from w_gate_up's
+  expect_refused("moe_block", a, "w_gate_up must be");
+  a = block_call(4, 2, 8, 64, 32);
+  a.params["block_m"] = 24;
+  expect_refused("moe_block", a, "block_m");
+  a = block_call(4, 2, 8, 64, 32);
+  a.outputs[0].data = static_cast<char*>(a.inputs[0].data) + 64;  // inside x
+  expect_refused("moe_block", a, "y and x");
+  expect_accepted("moe_block", block_call(4, 2, 8, 64, 32));
 }
 
 TEST(HostModels, GroupedBytesCountTheRoutedExpertsOnly) {
