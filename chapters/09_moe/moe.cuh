@@ -20,6 +20,9 @@
 //                      [E, K/G, N]: W_hat[e] = s · (q − 8), G ∈ {32, 64, 128} or K
 //   moe_sum            y BF16 [T, k, d], topk_weights FP32 [T, k] → out BF16 [T, d]:
 //                      out[t] = Σ_j w[t, j] · y[t, j] in FP32 in j order, one BF16 rounding
+//   moe_block          x BF16 [T, d], router logits FP32 [T, E], w_gate_up BF16 [E, 2·d_ff, d],
+//                      w_down BF16 [E, d, d_ff] → y BF16 [T, d]: the layer, chained from the
+//                      ops above (block_chain.cu; lkw.moe.moe_layer_reference)
 // The align is a counting sort of the S = T·k slots by expert: each expert's run of slot indices
 // padded to a multiple of BLOCK_M with the sentinel S, runs in expert order, everything after
 // them the sentinel (expert id −1 for those blocks). An id of −1 is a masked slot (expert
@@ -33,7 +36,8 @@
 // versions (one sequence for the chapter; each file's name says its family):
 //   v0_align_sort → v1_align_global_atomics → v2_align_shared_counting → v3_align_multi_block,
 //   v4_topk_thread_per_token → v5_topk_warp_per_token → v6_topk_vec16_lanes,
-//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16, v9_sum_vec16.
+//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16,
+//   v9_sum_vec16 → v11_sum_thread_per_piece.
 // Bytes are the roofline minimum: ids read once, every output slot written once (the align fills
 // its whole capacity); logits read once, weights and ids written once; the grouped GEMM
 // reads the weights of the routed experts only (param routed_experts, see grouped_bytes).

@@ -13,6 +13,7 @@
 //                   words and scales); the FLOP model the real rows only
 //   HostSplitPlan   the live tiles the host plans v10's split-K on (a uniform routing's): at
 //                   decode few, so K is split; at prefill every block slot full, so it is not
+//   SumVersions (GPU)  every moe_sum version writes v9's bits (the same FP32 sum in j order)
 //   GroupedBadIds (GPU)  sorted ids outside 0..T·topk − 1 and expert ids outside 0..E − 1 are
 //                   skipped: the launch succeeds, nothing is written past out, the rows of skipped
 //                   blocks keep their poison and the valid rows are written
@@ -20,7 +21,9 @@
 
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <tuple>
 
 #include "07_w4a16_gemm/gemm_plan.h"
 #include "golden.h"
@@ -362,6 +365,46 @@ TEST(GroupedBadIds, AreSkippedAndNothingIsWrittenOutOfBounds) {
               << v->name() << ": slot " << slot << ", column " << c;
         }
       }
+    }
+  }
+}
+
+// v11 keeps v9's arithmetic (FP32 fused multiply-adds in j order, one rounding): on fresh random
+// rows at decode and prefill shapes, k up to 10 (two of v11's load batches), every version of
+// moe_sum writes the same bits as v9.
+TEST(SumVersions, AgreeBitForBitWithV9) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  std::mt19937 rng(lkw::test::random_seed("SumVersions"));
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> uniform(0.05f, 1.0f);
+  const Version* v9 = Registry::get().find(std::string(kChapter) + "/" + kSumOp + "/v9_sum_vec16");
+  ASSERT_NE(v9, nullptr);
+  for (const auto& [t, k, d] : {std::tuple<int64_t, int, int64_t>{1, 8, 7168}, {16, 2, 4096},
+                                {37, 10, 2056}, {300, 1, 8}}) {
+    std::vector<__nv_bfloat16> y(t * k * d);
+    std::vector<float> w(t * k);
+    for (auto& v : y) v = __float2bfloat16(normal(rng));
+    for (auto& v : w) v = uniform(rng);
+    DeviceBuffer y_gl(2 * y.size()), w_gl(4 * w.size()), out_gl(2 * t * d);
+    y_gl.upload(y.data());
+    w_gl.upload(w.data());
+    Args a;
+    a.inputs = {{y_gl.data(), DType::kBF16, {t, k, d}}, {w_gl.data(), DType::kF32, {t, k}}};
+    a.outputs = {{out_gl.data(), DType::kBF16, {t, d}}};
+    std::vector<uint16_t> want(t * d), got(t * d);
+    out_gl.poison(0xFF);
+    ASSERT_TRUE(v9->launch(a, nullptr).ok());
+    LKW_CUDA_CHECK(cudaDeviceSynchronize());
+    out_gl.download(want.data());
+    for (const Version* v : versions_of(kSumOp)) {
+      out_gl.poison(0x3C);
+      const Status s = v->launch(a, nullptr);
+      LKW_CUDA_CHECK(cudaDeviceSynchronize());
+      ASSERT_TRUE(s.ok()) << v->name() << ": " << s.str();
+      EXPECT_TRUE(out_gl.guard_intact()) << v->name() << ": wrote past the end of out";
+      out_gl.download(got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), 2 * got.size()), 0)
+          << v->name() << " differs from v9 at T = " << t << ", k = " << k << ", d = " << d;
     }
   }
 }
