@@ -913,7 +913,65 @@ def moe_cases() -> list[Case]:
                 params={"k": k, "renormalize": 1}, max_sets=MOE_MAX_SETS,
                 torch_peers=_peers_for(_eager_and_compiled(body), t),
                 library_peers=peers.moe_peers("topk_softmax", k=k, renormalize=True)))
+    cases += deepseek_router_cases()
     return cases
+
+
+DEEPSEEK_ROUTER = {"k": 8, "n_group": 8, "topk_group": 4, "renormalize": 1, "routed_scaling_factor": 2.5}
+
+
+def deepseek_router_cases() -> list[Case]:
+    """deepseek_router (DeepSeek-V3: E 256, k 8, 8 groups, 4 kept, renormalized, scaled by 2.5)
+    at MOE_ROUTER_T tokens. Logits N(0, 1) and bias N(0, 0.1²) in FP32, drawn on the host (seed 0),
+    each row re-drawn until every choice it makes is decided by more than golden's margin
+    (golden.deepseek_decisive): continuous values have no exact ties, so torch's top-k, which
+    breaks ties its own way, must agree with the reference's ids too. Peer: the router in torch
+    (sigmoid, biased group scores, masked top-k, the unbiased weights), eager and compiled."""
+    from lkw import golden, moe
+
+    p = DEEPSEEK_ROUTER
+    e, k, groups, kept = 256, p["k"], p["n_group"], p["topk_group"]
+    cases = []
+    for t in MOE_ROUTER_T:
+        rng = np.random.default_rng(0)
+        bias = rng.normal(0, 0.1, e).astype(np.float32)
+        z = rng.standard_normal((t, e)).astype(np.float32)
+        for row in range(t):
+            while not golden.deepseek_decisive(z[row], bias, k, groups, kept):
+                z[row] = rng.standard_normal(e).astype(np.float32)
+
+        def make(torch, gen, t=t, z=z, bias=bias):
+            return [torch.from_numpy(z).to("cuda"), torch.from_numpy(bias).to("cuda")], [
+                torch.empty(t, k, dtype=torch.float32, device="cuda"),
+                torch.empty(t, k, dtype=torch.int32, device="cuda")]
+
+        def expected(host):
+            w, i = moe.deepseek_router(host[0].view(np.float32), host[1].view(np.float32), k, groups, kept,
+                                       True, p["routed_scaling_factor"])
+            return [w.astype(np.float32).view(np.uint32), i.astype(np.int32).view(np.uint32)]
+
+        cases.append(Case(
+            "deepseek_router", f"t={t},e={e},k={k},groups={groups}",
+            ["float32", "float32", "float32", "int32"], make, expected,
+            tolerance=golden.router_tolerance(e, k, True), params=dict(p), max_sets=MOE_MAX_SETS,
+            torch_peers=_peers_for(_eager_and_compiled(_torch_deepseek_router), t)))
+    return cases
+
+
+def _torch_deepseek_router(torch, z, bias):
+    """DeepSeek-V3's router in torch, as lkw.moe.deepseek_router states it (DEEPSEEK_ROUTER)."""
+    p = DEEPSEEK_ROUTER
+    t, e = z.shape
+    s = torch.sigmoid(z)
+    c = s + bias
+    group_scores = c.view(t, p["n_group"], -1).topk(2, dim=-1).values.sum(dim=-1)
+    kept = group_scores.topk(p["topk_group"], dim=-1).indices
+    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+    c = c.masked_fill(~mask.repeat_interleave(e // p["n_group"], dim=1), float("-inf"))
+    ids = c.topk(p["k"], dim=-1).indices
+    w = s.gather(1, ids)
+    w = w / w.sum(dim=-1, keepdim=True) * p["routed_scaling_factor"]
+    return w, ids.to(torch.int32)
 
 
 # The expert half of chapter 09: (E, k, d, moe_inter) per model; the gate_up GEMM (N = 2·inter,
@@ -1110,11 +1168,12 @@ MOE_W4A16_G = 128
 
 def moe_w4a16_cases() -> list[Case]:
     """moe_grouped_gemm_w4a16 at decode (MOE_W4A16_T) for every MOE_GEMM_MODELS model's gate_up
-    (N = 2·inter, K = d) and down (N = d, K = inter) weights, G = 128: random natural words per
-    expert repacked on the GPU (_torch_repack), scales |N(0, 1)|·0.01 + 1e-3, uniform routing drawn
-    on the host as moe_gemm_cases. The reference computes the first MOE_GEMM_SAMPLE slots
+    (N = 2·inter, K = d) and down (N = d, K = inter) weights, G = 128: uniformly random words
+    (a permutation of uniform bits is uniform: random repacked words are the repacking of random
+    natural ones, and the reference unrepacks them), scales |N(0, 1)|·0.01 + 1e-3, uniform routing
+    drawn on the host as moe_gemm_cases. The reference computes the first MOE_GEMM_SAMPLE slots
     (grouped_w4a16_sample_reference). Peers: torch._grouped_mm and the per-expert matmul loop on
-    the BF16 dequantized weights (made untimed): the issue's BF16 baseline."""
+    the BF16 dequantized weights of the routed experts (made untimed): the issue's BF16 baseline."""
     from lkw import moe
 
     cases = []
@@ -1130,10 +1189,7 @@ def moe_w4a16_cases() -> list[Case]:
                 def make(torch, gen, t=t, e=e, n=n, kk=kk, ids=ids, cap=cap):
                     dev = {"device": "cuda", "generator": gen}
                     x = torch.randn(t, kk, **dev).to(torch.bfloat16)
-                    words = torch.empty(e, n // 64, 8 * kk, dtype=torch.int32, device="cuda")
-                    for ex in range(e):  # one expert's natural words at a time: [N, K/8]
-                        natural = torch.randint(-(2**31), 2**31 - 1, (n, kk // 8), dtype=torch.int32, **dev)
-                        words[ex] = _torch_repack(torch, natural)
+                    words = torch.randint(-(2**31), 2**31 - 1, (e, n // 64, 8 * kk), dtype=torch.int32, **dev)
                     scales = (torch.randn(e, kk // MOE_W4A16_G, n, **dev).abs() * 0.01 + 1e-3).to(torch.bfloat16)
                     routing = torch.from_numpy(ids).to("cuda")
                     sorted_ids, expert_ids, _ = _torch_align(torch, routing, e, bm, cap)
@@ -1153,22 +1209,23 @@ def moe_w4a16_cases() -> list[Case]:
                     tolerance="close:1.6e-2:0",  # replaced by the reference's
                     sample_rows=rows, reference_sees_all=True,
                     params={"topk": k, "block_m": bm, "routed_experts": routed},
-                    torch_peers=_dequantized_peers(_grouped_torch_peers(ids, e, False)))
+                    torch_peers=_dequantized_peers(_grouped_torch_peers(ids, e, False), np.unique(ids)))
                 holder.append(case)
                 cases.append(case)
     return cases
 
 
-def _dequantized_peers(peers_bf16: dict[str, Callable]) -> dict[str, Callable]:
+def _dequantized_peers(peers_bf16: dict[str, Callable], routed: np.ndarray) -> dict[str, Callable]:
     """The BF16 grouped peers run on W_hat = s·(q − 8) in BF16 [E, N, K], dequantized from the
-    case's repacked words and scales once, untimed: what the layer costs without an INT4 kernel."""
+    case's repacked words and scales once, untimed: what the layer costs without an INT4 kernel.
+    Only the routed experts' (the peers read no other; the rest stay zero)."""
 
     def wrap(factory):
         def peer(torch, inputs):
             x, words, scales = inputs[0], inputs[1], inputs[2]
             e, n, kk = scales.shape[0], scales.shape[2], words.shape[2] // 8
-            w = torch.empty(e, n, kk, dtype=torch.bfloat16, device=x.device)
-            for ex in range(e):
+            w = torch.zeros(e, n, kk, dtype=torch.bfloat16, device=x.device)
+            for ex in (int(r) for r in routed):
                 natural = _torch_unrepack(torch, words[ex].view(torch.int32), n, kk)
                 w[ex] = _dequantized_bf16(torch, natural, False, scales[ex])
             return factory(torch, [x, w])
@@ -1248,7 +1305,9 @@ def _block_torch_peers(ids: np.ndarray, num_experts: int, k: int, d_ff: int) -> 
             tokens = torch.from_numpy(tokens_np).to(x.device)
             offs = torch.from_numpy(ends.astype(np.int32)).to(x.device)
             rows = torch.empty(t * k, x.shape[1], dtype=torch.bfloat16, device=x.device)
-            silu_mul = lambda g: torch.nn.functional.silu(g[:, :d_ff]) * g[:, d_ff:]  # noqa: E731
+
+            def silu_mul(g):
+                return torch.nn.functional.silu(g[:, :d_ff]) * g[:, d_ff:]
 
             def experts(xs):
                 if grouped:

@@ -324,7 +324,10 @@ def _block_chain_emulation(c, reverse_weights=False):
         weights = weights[:, ::-1]
     xv, w1v, w2v = (formats.bf16_to_f32(a) for a in (x, w1, w2))
     d_ff = w2.shape[2]
-    rnd = lambda a: formats.bf16_to_f32(formats.f32_to_bf16(np.asarray(a, np.float32)))  # noqa: E731
+
+    def rnd(a):
+        return formats.bf16_to_f32(formats.f32_to_bf16(np.asarray(a, np.float32)))
+
     y = np.zeros((x.shape[0], x.shape[1]), np.float32)
     for j in range(topk):
         gate_up = np.einsum("tk,tnk->tn", xv, w1v[ids[:, j]]).astype(np.float32)
@@ -349,7 +352,10 @@ def test_block_cases_cover_the_edges_and_the_chain_stays_inside_their_tolerance(
         ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
         _, rtol, atol = c.tolerance.split(":")
         assert float(atol) < 0.05 * np.abs(ref).max(), c.id
-        within = lambda got: np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref))  # noqa: E731
+
+        def within(got, ref=ref, rtol=float(rtol), atol=float(atol)):
+            return np.all(np.abs(got - ref) <= atol + rtol * np.abs(ref))
+
         assert within(_block_chain_emulation(c)), c.id
         if c.params["topk"] > 1:
             assert not within(_block_chain_emulation(c, reverse_weights=True)), c.id
