@@ -52,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1465,12 +1466,14 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     The peers' rows carry the versions' byte and FLOP model (the case's where no version runs)."""
     import torch
 
+    start = time.perf_counter()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(case.seed)
     typed_inputs, typed_outputs = case.make(torch, gen)
     inputs, outputs = _raw(typed_inputs), _raw(typed_outputs)
     host_inputs = [_host_bits(t) for t in inputs]
     expected = _reference(case, host_inputs)
+    made = time.perf_counter()
     sets = _rotations(inputs, outputs, l2_bytes, case.rotate_past_largest)
     if case.max_sets:
         sets = min(sets, case.max_sets)
@@ -1533,6 +1536,9 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
         torch.cuda.empty_cache()
     del arg_sets, typed_sets, inputs, outputs, typed_inputs, typed_outputs
     torch.cuda.empty_cache()
+    # Progress, with where a long run's time goes (a device run with PYTHONUNBUFFERED shows it live).
+    log(f"  {case.op} {case.shape}: inputs and reference {made - start:.1f} s, {len(rows)} rows in "
+        f"{time.perf_counter() - made:.1f} s")
     return rows
 
 
