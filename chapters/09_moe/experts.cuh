@@ -36,6 +36,17 @@ __host__ __device__ __forceinline__ int divide(int n, Divisor d) {
   return int((uint64_t(uint32_t(n)) * d.magic) >> d.shift);
 }
 
+// A grouped launch's row tile in m16 tiles (1, 2 or 4: 16, 32 or 64 rows): the largest whose rows
+// divide BLOCK_M (a tile never spans two experts' blocks) and no more than the rows an expert
+// gets on average need (T·topk / E, rounded up to 16), so that decode does not multiply sentinels.
+template <class Grouped>
+int row_tiles_for(const Grouped& a) {
+  const int64_t per_expert = ceil_div(a.t * a.topk, a.num_experts);
+  int tiles = per_expert <= 16 ? 1 : per_expert <= 32 ? 2 : 4;
+  while (a.block_m % (16 * tiles)) tiles /= 2;
+  return tiles;
+}
+
 // A grouped launch's live tiles, as the host plans them (split-K, v10): it cannot see the routing
 // (the launch stays asynchronous, as a decoder's graph needs), so it counts a uniform routing's:
 // min(E, T·topk) experts of ceil(T·topk / that) rows each, in tiles of `tile_rows` rows, times the

@@ -36,7 +36,7 @@
 // versions (one sequence for the chapter; each file's name says its family):
 //   v0_align_sort → v1_align_global_atomics → v2_align_shared_counting → v3_align_multi_block,
 //   v4_topk_thread_per_token → v5_topk_warp_per_token → v6_topk_vec16_lanes,
-//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16,
+//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16, v7 → v12_grouped_wgmma,
 //   v9_sum_vec16 → v11_sum_thread_per_piece.
 // Bytes are the roofline minimum: ids read once, every output slot written once (the align fills
 // its whole capacity); logits read once, weights and ids written once; the grouped GEMM

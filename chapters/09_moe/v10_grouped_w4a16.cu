@@ -234,15 +234,6 @@ __global__ void __launch_bounds__(kThreads)
     });
 }
 
-// BM: v7's rule, the largest m16 count whose tile divides BLOCK_M and no more than the rows an
-// expert gets on average need (T·topk / E, rounded up to 16).
-inline int m_tiles_for(const GroupedW4a16Args& a) {
-  const int64_t per_expert = ceil_div(a.t * a.topk, a.num_experts);
-  int tiles = per_expert <= 16 ? 1 : per_expert <= 32 ? 2 : 4;
-  while (a.block_m % (16 * tiles)) tiles /= 2;
-  return tiles;
-}
-
 // Splits: chapter 07's rule (gemm_plan.h) on the live tiles of a uniform routing
 // (uniform_live_tiles): none once they fill every resident block slot, as at prefill.
 template <int kMTiles>
@@ -283,7 +274,7 @@ Status launch(const GroupedW4a16Args& a, cudaStream_t stream) {
 Status grouped_v10_w4a16(const GroupedW4a16Args& a, cudaStream_t stream) {
   Status s = validate_grouped_w4a16(a);
   if (!s.ok()) return s;
-  switch (m_tiles_for(a)) {
+  switch (row_tiles_for(a)) {
     case 1: return launch<1>(a, stream);
     case 2: return launch<2>(a, stream);
     default: return launch<4>(a, stream);

@@ -161,15 +161,6 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// BM: the largest m16 count whose tile divides BLOCK_M, and no more than the rows an expert gets
-// on average need (T·topk / E, rounded up to 16).
-inline int m_tiles_for(const GroupedArgs& a) {
-  const int64_t per_expert = ceil_div(a.t * a.topk, a.num_experts);
-  int tiles = per_expert <= 16 ? 1 : per_expert <= 32 ? 2 : 4;
-  while (a.block_m % (16 * tiles)) tiles /= 2;
-  return tiles;
-}
-
 template <int kMTiles>
 Status launch(const GroupedArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(a.rows / (16 * kMTiles)), unsigned(ceil_div(a.n, kBlockN)));
@@ -182,7 +173,7 @@ Status launch(const GroupedArgs& a, cudaStream_t stream) {
 Status grouped_v7_mma(const GroupedArgs& a, cudaStream_t stream) {
   Status s = validate_grouped(a);
   if (!s.ok()) return s;
-  switch (m_tiles_for(a)) {
+  switch (row_tiles_for(a)) {
     case 1: return launch<1>(a, stream);
     case 2: return launch<2>(a, stream);
     default: return launch<4>(a, stream);
