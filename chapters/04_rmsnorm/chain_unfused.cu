@@ -64,12 +64,8 @@ Status launch_add(const NormArgs& a, cudaStream_t stream) {
   return last_launch_status("residual_add_kernel");
 }
 
-// A registered version by name, or why the chain cannot run without it.
 Status find_version(const char* name, const Version** v) {
-  *v = Registry::get().find(name);
-  if (*v) return {};
-  return error(Code::kInvalidArgument, std::string("the unfused chain runs ") + name +
-                                           ", which this build does not register");
+  return Registry::get().require(name, "the unfused chain", v);
 }
 
 Status with_context(const char* step, Status s) {

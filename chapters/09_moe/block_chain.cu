@@ -19,12 +19,8 @@ namespace {
 constexpr const char* kBlockOp = "moe_block";
 constexpr int64_t kOneBlockSlots = 2048;
 
-// A registered version by name, or why the block cannot run without it.
 Status find_step(const std::string& op, const char* id, const Version** v) {
-  const std::string name = std::string(kChapter) + "/" + op + "/" + id;
-  *v = Registry::get().find(name);
-  if (*v) return {};
-  return error(Code::kInvalidArgument, "moe_block runs " + name + ", which this build does not register");
+  return Registry::get().require(std::string(kChapter) + "/" + op + "/" + id, "moe_block", v);
 }
 
 Status step(const char* what, const Version* v, const Args& a, cudaStream_t stream) {

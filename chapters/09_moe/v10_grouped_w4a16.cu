@@ -16,7 +16,7 @@
 #include "07_w4a16_gemm/gemm_plan.h"
 #include "07_w4a16_gemm/w4a16_gemm.cuh"
 #include "lkw/ptx.cuh"
-#include "experts.cuh"
+#include "experts_w4a16.cuh"
 
 namespace lkw::moe {
 namespace {

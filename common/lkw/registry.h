@@ -96,6 +96,13 @@ class Registry {
       if (v.name() == name) return &v;
     return nullptr;
   }
+  // A version that runs another (a chain of versions, a mutant on altered inputs) finds it here,
+  // or says why it cannot run: `user` names the one that needs it.
+  Status require(const std::string& name, const std::string& user, const Version** v) const {
+    *v = find(name);
+    if (*v) return {};
+    return error(Code::kInvalidArgument, user + " runs " + name + ", which this build does not register");
+  }
   std::vector<const Version*> chapter(const std::string& chapter) const {
     std::vector<const Version*> out;
     for (const Version& v : versions_)

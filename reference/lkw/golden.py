@@ -922,13 +922,9 @@ def moe_sum_tolerance(y, weights) -> str:
     return f"close:8e-3:{2 * (y.shape[1] + 1) * 2.0**-24 * a:.3g}"
 
 
-def _bf16_values(bits: np.ndarray) -> np.ndarray:
-    return bits.view(ml_dtypes.bfloat16).astype(np.float64)
-
-
 def _moe_block(x, logits, w_gate_up, w_down, topk, renormalize) -> np.ndarray:
-    y = moe.moe_layer_reference(_bf16_values(x), logits, _bf16_values(w_gate_up), _bf16_values(w_down),
-                                int(topk), bool(renormalize))
+    y = moe.moe_layer_reference(values("bfloat16", x), logits, values("bfloat16", w_gate_up),
+                                values("bfloat16", w_down), int(topk), bool(renormalize))
     return formats.f64_to_bf16(y)
 
 
@@ -936,7 +932,7 @@ def moe_block_rows(x, logits, w_gate_up, w_down, topk: int, renormalize: bool, t
     """The block's first `tokens` rows of y, float64 [tokens, d] (the layer computed per token,
     each routed expert's weights decoded when first used), and their ATOL (moe_block_tolerance)."""
     weights, ids = moe.topk_softmax(np.asarray(logits)[:tokens], topk, bool(renormalize))  # (tokens,k)
-    xv = _bf16_values(np.asarray(x)[:tokens])
+    xv = values("bfloat16", np.asarray(x)[:tokens])
     d_ff = w_down.shape[2]
     d = xv.shape[1]
     u = 2.0**-24
@@ -948,7 +944,8 @@ def moe_block_rows(x, logits, w_gate_up, w_down, topk: int, renormalize: bool, t
         for j in range(topk):
             e = int(ids[tok, j])
             if e not in experts:
-                experts[e] = (_bf16_values(np.asarray(w_gate_up[e])), _bf16_values(np.asarray(w_down[e])))
+                experts[e] = (values("bfloat16", np.asarray(w_gate_up[e])),
+                              values("bfloat16", np.asarray(w_down[e])))
             w1, w2 = experts[e]
             gate_up = w1 @ xv[tok]  # (2 d_ff,)
             gate, up = gate_up[:d_ff], gate_up[d_ff:]

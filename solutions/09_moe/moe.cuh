@@ -30,8 +30,8 @@
 // for the result and reports it; check_ids = 0 leaves the launch asynchronous (a CUDA graph).
 // Order inside a run is unspecified: the tests compare runs as multisets (golden.h).
 //
-// The ops' contracts and registry entries: align.cuh, router.cuh, experts.cuh; this header holds
-// what they share.
+// The ops' contracts and registry entries: align.cuh, router.cuh, experts.cuh, experts_w4a16.cuh;
+// this header holds what they share.
 // versions (one sequence for the chapter; each file's name says its family):
 //   v0_align_sort → v1_align_global_atomics → v2_align_shared_counting → v3_align_multi_block,
 //   v4_topk_thread_per_token → v5_topk_warp_per_token → v6_topk_vec16_lanes,

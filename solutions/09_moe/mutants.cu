@@ -20,7 +20,7 @@
 //                           for group g (v10 run on a rotated copy of the scales): a scale row
 //                           indexed one group off. With one group (G = K) it changes nothing.
 #include "align.cuh"
-#include "experts.cuh"
+#include "experts_w4a16.cuh"
 
 namespace lkw::moe {
 namespace {
@@ -122,9 +122,10 @@ Status grouped_wrong_expert(const GroupedArgs& a, cudaStream_t stream) {
       a.expert_ids, static_cast<int32_t*>(remapped), blocks, a.num_experts);
   s = last_launch_status("mutant_wrong_expert");
   if (!s.ok()) return s;
-  const Version* v7 =
-      Registry::get().find(std::string(kChapter) + "/" + kGroupedOp + "/v7_grouped_mma");
-  if (!v7) return error(Code::kInvalidArgument, "mutant_wrong_expert needs v7_grouped_mma");
+  const Version* v7 = nullptr;
+  s = Registry::get().require(std::string(kChapter) + "/" + kGroupedOp + "/v7_grouped_mma",
+                              "mutant_wrong_expert", &v7);
+  if (!s.ok()) return s;
   Args args;
   args.inputs = {{const_cast<__nv_bfloat16*>(a.x), DType::kBF16, {a.t, a.k}},
                  {const_cast<__nv_bfloat16*>(a.w), DType::kBF16, {a.num_experts, a.n, a.k}},
@@ -175,9 +176,10 @@ Status grouped_w4a16_next_group(const GroupedW4a16Args& a, cudaStream_t stream) 
       a.scales, static_cast<__nv_bfloat16*>(rotated), rows, groups, a.n);
   s = last_launch_status("mutant_next_group_scale");
   if (!s.ok()) return s;
-  const Version* v10 =
-      Registry::get().find(std::string(kChapter) + "/" + kGroupedW4a16Op + "/v10_grouped_w4a16");
-  if (!v10) return error(Code::kInvalidArgument, "mutant_next_group_scale needs v10_grouped_w4a16");
+  const Version* v10 = nullptr;
+  s = Registry::get().require(std::string(kChapter) + "/" + kGroupedW4a16Op + "/v10_grouped_w4a16",
+                              "mutant_next_group_scale", &v10);
+  if (!s.ok()) return s;
   Args args;
   args.inputs = {
       {const_cast<__nv_bfloat16*>(a.x), DType::kBF16, {a.t, a.k}},

@@ -29,7 +29,7 @@
 #include "golden.h"
 #include "lkw/check.h"
 #include "align.cuh"
-#include "experts.cuh"
+#include "experts_w4a16.cuh"
 
 namespace lkw::moe::test {
 namespace {
