@@ -268,7 +268,8 @@ plt.show()
 data = results.notebook_results(CHAPTER)
 if data:
     H = results.headline(data)  # the timing mode the figures show: the graph, where timed
-    print(results.summary_text(data))
+    # The routing ops and the whole block here; every op: print(results.summary_text(data))
+    print(results.summary_text(data, ops=("moe_align_block_size", "topk_softmax", "moe_block")))
 
 
 # %%

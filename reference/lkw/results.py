@@ -349,16 +349,19 @@ def _fmt_us(t):
     return "—" if t is None else f"{t:.1f}" if t >= 100 else f"{t:.2f}" if t >= 1 else f"{t:.3f}"
 
 
-def summary_text(data: dict) -> str:
-    """One short table per op: each version and peer, its time in the headline mode at every shape
-    of the run, and its % of the copy ceiling at the largest shape (⚠ / † above the ceiling, ✗ a
-    failed check: the full table's notes say why). The notebooks' one-screen view of a run."""
+def summary_text(data: dict, ops=None) -> str:
+    """One short table per op (of `ops` only, when given, in the run's order): each version and
+    peer, its time in the headline mode at every shape of the run, and its % of the copy ceiling
+    at the largest shape (⚠ / † above the ceiling, ✗ a failed check: the full table's notes say
+    why). The notebooks' one-screen view of a run."""
     out: list[str] = []
     H = headline(data)
     out.append(textwrap.fill(header_line(data), 100, subsequent_indent="  "))
     out.append(f"µs per launch {MODE_WORDS[H]}; % of the copy ceiling at the op's largest shape.\n"
                "Every timing mode and column: print(results.text_table(data))\n")
     for op in dict.fromkeys(r["op"] for r in data["rows"]):
+        if ops is not None and op not in ops:
+            continue
         rows = [r for r in data["rows"] if r["op"] == op and r["kind"] in ("version", "peer")]
         shapes = list(dict.fromkeys(r["shape"] for r in rows))
         # A bare part of a shape (chapter 09's routing: "...,block_m=64,zipf") is the field "variant".
