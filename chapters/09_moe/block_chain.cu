@@ -2,7 +2,8 @@
 // The whole MoE block as the chapter's kernels chain it (op moe_block): the check the issue asks
 // for, that the ops compose into the layer (lkw.moe.moe_layer_reference), and the block's time.
 //   top-k softmax (v6) → align (v2 up to kOneBlockSlots slots, v3 above: where each measured
-//   fastest) → gate_up with SiLU-and-mul (v8) → down (v7, topk 1: row s of h is slot s) → sum (v9)
+//   fastest) → gate_up with SiLU-and-mul → down (topk 1: row s of h is slot s) → sum (v11); the
+//   GEMMs are v12 (wgmma) where the device has it, v8 and v7 below sm_90
 // The steps are looked up in the registry when the block runs, so the chain is always the
 // current versions. Inputs x BF16 [T, d], router logits FP32 [T, E], w_gate_up BF16
 // [E, 2·d_ff, d] (gate rows first), w_down BF16 [E, d, d_ff]; output y BF16 [T, d]; params topk,
@@ -80,6 +81,8 @@ Status block_args(const Args& a, Block* b) {
           .that(d % 8 == 0 && d_ff % 8 == 0,
                 "d and d_ff must be multiples of 8 (16-byte rows; gate and up halves of whole n8 tiles)")
           .that(t * topk * std::max(d, d_ff) < (int64_t(1) << 31), "T·topk·max(d, d_ff) must fit int32")
+          .that(e * std::max(2 * d_ff, d) < (int64_t(1) << 31) && d / 8 <= (1 << 20),
+                "E·max(2·d_ff, d) must be below 2^31 (v12's TMA rows) and d at most 2^23 (v11)")
           .aligned(x.data, 16, "x")
           .aligned(z.data, 4, "logits")
           .aligned(w13.data, 16, "w_gate_up")
@@ -125,7 +128,7 @@ Status scratch_for(const Block& b, int64_t capacity, Scratch* s) {
   return {};
 }
 
-// sum_id: the weighted sum's version (v9; the mutant's slip).
+// sum_id: the weighted sum's version (v11; the mutant's slip).
 template <const char* const* kSumId>
 Status block_chain(const Args& a, cudaStream_t stream) {
   Block b;
@@ -137,8 +140,10 @@ Status block_chain(const Args& a, cudaStream_t stream) {
   if (s.ok())
     s = find_step("moe_align_block_size",
                   slots <= kOneBlockSlots ? "v2_align_shared_counting" : "v3_align_multi_block", &align);
-  if (s.ok()) s = find_step(kGroupedSiluOp, "v8_grouped_silu_epilogue", &gate_up);
-  if (s.ok()) s = find_step(kGroupedOp, "v7_grouped_mma", &down);
+  const bool wgmma = device_arch() >= 90;
+  if (s.ok())
+    s = find_step(kGroupedSiluOp, wgmma ? "v12_grouped_wgmma" : "v8_grouped_silu_epilogue", &gate_up);
+  if (s.ok()) s = find_step(kGroupedOp, wgmma ? "v12_grouped_wgmma" : "v7_grouped_mma", &down);
   if (s.ok()) s = find_step(kSumOp, *kSumId, &sum);
   const int64_t capacity = align_capacity(slots, b.e, b.block_m);
   Scratch w{};
@@ -202,10 +207,12 @@ double block_flops(const Args& a) {
 // expert GEMMs on the tensor cores, and no step spilling to local memory.
 std::vector<SassFact> block_facts() {
   const char* steps[] = {"topk_v6_softmax_kernel", "align_v2_shared_counting_kernel",
-                         "align_v3_multi_block_kernel", "sum_v9_kernel"};
+                         "align_v3_multi_block_kernel", "sum_v11_kernel"};
   std::vector<SassFact> facts = {
       {"grouped_v8_kernel", {}, {"HMMA", "LDGSTS"}, {}, true, "gate_up: tensor cores, no spills"},
-      {"grouped_v7_kernel", {}, {"HMMA", "LDGSTS"}, {}, true, "down: tensor cores, no spills"}};
+      {"grouped_v7_kernel", {}, {"HMMA", "LDGSTS"}, {}, true, "down: tensor cores, no spills"},
+      {"grouped_v12_kernel", {"sm_90a"}, {"HGMMA", "UTMALDG"}, {"HMMA"}, true,
+       "both GEMMs on sm_90a: wgmma, no spills"}};
   for (const char* k : steps) facts.push_back({k, {}, {}, {}, true, "a routing step, no spills"});
   return facts;
 }
@@ -220,13 +227,13 @@ Version block_version(const char* id, const char* summary, GenericLaunch launch,
   return v;
 }
 
-constexpr const char* kSumV9 = "v9_sum_vec16";
+constexpr const char* kSumV11 = "v11_sum_thread_per_piece";
 constexpr const char* kSumReversed = "mutant_weights_reversed";
 
 const Register kChain{block_version(
-    "block_chain", "top-k v6, align v2/v3, gate_up v8, down v7, sum v9: five launches",
-    block_chain<&kSumV9>, Kind::kVersion)};
-// The block with moe_sum's mutant in place of v9: weight k − 1 − j on row j. Caught wherever
+    "block_chain", "top-k v6, align v2/v3, gate_up and down v12 (v8, v7 before sm_90), sum v11",
+    block_chain<&kSumV11>, Kind::kVersion)};
+// The block with moe_sum's mutant in place of v11: weight k − 1 − j on row j. Caught wherever
 // topk > 1 (an emulation in tests/python/test_moe_golden.py shows it lands outside the tolerance).
 const Register kChainReversed{block_version("mutant_block_weights_reversed",
                                             "the block summing with its weights reversed",

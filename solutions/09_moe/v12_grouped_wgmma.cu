@@ -1,18 +1,17 @@
-// v12_grouped_wgmma — v7 on Hopper's warpgroup tensor core: the expert's weights by TMA, the
-// gathered x rows by cp.async, wgmma reading both from shared memory.
+// v12_grouped_wgmma — v7 and v8 on Hopper's warpgroup tensor core: the expert's weights by TMA,
+// the gathered x rows by cp.async, wgmma reading both from shared memory.
 //
-// Since v7: at prefill v7's mma.sync from a cp.async ring reaches about a third of the BF16 peak
-// (chapter 07's v5 → v6 story). v12 is chapter 07's v6 pipeline with BF16 weights: a warpgroup
-// multiplies 64 output channels (wgmma's M) by the tile's BT gathered rows (its N: 16, 32 or 64,
-// experts.cuh's row_tiles_for), both operands K-major in the 128-byte swizzle, read by the tensor
-// core through descriptors: no ldmatrix, no fragments in registers. The weights, contiguous rows
-// of w seen as [E·N, K], are one TMA box a stage (256 rows × 64 k, zeros past the tensor), counted
-// on the slot's mbarrier. x's rows are not contiguous (a gather through sorted_token_ids), which a
-// Hopper TMA cannot do: every thread copies at most one 16-byte piece with cp.async, to where the
-// swizzle puts it; those writes come through the generic proxy, so each thread fences them to
-// the async proxy before the block barrier that starts the stage's wgmmas.
-// Expect: prefill near chapter 07's v6 rate (most of cuBLAS's); decode as v7 (few rows, small N).
-// SASS: HGMMA, UTMALDG, LDGSTS, no HMMA, no local memory.
+// Since v7: at prefill mma.sync from a cp.async ring reaches about a third of the BF16 peak
+// (chapter 07's v5 → v6). Here a warpgroup multiplies 64 output channels (wgmma's M) by the tile's
+// BT gathered rows (its N: 16, 32 or 64, row_tiles_for), both operands K-major in the 128-byte
+// swizzle, read through descriptors. The weights, rows of w seen as [E·N, K], come by TMA, one
+// 256-row box a stage (gate_up: 128 gate rows and the same channels' 128 up rows, v8's pairing);
+// the x rows are a gather, which Hopper's TMA cannot do: each thread cp.asyncs one 16-byte piece to
+// where the swizzle puts it and fences it to the async proxy before the barrier opening the stage.
+// One wgmma group stays in flight while the next stage's barrier passes, so loads run two stages
+// behind the ring's end. gate_up: the up warpgroups hand their FP32 sums to the gate ones through
+// shared memory, which store silu(g)·u rounded once, as v8.
+// Expect: prefill near chapter 07's v6 rate; decode as v7 (few rows). SASS: HGMMA, UTMALDG, LDGSTS.
 #include "experts.cuh"
 #include "lkw/ptx.cuh"
 #include "lkw/tma.h"
@@ -20,33 +19,42 @@
 namespace lkw::moe {
 namespace {
 
-constexpr int kGroups = 4;  // warpgroups, 64 output channels each
+constexpr int kGroups = 4;  // warpgroups, 64 weight rows each
 constexpr int kThreads = kGroups * 128;
-constexpr int kBlockN = kGroups * 64;
-constexpr int kBlockK = 64;  // k per stage: one 128-byte row of the swizzle
+constexpr int kBoxRows = kGroups * 64;  // weight rows a stage
+constexpr int kBlockK = 64;             // k per stage: one 128-byte row of the swizzle
 constexpr int kKSteps = kBlockK / 16;
-constexpr int kStages = 4;
-constexpr int kWBytes = kBlockN * kBlockK * 2;  // the weights' box: 256 rows of 128 bytes
-constexpr int kOutRow = kBlockN + 8;            // out tile row in shared memory, padded
+constexpr int kStages = 5;
+constexpr int kAhead = kStages - 2;  // stages loaded ahead: one slot is still read by wgmma
+constexpr int kWBytes = kBoxRows * kBlockK * 2;  // 256 rows of 128 bytes
 
-template <int kBT>
+// A block's output channels: all 256 weight rows' (plain), or 128 (gate_up: rows 0..127 of a
+// stage are gate rows c0.., rows 128..255 the up rows N/2 + c0.. of the same channels).
+template <bool kSilu>
+constexpr int out_channels() { return kSilu ? kBoxRows / 2 : kBoxRows; }
+
+template <int kBT, bool kSilu>
 struct Tile {
   static constexpr int kXBytes = kBT * kBlockK * 2;  // kBT rows of 128 bytes: 8-row atoms
   static constexpr int kStageBytes = kWBytes + kXBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kOutRow = out_channels<kSilu>() + 8;  // out tile row, padded
+  static constexpr int kOutBytes = kBT * kOutRow * 2;
+  static constexpr int kUpBytes = kSilu ? kBT / 2 * 256 * 4 : 0;  // the up warpgroups' sums
   static_assert(kXBytes % 1024 == 0 && kWBytes % 1024 == 0, "swizzle atoms 1024-aligned");
   static_assert(kBT * 8 <= kThreads, "x: one 16-byte piece per thread at most");
-  static_assert(kBT * kOutRow * 2 <= kRingBytes, "the out tile reuses the ring");
+  static_assert(kOutBytes + kUpBytes <= kRingBytes, "the epilogue's tiles reuse the ring");
 };
 
-template <int kBT>
+template <int kBT, bool kSilu>
 __global__ void __launch_bounds__(kThreads)
     grouped_v12_kernel(const __grid_constant__ CUtensorMap w_map, const __nv_bfloat16* __restrict__ x,
                        const int32_t* __restrict__ sorted_ids,
                        const int32_t* __restrict__ expert_ids, __nv_bfloat16* __restrict__ out,
                        int slots, int64_t n, int64_t k, int num_experts, Divisor topk,
                        Divisor block_m) {
-  using T = Tile<kBT>;
+  using T = Tile<kBT, kSilu>;
+  constexpr int kOutN = out_channels<kSilu>();
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must be 1024-aligned in the shared window (chapter 07's v6).
   unsigned char* const smem =
@@ -56,7 +64,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, group = threadIdx.x / 128;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * kBT;
-  const int64_t n0 = int64_t(blockIdx.y) * kBlockN;
+  const int64_t n0 = int64_t(blockIdx.y) * kOutN;       // first output channel
+  const int64_t n_out = kSilu ? n / 2 : n;              // out's row length
 
   // Stage rows (v7's): which expert, which slots, which tokens.
   const int expert = expert_ids[divide(row0, block_m)];  // (rows / BLOCK_M)
@@ -76,15 +85,19 @@ __global__ void __launch_bounds__(kThreads)
   const int w_row = int(int64_t(expert) * n + n0);  // channel n0 of the expert in w as [E·N, K]
   auto w_stage = [&](int s) { return smem + s * T::kStageBytes; };
   auto x_stage = [&](int s) { return w_stage(s) + kWBytes; };
-  // Load stage kt into slot kt % kStages: the weights' box by TMA (thread 0), and piece c of
-  // gathered row r at chunk c ^ (r % 8) of the row (the 128-byte swizzle), zeros for a sentinel
-  // row or past K. Every thread commits a group, empty or not: the wait count stays uniform.
+  // Load stage kt into slot kt % kStages: the weights by TMA (thread 0; gate_up: the gate box and
+  // the up box N/2 rows further), and piece c of gathered row r at chunk c ^ (r % 8) of the row
+  // (the 128-byte swizzle), zeros for a sentinel row or past K. Every thread commits a group,
+  // empty or not: the wait count stays uniform.
   auto load_stage = [&](int kt) {
     if (kt < k_tiles) {
       const int s = kt % kStages;
       if (threadIdx.x == 0) {
         ptx::mbarrier_arrive_expect_tx(&full_sh[s], kWBytes);
         ptx::tma_load_2d(w_stage(s), &w_map, kt * kBlockK, w_row, &full_sh[s]);
+        if constexpr (kSilu)
+          ptx::tma_load_2d(w_stage(s) + kWBytes / 2, &w_map, kt * kBlockK, int(w_row + n / 2),
+                           &full_sh[s]);
       }
       // BEGIN SOLUTION: thread r·8 + c copies row r's 16-byte piece c (k = 64·kt + 8c..) of x's
       //   row token_sh[r] to byte 128·r + 16·(c ^ (r % 8)) of the stage's x tile
@@ -104,14 +117,15 @@ __global__ void __launch_bounds__(kThreads)
   float acc[kBT / 2] = {};
   ptx::wgmma_fence_operands(acc);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load_stage(s);
+  for (int s = 0; s < kAhead; ++s) load_stage(s);
   for (int kt = 0; kt < k_tiles; ++kt) {
     // Wait: this thread's x pieces of stage kt, handed to the async proxy; the barrier then covers
-    // every thread's, and every warpgroup is past stage kt − 1, whose slot is refilled next.
-    ptx::cp_async_wait<kStages - 2>();
+    // every thread's, and every warpgroup's wgmma of stage kt − 2 is done (each waited for all but
+    // its last group), so that stage's slot is the one refilled next.
+    ptx::cp_async_wait<kAhead - 1>();
     ptx::fence_proxy_async_shared();
     __syncthreads();
-    load_stage(kt + kStages - 1);
+    load_stage(kt + kAhead);
     ptx::mbarrier_wait(&full_sh[kt % kStages], (kt / kStages) & 1);
     // Compute: warpgroup `group` takes rows 64·group.. of the weights' box (its 64 channels);
     // k-step ks is 32 bytes further along both tiles' rows (2 in the descriptors' 16-byte units).
@@ -121,42 +135,72 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) ptx::wgmma_bf16_ss<kBT>(acc, desc_w + 2 * ks, desc_x + 2 * ks);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();  // the slot is read when the next stage's barrier lets it be refilled
+    ptx::wgmma_wait<1>();  // this stage's products may run on while the next stage is waited for
+    ptx::wgmma_fence_operands(acc);
   }
+  ptx::wgmma_wait<0>();
   ptx::wgmma_fence_operands(acc);
   ptx::cp_async_wait<0>();
-  __syncthreads();  // every stage is consumed: the ring becomes the out tile
+  __syncthreads();  // every stage is consumed: the ring becomes the epilogue's tiles
 
-  // Store: accumulator j is channel 64·group + 16·warp + g (+ 8 for j % 4 ≥ 2) of row
-  // 8·(j / 4) + 2t (+ 1 for odd j); through shared memory [row][channel], then each live row to
-  // its slot's row of out, 16 bytes at a time (N is a multiple of 8: a piece is in or out).
+  // Reduce and store: accumulator j is weight row 64·group + 16·warp + g (+ 8 for j % 4 ≥ 2) of
+  // the box, for row 8·(j / 4) + 2t (+ 1 for odd j); through shared memory [row][channel], then
+  // each live row to its slot's row of out, 16 bytes at a time (a piece is in or out).
   __nv_bfloat16* const out_sh = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto channel_of = [&](int j) { return 64 * group + 16 * warp + g + 8 * ((j / 2) % 2); };
+  if constexpr (kSilu) {
+    // Warpgroup 2 + i holds the up sums of the channels warpgroup i holds the gate sums of, in the
+    // same registers of the same lane: thread p ( = threadIdx.x mod 256) of each pair meets there.
+    float* const up_sh = reinterpret_cast<float*>(smem + T::kOutBytes);
+    const int p = threadIdx.x % 256;
+    if (group >= 2)
 #pragma unroll
-  for (int j = 0; j < kBT / 2; ++j) {
-    const int row = 8 * (j / 4) + 2 * t + j % 2,
-              channel = group * 64 + 16 * warp + g + 8 * ((j / 2) % 2);
-    out_sh[row * kOutRow + channel] = __float2bfloat16_rn(acc[j]);
+      for (int j = 0; j < kBT / 2; ++j) up_sh[j * 256 + p] = acc[j];
+    __syncthreads();
+    if (group < 2)
+#pragma unroll
+      for (int j = 0; j < kBT / 2; ++j) {
+        const float gate = acc[j], up = up_sh[j * 256 + p];
+        out_sh[(8 * (j / 4) + 2 * t + j % 2) * T::kOutRow + channel_of(j)] =
+            __float2bfloat16_rn(gate * sigmoid(gate) * up);  // v8's order: one rounding
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBT / 2; ++j)
+      out_sh[(8 * (j / 4) + 2 * t + j % 2) * T::kOutRow + channel_of(j)] = __float2bfloat16_rn(acc[j]);
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads) {
-    const int row = c / (kBlockN / 8), col = 8 * (c % (kBlockN / 8));
+  for (int c = threadIdx.x; c < kBT * (kOutN / 8); c += kThreads) {
+    const int row = c / (kOutN / 8), col = 8 * (c % (kOutN / 8));
     const int s = slot_sh[row];
-    if (s >= 0 && n0 + col < n)
-      *reinterpret_cast<uint4*>(out + int64_t(s) * n + n0 + col) =  // (T·topk, N)
-          *reinterpret_cast<const uint4*>(out_sh + row * kOutRow + col);
+    if (s >= 0 && n0 + col < n_out)
+      *reinterpret_cast<uint4*>(out + int64_t(s) * n_out + n0 + col) =  // (T·topk, N or N/2)
+          *reinterpret_cast<const uint4*>(out_sh + row * T::kOutRow + col);
   }
 }
 
-template <int kBT>
+template <int kBT, bool kSilu>
 Status launch(const GroupedArgs& a, cudaStream_t stream) {
   CUtensorMap w_map;
-  Status s = tensor_map_bf16_sw128(&w_map, a.w, int64_t(a.num_experts) * a.n, a.k, kBlockN);
+  Status s = tensor_map_bf16_sw128(&w_map, a.w, int64_t(a.num_experts) * a.n, a.k,
+                                   kSilu ? kBoxRows / 2 : kBoxRows);
   if (!s.ok()) return s;
-  const dim3 grid(unsigned(a.rows / kBT), unsigned(ceil_div(a.n, kBlockN)));
-  return launch_with_smem(grouped_v12_kernel<kBT>, grid, kThreads, Tile<kBT>::kRingBytes + 1024,
-                          stream, kGroupedOp, w_map, a.x, a.sorted_ids, a.expert_ids, a.out,
-                          int(a.t * a.topk), a.n, a.k, a.num_experts, divisor_of(a.topk),
-                          divisor_of(a.block_m));
+  const int64_t n_out = kSilu ? a.n / 2 : a.n;
+  const dim3 grid(unsigned(a.rows / kBT), unsigned(ceil_div(n_out, out_channels<kSilu>())));
+  return launch_with_smem(grouped_v12_kernel<kBT, kSilu>, grid, kThreads,
+                          Tile<kBT, kSilu>::kRingBytes + 1024, stream,
+                          kSilu ? kGroupedSiluOp : kGroupedOp, w_map, a.x, a.sorted_ids,
+                          a.expert_ids, a.out, int(a.t * a.topk), a.n, a.k, a.num_experts,
+                          divisor_of(a.topk), divisor_of(a.block_m));
+}
+
+template <bool kSilu>
+Status launch_rows(const GroupedArgs& a, cudaStream_t stream) {
+  switch (row_tiles_for(a)) {
+    case 1: return launch<16, kSilu>(a, stream);
+    case 2: return launch<32, kSilu>(a, stream);
+    default: return launch<64, kSilu>(a, stream);
+  }
 }
 
 Status grouped_v12(const GroupedArgs& a, cudaStream_t stream) {
@@ -169,16 +213,14 @@ Status grouped_v12(const GroupedArgs& a, cudaStream_t stream) {
             .arch_at_least(90)  // wgmma: sm_90a
             .status();
   if (!s.ok()) return s;
-  switch (row_tiles_for(a)) {
-    case 1: return launch<16>(a, stream);
-    case 2: return launch<32>(a, stream);
-    default: return launch<64>(a, stream);
-  }
+  return a.silu ? launch_rows<true>(a, stream) : launch_rows<false>(a, stream);
 }
 
-Version v12_version() {
+Version v12_version(bool silu) {
   Version v = grouped_version(
-      false, "v12_grouped_wgmma", "wgmma from shared memory: weights by TMA, gathered x by cp.async",
+      silu, "v12_grouped_wgmma",
+      silu ? "wgmma, TMA weights, gathered x; gate and up warpgroups meet in shared memory"
+           : "wgmma from shared memory: weights by TMA, gathered x by cp.async",
       grouped_v12,
       {{"grouped_v12_kernel",
         {"sm_90a"},
@@ -189,7 +231,8 @@ Version v12_version() {
   v.min_arch = 90;
   return v;
 }
-const Register kRegistered{v12_version()};
+const Register kRegistered{v12_version(false)};
+const Register kRegisteredSilu{v12_version(true)};
 
 }  // namespace
 }  // namespace lkw::moe
