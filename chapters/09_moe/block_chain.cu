@@ -128,8 +128,9 @@ Status scratch_for(const Block& b, int64_t capacity, Scratch* s) {
   return {};
 }
 
-// sum_id: the weighted sum's version (v11; the mutant's slip).
-template <const char* const* kSumId>
+// sum_id: the weighted sum's version (v11; the mutant's slip). kFused: the down GEMM and the sum
+// as one step, moe_grouped_gemm_sum (v12's epilogue adds each weighted row into its token's).
+template <const char* const* kSumId, bool kFused = false>
 Status block_chain(const Args& a, cudaStream_t stream) {
   Block b;
   Status s = block_args(a, &b);
@@ -143,8 +144,9 @@ Status block_chain(const Args& a, cudaStream_t stream) {
   const bool wgmma = device_arch() >= 90;
   if (s.ok())
     s = find_step(kGroupedSiluOp, wgmma ? "v12_grouped_wgmma" : "v8_grouped_silu_epilogue", &gate_up);
-  if (s.ok()) s = find_step(kGroupedOp, wgmma ? "v12_grouped_wgmma" : "v7_grouped_mma", &down);
-  if (s.ok()) s = find_step(kSumOp, *kSumId, &sum);
+  if (s.ok() && kFused) s = find_step(kGroupedSumOp, "v12_grouped_wgmma", &down);
+  if (s.ok() && !kFused) s = find_step(kGroupedOp, wgmma ? "v12_grouped_wgmma" : "v7_grouped_mma", &down);
+  if (s.ok() && !kFused) s = find_step(kSumOp, *kSumId, &sum);
   const int64_t capacity = align_capacity(slots, b.e, b.block_m);
   Scratch w{};
   if (s.ok()) s = scratch_for(b, capacity, &w);
@@ -172,6 +174,15 @@ Status block_chain(const Args& a, cudaStream_t stream) {
   first.outputs = {{w.h, DType::kBF16, {slots, b.d_ff}}};
   first.params = {{"topk", double(b.topk)}, {"block_m", double(b.block_m)}};
   if (s.ok()) s = step("gate_up", gate_up, first, stream);
+  if (kFused) {  // y[t] = sum_j weights[t, j] · (h[t·k + j] · w_down[e]ᵀ), in the GEMM's epilogue
+    Args fused;
+    fused.inputs = {{w.h, DType::kBF16, {slots, b.d_ff}}, b.w2, sorted_ref, experts_ref,
+                    {w.weights, DType::kF32, {b.t, b.topk}}};
+    fused.outputs = {b.y};
+    fused.params = {{"block_m", double(b.block_m)}};
+    if (s.ok()) s = step("down and sum", down, fused, stream);
+    return s;
+  }
   Args second;
   second.inputs = {{w.h, DType::kBF16, {slots, b.d_ff}}, b.w2, sorted_ref, experts_ref};
   second.outputs = {{w.down, DType::kBF16, {slots, b.d}}};
@@ -211,7 +222,7 @@ std::vector<SassFact> block_facts() {
   std::vector<SassFact> facts = {
       {"grouped_v8_kernel", {}, {"HMMA", "LDGSTS"}, {}, true, "gate_up: tensor cores, no spills"},
       {"grouped_v7_kernel", {}, {"HMMA", "LDGSTS"}, {}, true, "down: tensor cores, no spills"},
-      {"grouped_v12_kernel", {"sm_90a"}, {"HGMMA", "UTMALDG"}, {"HMMA"}, true,
+      {"grouped_v12_kernel*EpiE", {"sm_90a"}, {"HGMMA", "UTMALDG"}, {"HMMA"}, true,
        "both GEMMs on sm_90a: wgmma, no spills"}};
   for (const char* k : steps) facts.push_back({k, {}, {}, {}, true, "a routing step, no spills"});
   return facts;
@@ -233,6 +244,14 @@ constexpr const char* kSumReversed = "mutant_weights_reversed";
 const Register kChain{block_version(
     "block_chain", "top-k v6, align v2/v3, gate_up and down v12 (v8, v7 before sm_90), sum v11",
     block_chain<&kSumV11>, Kind::kVersion)};
+const Register kChainFused{[] {
+  Version v = block_version("block_chain_fused_sum",
+                            "block_chain with the sum in the down GEMM's epilogue (v12, FP32 atomics)",
+                            block_chain<&kSumV11, true>, Kind::kVersion);
+  v.min_arch = 90;
+  v.kernels_per_launch = 5;  // top-k, align, gate_up, down with the sum, the rounding
+  return v;
+}()};
 // The block with moe_sum's mutant in place of v11: weight k − 1 − j on row j. Caught wherever
 // topk > 1 (an emulation in tests/python/test_moe_golden.py shows it lands outside the tolerance).
 const Register kChainReversed{block_version("mutant_block_weights_reversed",

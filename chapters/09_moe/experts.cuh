@@ -11,6 +11,7 @@ namespace lkw::moe {
 constexpr const char* kGroupedOp = "moe_grouped_gemm";
 constexpr const char* kGroupedSiluOp = "moe_grouped_gemm_silu";
 constexpr const char* kSumOp = "moe_sum";
+constexpr const char* kGroupedSumOp = "moe_grouped_gemm_sum";
 
 // The grouped GEMM's tiles: rows come in m16 tiles (the mma's M), so an align block is a whole
 // number of them; K and N come in 8-element pieces (a 16-byte cp.async of a row, an n8 tile).
@@ -69,6 +70,7 @@ struct GroupedArgs {
   int num_experts, topk, block_m;
   int64_t rows;
   bool silu;
+  const float* weights = nullptr;  // [T, topk]: moe_grouped_gemm_sum's (then x is [T·topk, K])
 };
 
 using GroupedLaunch = Status (*)(const GroupedArgs& a, cudaStream_t stream);
@@ -212,6 +214,119 @@ inline Version grouped_version(bool silu, const char* id, const char* summary,
   v.flops = [](const Args& a) {
     const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
     return 2.0 * double(x.dim(0)) * a.param("topk", 1.0) * double(w.dim(1)) * double(w.dim(2));
+  };
+  return v;
+}
+
+// ---- moe_grouped_gemm_sum: the down GEMM with moe_sum in its epilogue
+// x holds a row per slot (h [T·topk, K]: row s is slot s's), out a row per token [T, N]:
+// out[t] = sum_j weights[t, j] · (x[t·topk + j] · w[e]ᵀ), FP32, rounded once; a slot in no run
+// (a masked id) adds nothing, and every token's row is written.
+inline Status validate_grouped_sum(const GroupedArgs& a) {
+  const int64_t slots = a.t * a.topk;
+  return Check()
+      .not_null(a.x, "x")
+      .not_null(a.w, "w")
+      .not_null(a.weights, "topk_weights")
+      .not_null(a.sorted_ids, "sorted_token_ids")
+      .not_null(a.expert_ids, "expert_ids")
+      .not_null(a.out, "out")
+      .positive(a.t, "T")
+      .positive(a.n, "N")
+      .positive(a.k, "K")
+      .that(a.num_experts >= 1, "w must hold at least one expert")
+      .that(a.topk >= 1 && a.topk <= (1 << 20), "topk must be in 1..2^20")
+      .that(slots < (int64_t(1) << 31) && a.k < (int64_t(1) << 31) && a.t * a.n < (int64_t(1) << 31),
+            "T·topk, K and T·N must fit int32")
+      .that(a.block_m >= kGemmRowTile && a.block_m <= kMaxBlockM && a.block_m % kGemmRowTile == 0,
+            "block_m = " + std::to_string(a.block_m) +
+                " must be a multiple of 16 (whole m16 tiles) in 16..1024")
+      .that(a.rows >= a.block_m && a.rows % a.block_m == 0 && a.rows < (int64_t(1) << 31),
+            "sorted_token_ids must hold a positive multiple of block_m entries (below 2^31)")
+      .that(a.n % kGemmPiece == 0 && a.k % kGemmPiece == 0,
+            "N and K must be multiples of 8 (16-byte pieces)")
+      .aligned(a.x, 16, "x")
+      .aligned(a.w, 16, "w")
+      .aligned(a.out, 16, "out")
+      .aligned(a.weights, 4, "topk_weights")
+      .aligned(a.sorted_ids, 4, "sorted_token_ids")
+      .aligned(a.expert_ids, 4, "expert_ids")
+      .disjoint(a.out, 2 * a.t * a.n, a.x, 2 * slots * a.k, "out and x")
+      .disjoint(a.out, 2 * a.t * a.n, a.w, 2 * a.num_experts * a.n * a.k, "out and w")
+      .disjoint(a.out, 2 * a.t * a.n, a.weights, 4 * slots, "out and topk_weights")
+      .disjoint(a.out, 2 * a.t * a.n, a.sorted_ids, 4 * a.rows, "out and sorted_token_ids")
+      .disjoint(a.out, 2 * a.t * a.n, a.expert_ids, 4 * (a.rows / a.block_m), "out and expert_ids")
+      .arch_at_least(80)
+      .status();
+}
+
+// Generic Args → GroupedArgs: inputs x [T·topk, K], w, sorted_token_ids, expert_ids,
+// topk_weights FP32 [T, topk]; output out [T, N]; param block_m (topk is the weights' columns).
+inline Status grouped_sum_args(const Args& a, GroupedArgs* out) {
+  Status s = Check()
+                 .that(a.inputs.size() == 5 && a.outputs.size() == 1,
+                       std::string(kGroupedSumOp) +
+                           " takes x, w, sorted_token_ids, expert_ids, topk_weights and writes out")
+                 .that(a.params.count("block_m") == 1, std::string(kGroupedSumOp) + " needs the param block_m")
+                 .status();
+  if (!s.ok()) return s;
+  const TensorRef &x = a.inputs[0], &w = a.inputs[1], &sorted = a.inputs[2],
+                  &experts = a.inputs[3], &weights = a.inputs[4], &y = a.outputs[0];
+  const double m = a.params.at("block_m");
+  s = Check()
+          .that(x.dtype == DType::kBF16 && x.shape.size() == 2, "x is bfloat16 [T·topk, K]")
+          .that(w.dtype == DType::kBF16 && w.shape.size() == 3, "w is bfloat16 [E, N, K]")
+          .that(sorted.dtype == DType::kI32 && sorted.shape.size() == 1 &&
+                    experts.dtype == DType::kI32 && experts.shape.size() == 1,
+                "sorted_token_ids and expert_ids are int32 vectors")
+          .that(weights.dtype == DType::kF32 && weights.shape.size() == 2, "topk_weights is float32 [T, topk]")
+          .that(y.dtype == DType::kBF16 && y.shape.size() == 2, "out is bfloat16 [T, N]")
+          .that(m >= 1 && m <= kMaxBlockM && m == std::floor(m), "block_m must be in 1..1024")
+          .status();
+  if (!s.ok()) return s;
+  const int64_t t = weights.dim(0), topk = weights.dim(1);
+  s = Check()
+          .that(x.dim(0) == t * topk, "x must hold a row per slot: [T·topk, K] = [" +
+                                          std::to_string(t * topk) + ", K]")
+          .that(w.dim(2) == x.dim(1), "x [T·topk, K] and w [E, N, K] disagree on K")
+          .that(y.dim(0) == t && y.dim(1) == w.dim(1), "out must be [T, N] = [" + std::to_string(t) +
+                                                          ", " + std::to_string(w.dim(1)) + "]")
+          .that(experts.dim(0) * int64_t(m) == sorted.dim(0),
+                "expert_ids must hold one id per block_m rows of sorted_token_ids")
+          .status();
+  if (!s.ok()) return s;
+  GroupedArgs g{static_cast<const __nv_bfloat16*>(x.data), static_cast<const __nv_bfloat16*>(w.data),
+                static_cast<const int32_t*>(sorted.data), static_cast<const int32_t*>(experts.data),
+                static_cast<__nv_bfloat16*>(y.data), t, w.dim(1), x.dim(1), int(w.dim(0)), int(topk),
+                int(m), sorted.dim(0), false};
+  g.weights = static_cast<const float*>(weights.data);
+  *out = g;
+  return {};
+}
+
+// The roofline minimum: x, the ids, the weights and out once, the routed experts' w; the FP32
+// accumulator the epilogue adds into (zeroed, added to, converted) is the fusion's cost.
+inline double grouped_sum_bytes(const Args& a) {
+  const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
+  const double slots = double(x.dim(0));
+  const double routed = a.param("routed_experts", std::min(double(w.dim(0)), slots));
+  double bytes = double(a.outputs.at(0).bytes());
+  for (int i : {0, 2, 3, 4}) bytes += double(a.inputs.at(i).bytes());
+  return bytes + routed * 2.0 * double(w.dim(1)) * double(w.dim(2));
+}
+
+inline Version grouped_sum_version(const char* id, const char* summary, GroupedLaunch launch,
+                                   std::vector<SassFact> sass = {}) {
+  Version v = version_of(kChapter, kGroupedSumOp, id, summary, Kind::kVersion, std::move(sass));
+  v.launch = [launch](const Args& a, cudaStream_t stream) -> Status {
+    GroupedArgs ga;
+    Status s = grouped_sum_args(a, &ga);
+    return s.ok() ? launch(ga, stream) : s;
+  };
+  v.bytes = grouped_sum_bytes;
+  v.flops = [](const Args& a) {
+    const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
+    return 2.0 * double(x.dim(0)) * double(w.dim(1)) * double(w.dim(2));
   };
   return v;
 }

@@ -148,6 +148,16 @@ OPS = {
         ("bfloat16",),
         ("topk", "block_m"),
     ),
+    # The down GEMM with moe_sum in its epilogue: h [T k, K] (a row per slot), w, the align's
+    # arrays, topk_weights [T, k] -> out [T, N].
+    "moe_grouped_gemm_sum": Op(
+        lambda h, w, s, e, tw, **p: moe.grouped_gemm_sum_bf16(
+            h.view(ml_dtypes.bfloat16), w.view(ml_dtypes.bfloat16), s, e, tw, int(p["block_m"])
+        ).view(np.uint16),
+        ("bfloat16", "bfloat16", "int32", "int32", "float32"),
+        ("bfloat16",),
+        ("block_m",),
+    ),
     "moe_grouped_gemm_w4a16": Op(
         lambda x, w, sc, s, e, **p: _grouped_w4a16(x, w, sc, s, e, **p),
         ("bfloat16", "uint32", "bfloat16", "int32", "int32"),
@@ -896,6 +906,24 @@ def grouped_tolerance_from_sums(abs_sum: float, k: int, gate_up=None) -> str:
     return f"close:1.6e-2:{atol:.3g}"
 
 
+def grouped_sum_tolerance(h, w, sorted_ids, expert_ids, weights, block_m: int) -> str:
+    """close:RTOL:ATOL for moe_grouped_gemm_sum (h BF16 bits [T k, K], w [E, N, K], weights FP32
+    [T, k]). Each slot's row carries grouped_tolerance's FP32 error, at most eps = 8 sqrt(K)
+    2^-24 S (S the largest sum_k |h_k w_k| of a routed row), and reaches out[t] times |w_tj|;
+    the weighting and the k atomic FP32 adds, in any order, add at most 2 (k + 1) 2^-24 A, A the
+    largest sum_j |w_tj row_j| (moe_sum_tolerance's term). ATOL is their sum with the largest
+    sum_j |w_tj| for the first; RTOL 1.6e-2 for the one BF16 rounding, as the grouped GEMM's."""
+    bf16 = ml_dtypes.bfloat16
+    hv, wv = h.view(bf16).astype(np.float64), w.view(bf16).astype(np.float64)
+    tw = np.abs(np.asarray(weights, dtype=np.float64))  # (T,k)
+    t, k = tw.shape
+    abs_rows = moe.grouped_gemm(np.abs(hv), np.abs(wv), sorted_ids, expert_ids, block_m, 1)  # (T*k,N)
+    eps = 8 * np.sqrt(hv.shape[1]) * 2.0**-24 * float(abs_rows.max())
+    a = float(np.einsum("tj,tjn->tn", tw, abs_rows.reshape(t, k, -1)).max())
+    atol = eps * float(tw.sum(axis=1).max()) + 2 * (k + 1) * 2.0**-24 * a
+    return f"close:1.6e-2:{atol:.3g}"
+
+
 def grouped_w4a16_tolerance(x, w, scales, sorted_ids, expert_ids, block_m: int, topk: int) -> str:
     """close:RTOL:ATOL for moe_grouped_gemm_w4a16: chapter 07's W4A16 tolerance (lkw.gemv's
     formula, w4a16.tolerance) over the routed rows, with W_hat the exact dequantized weights
@@ -1015,6 +1043,19 @@ GROUPED_CASES = (
     ("skip", 40, 2, 6, 96, 128, 16, "skip"),
     ("big", 256, 4, 8, 384, 1024, 64, "uniform"),
 )
+# The down GEMM with the sum in its epilogue: the routings above, N a multiple of 8 (16-byte
+# pieces); "masked" masks slots (-1 ids; token 0 has none left and must come out 0), "decode"
+# sums eight experts' rows into one token, "min" the smallest N, "n200" N no multiple of 256
+# (the last block's channels past N).
+GROUPED_SUM_CASES = (
+    ("uniform", 128, 2, 8, 256, 512, 64, "uniform"),
+    ("decode", 1, 8, 64, 128, 256, 64, "uniform"),
+    ("k1", 100, 1, 16, 64, 64, 32, "zipf"),
+    ("skip", 40, 2, 6, 96, 128, 16, "skip"),
+    ("masked", 50, 3, 12, 72, 88, 16, "masked"),
+    ("min", 5, 2, 4, 8, 8, 16, "uniform"),
+    ("n200", 33, 4, 60, 200, 136, 16, "uniform"),
+)
 # The same routings for the gate_up GEMM, N a multiple of 16: N / 2 = 104 is no multiple of 64
 # (the last block's warps past N / 2), N = 16 the smallest.
 GROUPED_SILU_CASES = (
@@ -1110,6 +1151,21 @@ def moe_cases(rng: np.random.Generator) -> list[Case]:
             tol = grouped_tolerance(*inputs, block_m, topk, op.endswith("silu"))
             case_id = f"{op}_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_m{block_m}"
             cases.append(Case(case_id, op, tol, list(inputs), {"topk": topk, "block_m": block_m}))
+    for tag, t, topk, e, n, k, block_m, routing in GROUPED_SUM_CASES:
+        if routing == "masked":  # a third of the slots masked (-1), and every slot of token 0
+            ids = _align_ids(rng, t, topk, e, "masked")
+            ids[0] = -1
+            sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, block_m)
+        else:
+            sorted_ids, expert_ids = grouped_align(rng, t, topk, e, block_m, routing)
+        h = gemv_activations(rng, t * topk, k)  # (T*k,K): a row per slot
+        w = formats.f32_to_bf16((rng.standard_normal((e, n, k)) / np.sqrt(k)).astype(np.float32))
+        tw = rng.random((t, topk)).astype(np.float32) + np.float32(0.05)
+        tw = (tw / tw.sum(axis=1, keepdims=True)).astype(np.float32)  # (T,k)
+        tol = grouped_sum_tolerance(h, w, sorted_ids, expert_ids, tw, block_m)
+        case_id = f"moe_grouped_gemm_sum_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_m{block_m}"
+        cases.append(Case(case_id, "moe_grouped_gemm_sum", tol, [h, w, sorted_ids, expert_ids, tw],
+                          {"block_m": block_m}))
     for tag, t, topk, e, n, k, g, block_m, routing in GROUPED_W4A16_CASES:
         inputs = grouped_w4a16_inputs(rng, t, topk, e, n, k, g, block_m, routing)
         tol = grouped_w4a16_tolerance(*inputs, block_m, topk)

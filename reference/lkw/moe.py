@@ -247,6 +247,19 @@ def grouped_gemm_bf16(x, w, sorted_token_ids, expert_ids, block_m: int, topk: in
     return f64_to_bf16(out).view(ml_dtypes.bfloat16)
 
 
+def grouped_gemm_sum_bf16(h, w, sorted_token_ids, expert_ids, topk_weights, block_m: int):
+    """The moe_grouped_gemm_sum kernels' output: the down GEMM with moe_sum in its epilogue,
+    bfloat16 [T, N] = sum_j topk_weights[t, j] * (h[t * k + j] . w[e]^T), h a row per slot
+    [T * k, d]; a slot no run names adds nothing. Exact, rounded ONCE: the kernels add the
+    weighted FP32 rows in whatever order their blocks finish, so they are within FP32 error of
+    this (lkw.golden.grouped_sum_tolerance), never bit-exact."""
+    weights = np.asarray(topk_weights, dtype=np.float64)  # (T,k)
+    t, k = weights.shape
+    rows = grouped_gemm(h, w, sorted_token_ids, expert_ids, block_m, 1)  # (T*k,N)
+    out = np.einsum("tj,tjn->tn", weights, rows.reshape(t, k, -1))
+    return f64_to_bf16(out).view(ml_dtypes.bfloat16)
+
+
 def grouped_gemm_silu_bf16(x, w, sorted_token_ids, expert_ids, block_m: int, topk: int):
     """The moe_grouped_gemm_silu kernels' output: the gate_up GEMM with SiLU-and-mul in its
     epilogue, bfloat16 [T * topk, N / 2] = silu(gate) * up, gate the first N / 2 rows of each

@@ -312,6 +312,56 @@ def test_moe_sum_cases_and_tolerance(cases):
         assert np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)), c.id
 
 
+def _grouped_sum_emulation(c, order_seed, reverse_weights=False):
+    """The fused down GEMM's arithmetic: each routed slot's row in FP32 (sums in k order), times
+    its weight in FP32, added into its token's FP32 row in an order the seed picks (blocks finish
+    in any order), one BF16 rounding. reverse_weights: weight k − 1 − j on slot j's row."""
+    h, w, sorted_ids, expert_ids, tw = c.inputs
+    block_m = int(c.params["block_m"])
+    t, topk = tw.shape
+    weights = tw[:, ::-1] if reverse_weights else tw
+    hv, wv = formats.bf16_to_f32(h), formats.bf16_to_f32(w)
+    rows = {}
+    for b, e in enumerate(expert_ids):
+        slots = sorted_ids[b * block_m : (b + 1) * block_m]
+        slots = slots[(slots >= 0) & (slots < t * topk)]
+        if 0 <= e < w.shape[0] and slots.size:
+            part = np.zeros((slots.size, w.shape[1]), np.float32)
+            for i in range(h.shape[1]):
+                part += np.outer(hv[slots, i], wv[e, :, i]).astype(np.float32)
+            rows.update({int(s): part[r] for r, s in enumerate(slots)})
+    acc = np.zeros((t, w.shape[1]), np.float32)
+    for s in np.random.default_rng(order_seed).permutation(sorted(rows)):
+        acc[s // topk] += np.float32(weights[s // topk, s % topk]) * rows[int(s)]
+    return formats.bf16_to_f32(formats.f32_to_bf16(acc)).astype(np.float64)
+
+
+def test_grouped_sum_cases_and_tolerance(cases):
+    """moe_grouped_gemm_sum: the edges (decode's eight rows into one token, a masked token, N no
+    multiple of 256), the fused arithmetic in two add orders inside the tolerance, the reversed
+    weights outside it, and a masked token's row exactly 0."""
+    sums = by_op(cases, "moe_grouped_gemm_sum")
+    assert {"decode", "masked", "n200", "min"} <= {c.id.split("_")[4] for c in sums}
+    for c in sums:
+        h, w, _, _, tw = c.inputs
+        assert h.shape[0] == tw.size and tw.dtype == np.float32 and c.params.keys() == {"block_m"}
+        ref = golden.values("bfloat16", golden.expected_outputs(c)[0])
+        assert ref.shape == (tw.shape[0], w.shape[1])
+        if "masked" in c.id:
+            assert np.all(ref[0] == 0), "token 0 has every slot masked"
+        if w.size > 2**20:
+            continue
+        for seed in (0, 1):
+            assert _within_ref(c, _grouped_sum_emulation(c, seed), ref), c.id
+        if tw.shape[1] > 1:
+            assert not _within_ref(c, _grouped_sum_emulation(c, 0, reverse_weights=True), ref), c.id
+
+
+def _within_ref(c, got, ref):
+    _, rtol, atol = c.tolerance.split(":")
+    return bool(np.all(np.abs(got - ref) <= float(atol) + float(rtol) * np.abs(ref)))
+
+
 def _block_chain_emulation(c, reverse_weights=False):
     """The chain's arithmetic: FP32 router weights (the reference's), gate_up in FP32, h =
     silu(gate)·up rounded to BF16, the down GEMM's rows in FP32 rounded to BF16, the weighted sum

@@ -1,5 +1,5 @@
 // Chapter 09 checks of the expert half (moe_grouped_gemm, moe_grouped_gemm_silu,
-// moe_grouped_gemm_w4a16, moe_sum) beyond the golden cases:
+// moe_grouped_gemm_w4a16, moe_grouped_gemm_sum, moe_sum) beyond the golden cases:
 //   HostValidation  what the launchers refuse before launching anything: N, K, d off their
 //                   multiples, BLOCK_M not whole m16 tiles, expert_ids of the wrong length, out of
 //                   the wrong shape or overlapping an input, a missing param; for W4A16 also a
@@ -185,6 +185,47 @@ Args sum_call(int64_t t, int64_t k, int64_t d) {
   return a;
 }
 
+// moe_grouped_gemm_sum's arguments: h [T·topk, K] (a row per slot), w, the ids, topk_weights
+// [T, topk] → out [T, N].
+Args grouped_sum_call(int64_t t, int64_t topk, int64_t e, int64_t n, int64_t k, int64_t block_m,
+                      int64_t rows) {
+  Args a;
+  a.inputs = {{at(0), DType::kBF16, {t * topk, k}},
+              {at(1), DType::kBF16, {e, n, k}},
+              {at(2), DType::kI32, {rows}},
+              {at(3), DType::kI32, {rows / block_m}},
+              {at(5), DType::kF32, {t, topk}}};
+  a.outputs = {{at(4), DType::kBF16, {t, n}}};
+  a.params = {{"block_m", double(block_m)}};
+  return a;
+}
+
+TEST(HostValidation, GroupedSumRefusesWhatItCannotTile) {
+  expect_accepted(kGroupedSumOp, grouped_sum_call(1, 8, 60, 8, 8, 16, 16 * 61));
+  expect_accepted(kGroupedSumOp, grouped_sum_call(33, 4, 60, 200, 136, 16, 16 * 70));
+  expect_refused(kGroupedSumOp, grouped_sum_call(4, 2, 8, 12, 64, 16, 64), "multiples of 8");
+  expect_refused(kGroupedSumOp, grouped_sum_call(4, 2, 8, 64, 12, 16, 64), "multiples of 8");
+  expect_refused(kGroupedSumOp, grouped_sum_call(4, 2, 8, 64, 64, 24, 48), "block_m = 24");
+  Args a = grouped_sum_call(4, 2, 8, 64, 64, 16, 64);
+  a.inputs[0].shape = {4, 64};  // a row per token, not per slot
+  expect_refused(kGroupedSumOp, a, "a row per slot");
+  a = grouped_sum_call(4, 2, 8, 64, 64, 16, 64);
+  a.outputs[0].shape = {8, 64};  // a row per slot, not per token
+  expect_refused(kGroupedSumOp, a, "out must be [T, N]");
+  a = grouped_sum_call(4, 2, 8, 64, 64, 16, 64);
+  a.inputs[4].dtype = DType::kBF16;
+  expect_refused(kGroupedSumOp, a, "topk_weights is float32");
+  a = grouped_sum_call(4, 2, 8, 64, 64, 16, 64);
+  a.params.erase("block_m");
+  expect_refused(kGroupedSumOp, a, "block_m");
+  a = grouped_sum_call(4, 2, 8, 64, 64, 16, 64);
+  a.inputs[3].shape = {5};
+  expect_refused(kGroupedSumOp, a, "expert_ids");
+  a = grouped_sum_call(4, 2, 8, 64, 64, 16, 64);
+  a.outputs[0].data = static_cast<char*>(a.inputs[4].data) + 16;  // inside topk_weights
+  expect_refused(kGroupedSumOp, a, "overlap");
+}
+
 TEST(HostValidation, MoeSumRefusesRowsItCannotVectorize) {
   expect_accepted(kSumOp, sum_call(1, 8, 7168));
   expect_accepted(kSumOp, sum_call(37, 1, 8));
@@ -246,6 +287,18 @@ TEST(HostModels, GroupedBytesCountTheRoutedExpertsOnly) {
     EXPECT_DOUBLE_EQ(v->bytes(silu), 2.0 * k + 4.0 * 64 + 4.0 * 4 + 2.0 * 2 * (n / 2) +
                                          2.0 * 2 * n * k)
         << v->name();
+}
+
+TEST(HostModels, GroupedSumBytesCountOneRowPerTokenOut) {
+  const int64_t t = 16, topk = 8, e = 256, n = 7168, k = 2048, block_m = 16;
+  const int64_t rows = align_capacity(t * topk, e, block_m);
+  const Args a = grouped_sum_call(t, topk, e, n, k, block_m, rows);
+  const double fixed =
+      2.0 * t * topk * k + 4.0 * rows + 4.0 * (rows / block_m) + 4.0 * t * topk + 2.0 * t * n;
+  for (const Version* v : versions_of(kGroupedSumOp)) {
+    EXPECT_DOUBLE_EQ(v->bytes(a), fixed + 128.0 * 2 * n * k) << v->name();
+    EXPECT_DOUBLE_EQ(v->flops(a), 2.0 * t * topk * n * k) << v->name();
+  }
 }
 
 TEST(HostDivisor, MultiplyAndShiftIsTheIntegerQuotient) {
