@@ -1165,6 +1165,15 @@ def moe_gemm_cases() -> list[Case]:
 
 MOE_W4A16_T = (1, 16, 64)  # decode: where INT4 weights pay
 MOE_W4A16_G = 128
+MOE_W4A16_SAMPLE_EXPERTS = 16  # experts the reference unpacks: DeepSeek's take ~1 s each in numpy
+
+
+def _rows_within_experts(ids: np.ndarray, rows: int, experts: int) -> int:
+    """The most leading slots, at most `rows`, whose experts number at most `experts` (at least
+    one slot): the sampled reference decodes each expert's weights whole."""
+    flat = np.asarray(ids).reshape(-1)[:rows]
+    first = np.unique(flat, return_index=True)[1]  # where each expert first appears
+    return int(np.sort(first)[experts]) if first.size > experts else int(flat.size)
 
 
 def moe_w4a16_cases() -> list[Case]:
@@ -1174,7 +1183,8 @@ def moe_w4a16_cases() -> list[Case]:
     natural ones, and the reference unrepacks them), scales |N(0, 1)|·0.01 + 1e-3, uniform routing
     drawn on the host as moe_gemm_cases. The reference computes the first MOE_GEMM_SAMPLE slots
     (grouped_w4a16_sample_reference). Peers: torch._grouped_mm and the per-expert matmul loop on
-    the BF16 dequantized weights of the routed experts (made untimed): the issue's BF16 baseline."""
+    the BF16 dequantized weights of the routed experts (made untimed): the issue's BF16 baseline.
+    The sampled slots stop before a 17th expert (MOE_W4A16_SAMPLE_EXPERTS)."""
     from lkw import moe
 
     cases = []
@@ -1184,7 +1194,7 @@ def moe_w4a16_cases() -> list[Case]:
             ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
             routed = int(np.unique(ids).size)
             cap = moe.capacity(t * k, e, bm)
-            rows = min(MOE_GEMM_SAMPLE, t * k)
+            rows = _rows_within_experts(ids, min(MOE_GEMM_SAMPLE, t * k), MOE_W4A16_SAMPLE_EXPERTS)
             for n, kk in ((2 * inter, d), (d, inter)):
 
                 def make(torch, gen, t=t, e=e, n=n, kk=kk, ids=ids, cap=cap):

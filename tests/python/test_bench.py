@@ -620,3 +620,13 @@ def test_grouped_w4a16_sample_reference_is_the_golden_reference_on_its_rows():
     whole = golden.grouped_w4a16_tolerance(x, words, scales, sorted_ids, expert_ids, bm, k)
     assert tol.split(":")[:2] == whole.split(":")[:2]
     assert 0 < float(tol.split(":")[2]) <= float(whole.split(":")[2]) * 1.001
+
+
+def test_w4a16_sample_rows_stop_before_the_seventeenth_expert():
+    from lkw.bench import _rows_within_experts
+
+    ids = np.arange(40, dtype=np.int32).reshape(5, 8) % 20  # slots 0..19 distinct, then repeats
+    assert _rows_within_experts(ids, 40, 16) == 16
+    assert _rows_within_experts(ids, 40, 20) == 40  # 20 experts in all: every slot
+    assert _rows_within_experts(ids, 10, 16) == 10  # fewer rows asked than the limit cuts
+    assert _rows_within_experts(np.full((4, 2), 7, np.int32), 8, 1) == 8  # one expert, every slot
