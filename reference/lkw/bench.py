@@ -1163,6 +1163,85 @@ def moe_gemm_cases() -> list[Case]:
     return cases
 
 
+def moe_gemm_sum_cases() -> list[Case]:
+    """moe_grouped_gemm_sum, the down GEMM with the weighted sum in its epilogue, at the down
+    GEMM's shapes of moe_gemm_cases (N = d, K = inter, the same routings): h ~ N(0, 1) [T·k, K]
+    (a row per slot), weights a softmax's top-k renormalized. The reference computes the tokens
+    of the first MOE_GEMM_SAMPLE slots. Peers: moe_gemm_cases' down GEMM in torch (grouped_mm or
+    the loop) with each slot as its own token, then the weighted sum in torch: the unfused pair."""
+    from lkw import moe
+
+    cases = []
+    bm = MOE_BLOCK_M
+    for e, k, d, inter in MOE_GEMM_MODELS.values():
+        for t in MOE_GEMM_T:
+            ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
+            routed = int(np.unique(ids).size)
+            cap = moe.capacity(t * k, e, bm)
+            tokens = max(1, min(MOE_GEMM_SAMPLE, t * k) // k)
+
+            def make(torch, gen, t=t, e=e, k=k, n=d, kk=inter, ids=ids, cap=cap):
+                dev = {"device": "cuda", "generator": gen}
+                h = torch.randn(t * k, kk, **dev).to(torch.bfloat16)
+                w = torch.randn(e, n, kk, dtype=torch.bfloat16, **dev).mul_(kk**-0.5)
+                routing = torch.from_numpy(ids).to("cuda")
+                sorted_ids, expert_ids, _ = _torch_align(torch, routing, e, bm, cap)
+                p = torch.softmax(torch.randn(t, 4 * k, **dev), dim=1).topk(k, dim=1).values
+                tw = (p / p.sum(dim=1, keepdim=True)).contiguous()
+                return [h, w, sorted_ids, expert_ids, tw], [torch.empty(t, n, dtype=torch.bfloat16, device="cuda")]
+
+            holder: list[Case] = []
+
+            def expected(host, ids=ids, k=k, kk=inter, holder=holder, tokens=tokens):
+                import ml_dtypes
+
+                w_bits = host[1]
+                weight_of = lambda ex: np.asarray(w_bits[ex]).view(ml_dtypes.bfloat16).astype(np.float64)
+                rows, abs_rows, _ = _grouped_sample(host[0], weight_of, ids, 1, tokens * k)  # (tokens*k,N)
+                tw = np.abs(np.asarray(host[4]).view(np.float32)[:tokens].astype(np.float64))  # (tokens,k)
+                weights = np.asarray(host[4]).view(np.float32)[:tokens].astype(np.float64)
+                out = np.einsum("tj,tjn->tn", weights, rows.reshape(tokens, k, -1))
+                eps = 8 * np.sqrt(kk) * 2.0**-24 * float(abs_rows.max())
+                a = float(np.einsum("tj,tjn->tn", tw, abs_rows.reshape(tokens, k, -1)).max())
+                atol = eps * float(tw.sum(axis=1).max()) + 2 * (k + 1) * 2.0**-24 * a
+                holder[0].tolerance = f"close:1.6e-2:{atol:.3g}"  # golden.grouped_sum_tolerance's
+                return [formats.f64_to_bf16(out)]
+
+            case = Case(
+                "moe_grouped_gemm_sum", f"t={t},e={e},k={k},n={d},k_dim={inter},block_m={bm}",
+                ["bfloat16", "bfloat16", "int32", "int32", "float32", "bfloat16"], make, expected,
+                tolerance="close:1.6e-2:0",  # replaced by the reference's
+                sample_rows=tokens, reference_sees_all=True,
+                params={"block_m": bm, "routed_experts": routed},
+                torch_peers=_unfused_sum_peers(ids, e),
+                # torch rounds each slot's row to BF16 before the sum, as moe_block's chain does
+                peer_tolerance="close:4e-2:1e-2")
+            holder.append(case)
+            cases.append(case)
+    return cases
+
+
+def _unfused_sum_peers(ids: np.ndarray, num_experts: int) -> dict[str, Callable]:
+    """The down GEMM in torch (_grouped_torch_peers, every slot its own token: h has a row per
+    slot), then the weighted sum of each token's k rows in FP32, rounded once."""
+    base = _grouped_torch_peers(np.asarray(ids).reshape(-1, 1), num_experts, False)
+
+    def wrap(factory):
+        def peer(torch, inputs):
+            tw = inputs[4]
+            inner = factory(torch, [inputs[0], inputs[1]])
+
+            def call():
+                y = inner().view(tw.shape[0], tw.shape[1], -1)
+                return (y.float() * tw[..., None]).sum(dim=1).to(torch.bfloat16)
+
+            return call
+
+        return peer
+
+    return {name: wrap(f) for name, f in base.items()}
+
+
 MOE_W4A16_T = (1, 16, 64)  # decode: where INT4 weights pay
 MOE_W4A16_G = 128
 MOE_W4A16_SAMPLE_EXPERTS = 16  # experts the reference unpacks: DeepSeek's take ~1 s each in numpy
@@ -1348,7 +1427,8 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
-    "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_w4a16_cases() + moe_block_cases(),
+    "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_gemm_sum_cases() + moe_w4a16_cases()
+    + moe_block_cases(),
 }
 
 # A chapter's full measurement matrix where it is larger than one run should be (--extended):
