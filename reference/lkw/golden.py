@@ -1017,9 +1017,14 @@ BLOCK_CASES = (
 def block_inputs(rng, t, topk, e, d, d_ff):
     """x ~ N(0, 1) [T, d] (rows of one scale: the ATOL, a maximum over the outputs, then fits
     every row), router logits on routing_logits' grid, w_gate_up [E, 2 d_ff, d] ~ N(0, 1/d),
-    w_down [E, d, d_ff] ~ N(0, 1/d_ff); BF16 bits."""
+    w_down [E, d, d_ff] ~ N(0, 1/d_ff); BF16 bits. A row whose k + 1 largest logits are not all
+    distinct is drawn again: equal chosen weights would hide a sum that swaps them (the block's
+    mutant), and a tie at the k-th would leave the choice to the tie rule alone."""
     x = formats.f32_to_bf16(rng.standard_normal((t, d)).astype(np.float32))
     logits = routing_logits(rng, t, e, 64, 1 / 8)
+    top = min(topk + 1, e)
+    while len(tied := [i for i, row in enumerate(logits) if np.unique(np.sort(row)[-top:]).size < top]):
+        logits[tied] = routing_logits(rng, len(tied), e, 64, 1 / 8)
     w1 = formats.f32_to_bf16((rng.standard_normal((e, 2 * d_ff, d)) / np.sqrt(d)).astype(np.float32))
     w2 = formats.f32_to_bf16((rng.standard_normal((e, d, d_ff)) / np.sqrt(d_ff)).astype(np.float32))
     return x, logits, w1, w2
@@ -1081,6 +1086,7 @@ GROUPED_W4A16_CASES = (
     ("perchannel", 5, 2, 4, 64, 352, 352, 16, "uniform"),
     ("hot", 300, 1, 8, 128, 512, 128, 64, "hot"),
     ("uniform", 128, 2, 8, 256, 384, 64, 32, "uniform"),
+    ("pairs", 16, 2, 16, 128, 256, 64, 16, "uniform"),  # two rows an expert: v14's kRows = 2
 )
 
 # (T, k, d): DeepSeek's d = 7168 at T = 1, k = 1, d = 8 (one piece), d = 2056 (not a multiple of
