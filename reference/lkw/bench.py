@@ -1918,6 +1918,8 @@ def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, wa
     hope for."""
     if not model_bytes or model_bytes < 8 << 20 or copy_name.split("/")[0] != CEILING_OP[0]:
         return None  # below 8 MiB the rows are latency, not bandwidth
+    if model_bytes > 8 * CEILING_WORDS:
+        return None  # larger than the ceiling's own copy: the ceiling is the same-size copy
     words = int(model_bytes // 8) // 4 * 4
     if words not in cache:
 

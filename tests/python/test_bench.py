@@ -630,3 +630,18 @@ def test_w4a16_sample_rows_stop_before_the_seventeenth_expert():
     assert _rows_within_experts(ids, 40, 20) == 40  # 20 experts in all: every slot
     assert _rows_within_experts(ids, 10, 16) == 10  # fewer rows asked than the limit cuts
     assert _rows_within_experts(np.full((4, 2), 7, np.int32), 8, 1) == 8  # one expert, every slot
+
+
+def test_same_size_copy_is_the_ceiling_above_its_own_size(monkeypatch):
+    """Transfers larger than the ceiling's copy are not measured again (DeepSeek's expert GEMMs
+    move gigabytes: a copy of each size cost tens of seconds of a device run)."""
+    from lkw import bench
+
+    def fail(*a, **k):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(bench, "measure_case", fail)
+    args = {"warmup": 1, "iters": 1, "l2_bytes": 1}
+    name = "/".join(bench.CEILING_OP) + "/v1_vec16"
+    assert bench.same_size_copy(8.0 * bench.CEILING_WORDS + 8, name, {}, **args) is None
+    assert bench.same_size_copy(4 << 20, name, {}, **args) is None  # latency-sized
