@@ -9,7 +9,8 @@
 # its wheels, fi_aot_*.tar.xz, vllm_so/), install the wheels into $LKW_PEERS_SITE (default
 # /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
 # finds vLLM, FlashInfer and Liger; without .peers/ the bench skips them and says why.
-# LKW_BENCH_ARGS: more arguments of tools/bench.py (e.g. "--op X --merge").
+# LKW_BENCH_ARGS: more arguments of tools/bench.py (e.g. "--op X --merge"); LKW_BENCH_PARTS:
+# ';'-separated argument sets, each a run of its own merged into $out/results (see the stage).
 # LKW_CHAPTERS="06_int4_gemv": only these chapters; LKW_SANITIZE_FILTER="*v14*:*V14*": the GPU tests
 # the sanitizers run (a gtest filter; default every GPU test of the chapters).
 set -uo pipefail
@@ -116,8 +117,25 @@ if has bench; then
       compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
     done
   fi
-  PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  if [ -n "${LKW_BENCH_PARTS:-}" ]; then
+    # LKW_BENCH_PARTS="--op a;--op b --shape 'e=256,'": each part its own run (LKW_PART_TIMEOUT
+    # seconds, default 280), merged into $out/results in turn: a part cut short loses only its rows.
+    for d in results/*/; do
+      compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp -n "$d"*.json "$out/results/$(basename "$d")/"
+    done
+    IFS=';' read -r -a parts <<<"$LKW_BENCH_PARTS"
+    for part in "${parts[@]}"; do
+      step "bench part: $part"
+      eval "set -- $part"
+      PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" PYTHONUNBUFFERED=1 \
+        timeout "${LKW_PART_TIMEOUT:-280}" "$py" tools/bench.py "${args[@]}" --merge "$@" 2>&1 | tee -a "$log" | grep -vE "^  |^bench:"
+      rc=${PIPESTATUS[0]}
+      [ "$rc" = 0 ] || { echo "bench part '$part' failed or timed out (rc $rc)" | tee -a "$log"; status=1; }
+    done
+  else
+    PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  fi
 fi
 
 if has grade; then
