@@ -1169,7 +1169,7 @@ def moe_gemm_sum_cases() -> list[Case]:
     (a row per slot), weights a softmax's top-k renormalized. The reference computes the tokens
     of the first MOE_GEMM_SAMPLE slots. Peers: moe_gemm_cases' down GEMM in torch (grouped_mm or
     the loop) with each slot as its own token, then the weighted sum in torch: the unfused pair."""
-    from lkw import moe
+    from lkw import golden, moe
 
     cases = []
     bm = MOE_BLOCK_M
@@ -1198,13 +1198,9 @@ def moe_gemm_sum_cases() -> list[Case]:
                 w_bits = host[1]
                 weight_of = lambda ex: np.asarray(w_bits[ex]).view(ml_dtypes.bfloat16).astype(np.float64)
                 rows, abs_rows, _ = _grouped_sample(host[0], weight_of, ids, 1, tokens * k)  # (tokens*k,N)
-                tw = np.abs(np.asarray(host[4]).view(np.float32)[:tokens].astype(np.float64))  # (tokens,k)
-                weights = np.asarray(host[4]).view(np.float32)[:tokens].astype(np.float64)
+                weights = np.asarray(host[4]).view(np.float32)[:tokens].astype(np.float64)  # (tokens,k)
                 out = np.einsum("tj,tjn->tn", weights, rows.reshape(tokens, k, -1))
-                eps = 8 * np.sqrt(kk) * 2.0**-24 * float(abs_rows.max())
-                a = float(np.einsum("tj,tjn->tn", tw, abs_rows.reshape(tokens, k, -1)).max())
-                atol = eps * float(tw.sum(axis=1).max()) + 2 * (k + 1) * 2.0**-24 * a
-                holder[0].tolerance = f"close:1.6e-2:{atol:.3g}"  # golden.grouped_sum_tolerance's
+                holder[0].tolerance = golden.grouped_sum_tolerance_from_sums(abs_rows, weights, kk)
                 return [formats.f64_to_bf16(out)]
 
             case = Case(

@@ -908,17 +908,24 @@ def grouped_tolerance_from_sums(abs_sum: float, k: int, gate_up=None) -> str:
 
 def grouped_sum_tolerance(h, w, sorted_ids, expert_ids, weights, block_m: int) -> str:
     """close:RTOL:ATOL for moe_grouped_gemm_sum (h BF16 bits [T k, K], w [E, N, K], weights FP32
-    [T, k]). Each slot's row carries grouped_tolerance's FP32 error, at most eps = 8 sqrt(K)
-    2^-24 S (S the largest sum_k |h_k w_k| of a routed row), and reaches out[t] times |w_tj|;
-    the weighting and the k atomic FP32 adds, in any order, add at most 2 (k + 1) 2^-24 A, A the
-    largest sum_j |w_tj row_j| (moe_sum_tolerance's term). ATOL is their sum with the largest
-    sum_j |w_tj| for the first; RTOL 1.6e-2 for the one BF16 rounding, as the grouped GEMM's."""
+    [T, k]): grouped_sum_tolerance_from_sums on every slot's row."""
     bf16 = ml_dtypes.bfloat16
     hv, wv = h.view(bf16).astype(np.float64), w.view(bf16).astype(np.float64)
+    abs_rows = moe.grouped_gemm(np.abs(hv), np.abs(wv), sorted_ids, expert_ids, block_m, 1)  # (T*k,N)
+    return grouped_sum_tolerance_from_sums(abs_rows, weights, hv.shape[1])
+
+
+def grouped_sum_tolerance_from_sums(abs_rows, weights, k_dim: int) -> str:
+    """grouped_sum_tolerance from what it is made of, for callers that compute some tokens only
+    (the bench): abs_rows = sum_k |h_k w_k| of each slot's row (float64 [tokens k, N]), weights
+    the same tokens' [tokens, k]. Each row carries grouped_tolerance's FP32 error, at most eps =
+    8 sqrt(K) 2^-24 S (S the largest abs_rows), and reaches out[t] times |w_tj|; the weighting and
+    the k atomic FP32 adds, in any order, add at most 2 (k + 1) 2^-24 A, A the largest sum_j
+    |w_tj| abs_rows_j (moe_sum_tolerance's term). ATOL is their sum with the largest sum_j |w_tj|
+    for the first; RTOL 1.6e-2 for the one BF16 rounding, as the grouped GEMM's."""
     tw = np.abs(np.asarray(weights, dtype=np.float64))  # (T,k)
     t, k = tw.shape
-    abs_rows = moe.grouped_gemm(np.abs(hv), np.abs(wv), sorted_ids, expert_ids, block_m, 1)  # (T*k,N)
-    eps = 8 * np.sqrt(hv.shape[1]) * 2.0**-24 * float(abs_rows.max())
+    eps = 8 * np.sqrt(k_dim) * 2.0**-24 * float(abs_rows.max())
     a = float(np.einsum("tj,tjn->tn", tw, abs_rows.reshape(t, k, -1)).max())
     atol = eps * float(tw.sum(axis=1).max()) + 2 * (k + 1) * 2.0**-24 * a
     return f"close:1.6e-2:{atol:.3g}"
