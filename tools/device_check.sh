@@ -112,7 +112,8 @@ if has bench; then
   # LKW_BENCH_ARGS="--op per_group_fp8 --merge": a partial run, merged into the recorded results.
   read -r -a extra <<<"${LKW_BENCH_ARGS:-}"
   args+=("${extra[@]}")
-  if [[ " ${LKW_BENCH_ARGS:-} " == *" --merge "* ]]; then  # the recorded runs to merge into
+  # A merged run (--merge, or parts) starts from the recorded runs.
+  if [[ " ${LKW_BENCH_ARGS:-} " == *" --merge "* || -n "${LKW_BENCH_PARTS:-}" ]]; then
     for d in results/*/; do
       compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
     done
@@ -120,9 +121,6 @@ if has bench; then
   if [ -n "${LKW_BENCH_PARTS:-}" ]; then
     # LKW_BENCH_PARTS="--op a;--op b --shape 'e=256,'": each part its own run (LKW_PART_TIMEOUT
     # seconds, default 280), merged into $out/results in turn: a part cut short loses only its rows.
-    for d in results/*/; do
-      compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp -n "$d"*.json "$out/results/$(basename "$d")/"
-    done
     IFS=';' read -r -a parts <<<"$LKW_BENCH_PARTS"
     for part in "${parts[@]}"; do
       step "bench part: $part"
