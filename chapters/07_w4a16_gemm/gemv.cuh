@@ -94,4 +94,19 @@ __device__ __forceinline__ void reduce_lanes(const float (&acc)[kRows][kChannels
     }
 }
 
+// Store: the warps' sums of row i (red[warp][i][channel]) added in warp order (the same sum every
+// run), rounded once, to the 64 channels at out_row(i) (a pointer, channel 0 of the block); a
+// thread a (row, channel), rows from `live` on skipped. The caller syncs before and after.
+template <int kRows, int kWarps, class OutRow>
+__device__ __forceinline__ void store_rows(const float (&red)[kWarps][kRows][64], int live,
+                                           OutRow out_row) {
+  if (threadIdx.x >= kRows * 64) return;
+  const int i = threadIdx.x / 64, ch = threadIdx.x % 64;
+  if (i >= live) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int wv = 0; wv < kWarps; ++wv) sum += red[wv][i][ch];
+  out_row(i)[ch] = __float2bfloat16_rn(sum);
+}
+
 }  // namespace lkw::w4a16::gemv

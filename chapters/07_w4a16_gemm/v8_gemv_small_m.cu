@@ -47,15 +47,9 @@ __global__ void __launch_bounds__(kGemvThreads)
     gemv::reduce_lanes<kRows>(acc, r, c, red_sh[warp]);
     __syncthreads();
     // Store: row i's 64 channels, a thread each.
-    if (threadIdx.x < kRows * 64) {
-      const int i = threadIdx.x / 64, ch = threadIdx.x % 64;
-      if (row0 + i < m) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int wv = 0; wv < kGemvWarps; ++wv) sum += red_sh[wv][i][ch];
-        y[int64_t(row0 + i) * n + 64 * nb + ch] = __float2bfloat16_rn(sum);  // (M, N)
-      }
-    }
+    gemv::store_rows<kRows, kGemvWarps>(red_sh, m - row0, [&](int i) {
+      return y + int64_t(row0 + i) * n + 64 * nb;  // (M, N)
+    });
     __syncthreads();  // red_sh is the next pass's
   }
 }

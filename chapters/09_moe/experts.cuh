@@ -78,10 +78,13 @@ using GroupedLaunch = Status (*)(const GroupedArgs& a, cudaStream_t stream);
 // Everything a launcher can check without reading device memory. The ids are data: a sorted id
 // outside 0..T·topk − 1 (the sentinel included) is a row the kernels skip, an expert id outside
 // 0..E − 1 a block they skip, so no id makes them read or write out of bounds.
-// check_schedule holds what every grouped GEMM checks of x, the schedule and out (out_n channels
-// a slot); each op adds the checks of its weights (GroupedArgs, GroupedW4a16Args).
+// check_schedule holds what every grouped GEMM checks of x, the schedule and out (x_rows rows of
+// K, out_rows rows of out_n); each op adds the checks of its weights (GroupedArgs,
+// GroupedW4a16Args). x has a row per token and out one per slot, but for moe_grouped_gemm_sum,
+// whose x (h) has a row per slot and out one per token.
 template <class Grouped>
-Check check_schedule(const Grouped& a, int64_t out_n) {
+Check check_schedule(const Grouped& a, int64_t x_rows, int64_t out_rows, int64_t out_n) {
+  const int64_t out_bytes = 2 * out_rows * out_n;
   Check c;
   c.not_null(a.x, "x")
       .not_null(a.sorted_ids, "sorted_token_ids")
@@ -103,14 +106,15 @@ Check check_schedule(const Grouped& a, int64_t out_n) {
       .aligned(a.out, 16, "out")
       .aligned(a.sorted_ids, 4, "sorted_token_ids")
       .aligned(a.expert_ids, 4, "expert_ids")
-      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.x, 2 * a.t * a.k, "out and x")
-      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.sorted_ids, 4 * a.rows,
-                "out and sorted_token_ids")
-      .disjoint(a.out, 2 * a.t * a.topk * out_n, a.expert_ids, 4 * (a.rows / a.block_m),
-                "out and expert_ids");
+      .disjoint(a.out, out_bytes, a.x, 2 * x_rows * a.k, "out and x")
+      .disjoint(a.out, out_bytes, a.sorted_ids, 4 * a.rows, "out and sorted_token_ids")
+      .disjoint(a.out, out_bytes, a.expert_ids, 4 * (a.rows / a.block_m), "out and expert_ids");
   return c;
 }
-
+template <class Grouped>
+Check check_schedule(const Grouped& a, int64_t out_n) {
+  return check_schedule(a, a.t, a.t * a.topk, out_n);
+}
 inline Status validate_grouped(const GroupedArgs& a) {
   const int64_t n_piece = a.silu ? 2 * kGemmPiece : kGemmPiece;
   const int64_t out_n = a.silu ? a.n / 2 : a.n;
@@ -198,6 +202,13 @@ inline double grouped_bytes(const Args& a) {
          routed * 2.0 * double(w.dim(1)) * double(w.dim(2));
 }
 
+// 2·N·K per real row (x's rows times topk: the slots; padding rows are work, not FLOPs); the SiLU
+// and the products of an epilogue are not counted.
+inline double grouped_flops(const Args& a) {
+  const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
+  return 2.0 * double(x.dim(0)) * a.param("topk", 1.0) * double(w.dim(1)) * double(w.dim(2));
+}
+
 inline Version grouped_version(bool silu, const char* id, const char* summary,
                                GroupedLaunch launch, std::vector<SassFact> sass = {},
                                Kind kind = Kind::kVersion) {
@@ -209,12 +220,7 @@ inline Version grouped_version(bool silu, const char* id, const char* summary,
     return s.ok() ? launch(ga, stream) : s;
   };
   v.bytes = grouped_bytes;
-  // 2·N·K per real row (T·topk of them; padding rows are work, not FLOPs); the SiLU and the
-  // product of the epilogue are not counted.
-  v.flops = [](const Args& a) {
-    const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
-    return 2.0 * double(x.dim(0)) * a.param("topk", 1.0) * double(w.dim(1)) * double(w.dim(2));
-  };
+  v.flops = grouped_flops;
   return v;
 }
 
@@ -224,38 +230,17 @@ inline Version grouped_version(bool silu, const char* id, const char* summary,
 // (a masked id) adds nothing, and every token's row is written.
 inline Status validate_grouped_sum(const GroupedArgs& a) {
   const int64_t slots = a.t * a.topk;
-  return Check()
-      .not_null(a.x, "x")
+  return check_schedule(a, slots, a.t, a.n)
       .not_null(a.w, "w")
       .not_null(a.weights, "topk_weights")
-      .not_null(a.sorted_ids, "sorted_token_ids")
-      .not_null(a.expert_ids, "expert_ids")
-      .not_null(a.out, "out")
-      .positive(a.t, "T")
-      .positive(a.n, "N")
-      .positive(a.k, "K")
-      .that(a.num_experts >= 1, "w must hold at least one expert")
-      .that(a.topk >= 1 && a.topk <= (1 << 20), "topk must be in 1..2^20")
-      .that(slots < (int64_t(1) << 31) && a.k < (int64_t(1) << 31) && a.t * a.n < (int64_t(1) << 31),
-            "T·topk, K and T·N must fit int32")
-      .that(a.block_m >= kGemmRowTile && a.block_m <= kMaxBlockM && a.block_m % kGemmRowTile == 0,
-            "block_m = " + std::to_string(a.block_m) +
-                " must be a multiple of 16 (whole m16 tiles) in 16..1024")
-      .that(a.rows >= a.block_m && a.rows % a.block_m == 0 && a.rows < (int64_t(1) << 31),
-            "sorted_token_ids must hold a positive multiple of block_m entries (below 2^31)")
+      .that(a.topk <= (1 << 20) && a.t * a.n < (int64_t(1) << 31),
+            "topk must be at most 2^20 and T·N fit int32")
       .that(a.n % kGemmPiece == 0 && a.k % kGemmPiece == 0,
             "N and K must be multiples of 8 (16-byte pieces)")
-      .aligned(a.x, 16, "x")
       .aligned(a.w, 16, "w")
-      .aligned(a.out, 16, "out")
       .aligned(a.weights, 4, "topk_weights")
-      .aligned(a.sorted_ids, 4, "sorted_token_ids")
-      .aligned(a.expert_ids, 4, "expert_ids")
-      .disjoint(a.out, 2 * a.t * a.n, a.x, 2 * slots * a.k, "out and x")
       .disjoint(a.out, 2 * a.t * a.n, a.w, 2 * a.num_experts * a.n * a.k, "out and w")
       .disjoint(a.out, 2 * a.t * a.n, a.weights, 4 * slots, "out and topk_weights")
-      .disjoint(a.out, 2 * a.t * a.n, a.sorted_ids, 4 * a.rows, "out and sorted_token_ids")
-      .disjoint(a.out, 2 * a.t * a.n, a.expert_ids, 4 * (a.rows / a.block_m), "out and expert_ids")
       .arch_at_least(80)
       .status();
 }
@@ -304,17 +289,9 @@ inline Status grouped_sum_args(const Args& a, GroupedArgs* out) {
   return {};
 }
 
-// The roofline minimum: x, the ids, the weights and out once, the routed experts' w; the FP32
-// accumulator the epilogue adds into (zeroed, added to, converted) is the fusion's cost.
-inline double grouped_sum_bytes(const Args& a) {
-  const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
-  const double slots = double(x.dim(0));
-  const double routed = a.param("routed_experts", std::min(double(w.dim(0)), slots));
-  double bytes = double(a.outputs.at(0).bytes());
-  for (int i : {0, 2, 3, 4}) bytes += double(a.inputs.at(i).bytes());
-  return bytes + routed * 2.0 * double(w.dim(1)) * double(w.dim(2));
-}
-
+// The roofline minimum: grouped_bytes (x has a row per slot here, so no topk param: its rows are
+// the slots) and the weights once; the FP32 accumulator the epilogue adds into (zeroed, added to,
+// converted) is the fusion's cost.
 inline Version grouped_sum_version(const char* id, const char* summary, GroupedLaunch launch,
                                    std::vector<SassFact> sass = {}) {
   Version v = version_of(kChapter, kGroupedSumOp, id, summary, Kind::kVersion, std::move(sass));
@@ -323,11 +300,8 @@ inline Version grouped_sum_version(const char* id, const char* summary, GroupedL
     Status s = grouped_sum_args(a, &ga);
     return s.ok() ? launch(ga, stream) : s;
   };
-  v.bytes = grouped_sum_bytes;
-  v.flops = [](const Args& a) {
-    const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
-    return 2.0 * double(x.dim(0)) * double(w.dim(1)) * double(w.dim(2));
-  };
+  v.bytes = [](const Args& a) { return grouped_bytes(a) + double(a.inputs.at(4).bytes()); };
+  v.flops = grouped_flops;
   return v;
 }
 

@@ -14,7 +14,7 @@
 // (x), LDS.128 (words), LOP3, HMMA, no I2F, no local memory.
 #include "02_int4_dequant/dequant.cuh"
 #include "07_w4a16_gemm/gemm_plan.h"
-#include "07_w4a16_gemm/w4a16_gemm.cuh"
+#include "07_w4a16_gemm/tiles.cuh"
 #include "lkw/ptx.cuh"
 #include "experts_w4a16.cuh"
 
@@ -24,14 +24,16 @@ namespace {
 using w4a16::bits_of;  // chapter 07's register helpers
 using w4a16::group_shift_of;
 using w4a16::SplitCut;
-
-constexpr int kThreads = 128;  // 4 warps side by side over N
-constexpr int kWarpN = 64;     // a warp's channels: one repacked block, eight n8 tiles
-constexpr int kNTiles = kWarpN / 8;
-constexpr int kBlockN = kThreads / 32 * kWarpN;
-constexpr int kBlockK = 64;  // k per stage: four k16 steps
-constexpr int kKSteps = kBlockK / 16;
-constexpr int kRowElems = kBlockK + 8;  // 144-byte rows: ldmatrix's 8 rows hit 8 bank groups
+// Chapter 07's tiles (tiles.cuh): 4 warps side by side over N, 64 channels (one repacked block,
+// eight n8 tiles) a warp, 64-k stages of four k16 steps, x rows padded to 144 bytes so that
+// ldmatrix's 8 rows hit 8 bank groups.
+using w4a16::kBlockK;
+using w4a16::kBlockN;
+using w4a16::kKSteps;
+using w4a16::kNTiles;
+using w4a16::kThreads;
+using w4a16::kWarpN;
+constexpr int kRowElems = w4a16::kARowElems;
 constexpr int kStages = 4;
 constexpr int kStepWords = 32 * 4;                 // a 64-channel block's words per k16 step
 constexpr int kBlockWords = kKSteps * kStepWords;  // per stage: 2 KB, contiguous in HBM
@@ -151,10 +153,7 @@ __global__ void __launch_bounds__(kThreads)
       if (kt * kBlockK + 16 * ks >= k) break;  // K % 64 == 32: the last stage's half
       uint32_t a[kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {  // matrices: rows 0-7 | 8-15 × k 0-7 | 8-15
-        const int row = 16 * mt + lane % 8 + 8 * ((lane / 8) % 2), col = 16 * ks + 8 * (lane / 16);
-        ptx::ldmatrix_x4(a[mt], a_sh + row * kRowElems + col);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) w4a16::a_fragment<kMTiles>(a[mt], a_sh, mt, ks, lane);
       // B: this lane's 16 bytes are its fragments of all eight n8 tiles; word wi holds tiles
       // 2wi (channel 16wi + g) and 2wi + 1 (channel 16wi + 8 + g). The scale multiplies the
       // unpacked (q − 8) in BF16 (exact integers times s, one rounding), where an FP32 scale of

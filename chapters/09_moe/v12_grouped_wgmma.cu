@@ -9,10 +9,10 @@
 // 256-row box a stage (gate_up: 128 gate rows and the same channels' 128 up rows, v8's pairing);
 // the x rows are a gather, which Hopper's TMA cannot do: each thread cp.asyncs one 16-byte piece to
 // where the swizzle puts it and fences it to the async proxy before the barrier opening the stage.
-// One wgmma group stays in flight while the next stage's barrier passes, so loads run two stages
-// behind the ring's end. gate_up: the up warpgroups hand their FP32 sums to the gate ones through
-// shared memory, which store silu(g)·u rounded once, as v8.
-// Expect: prefill near chapter 07's v6 rate; decode as v7 (few rows). SASS: HGMMA, UTMALDG, LDGSTS.
+// One wgmma group stays in flight while the next stage's barrier passes (loads run two stages
+// behind the ring's end). gate_up: the up warpgroups hand their FP32 sums to the gate ones in shared
+// memory, which store silu(g)·u rounded once (v8); moe_grouped_gemm_sum: each weighted FP32 row is
+// added into its token's by a 16-byte atomic. Expect: prefill near chapter 07's v6; decode as v7.
 #include "experts.cuh"
 #include "lkw/ptx.cuh"
 #include "lkw/tma.h"
@@ -230,27 +230,15 @@ Status grouped_v12(const GroupedArgs& a, cudaStream_t stream) {
   return a.silu ? launch_rows<Epi::kSilu>(a, nullptr, stream) : launch_rows<Epi::kStore>(a, nullptr, stream);
 }
 
-// moe_grouped_gemm_sum's last step: each token's FP32 row, rounded once, 8 channels a thread.
-__global__ void sum_v12_round_kernel(const float* __restrict__ acc32, __nv_bfloat16* __restrict__ out,
-                                     int pieces) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= pieces) return;
-  const float4 lo = reinterpret_cast<const float4*>(acc32)[2 * i],
-               hi = reinterpret_cast<const float4*>(acc32)[2 * i + 1];
-  uint4 packed;
-  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
-  p[0] = __floats2bfloat162_rn(lo.x, lo.y), p[1] = __floats2bfloat162_rn(lo.z, lo.w);
-  p[2] = __floats2bfloat162_rn(hi.x, hi.y), p[3] = __floats2bfloat162_rn(hi.z, hi.w);
-  reinterpret_cast<uint4*>(out)[i] = packed;  // (T, N)
-}
-
 // The down GEMM with moe_sum in its epilogue: the FP32 accumulator [T, N] (a workspace) zeroed,
 // every slot's weighted row added into its token's by the GEMM's blocks, in whatever order they
-// finish, then rounded once.
+// finish, then rounded once by chapter 01's cast (f32_to_bf16, found in the registry).
 Status grouped_v12_sum(const GroupedArgs& a, cudaStream_t stream) {
   static Workspace accumulator("moe_grouped_gemm_sum's FP32 accumulator");
+  const Version* round = nullptr;
   Status s = validate_grouped_sum(a);
   if (s.ok()) s = check_v12(a);
+  if (s.ok()) s = Registry::get().require("01_formats/f32_to_bf16/v2_vec16", kGroupedSumOp, &round);
   if (!s.ok()) return s;
   void* acc32 = nullptr;
   const int64_t elems = a.t * a.n;
@@ -260,10 +248,12 @@ Status grouped_v12_sum(const GroupedArgs& a, cudaStream_t stream) {
     return last_launch_status(kGroupedSumOp);
   s = launch_rows<Epi::kSum>(a, static_cast<float*>(acc32), stream);
   if (!s.ok()) return s;
-  const int pieces = int(elems / 8);
-  sum_v12_round_kernel<<<unsigned(ceil_div(pieces, 256)), 256, 0, stream>>>(
-      static_cast<const float*>(acc32), a.out, pieces);
-  return last_launch_status(kGroupedSumOp);
+  Args rounding;
+  rounding.inputs = {{acc32, DType::kF32, {a.t, a.n}}};
+  rounding.outputs = {{a.out, DType::kBF16, {a.t, a.n}}};
+  s = round->launch(rounding, stream);
+  if (!s.ok()) s.message = std::string(kGroupedSumOp) + ", rounding: " + s.message;
+  return s;
 }
 
 Version v12_version(bool silu) {
@@ -290,7 +280,7 @@ const Register kRegisteredSum{[] {
       {{"grouped_v12_kernel*EpiE2E", {"sm_90a"}, {"HGMMA", "UTMALDG", "REDG"}, {"HMMA"}, true,
         "the weighted rows reach the tokens' FP32 rows by vector atomics (RED), nothing spilled"}});
   v.min_arch = 90;
-  v.kernels_per_launch = 2;  // the GEMM and the rounding (the memset is no kernel)
+  v.kernels_per_launch = 2;  // the GEMM and chapter 01's cast (the memset is no kernel)
   return v;
 }()};
 

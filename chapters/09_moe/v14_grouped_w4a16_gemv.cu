@@ -64,15 +64,9 @@ __global__ void __launch_bounds__(kThreads)
     gemv::reduce_lanes<kRows>(acc, r, c, red_sh[warp]);
     __syncthreads();
     // Store: each listed row's 64 channels at its slot, a thread each.
-    if (threadIdx.x < kRows * 64) {
-      const int i = threadIdx.x / 64, ch = threadIdx.x % 64;
-      if (chunk + i < count) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int wv = 0; wv < kWarps; ++wv) sum += red_sh[wv][i][ch];
-        out[int64_t(list_sh[chunk + i]) * n + 64 * nb + ch] = __float2bfloat16_rn(sum);  // (T·topk, N)
-      }
-    }
+    gemv::store_rows<kRows, kWarps>(red_sh, count - chunk, [&](int i) {
+      return out + int64_t(list_sh[chunk + i]) * n + 64 * nb;  // (T·topk, N)
+    });
     __syncthreads();  // red_sh is the next pass's
   }
 }

@@ -8,10 +8,10 @@
 // 256-row box a stage (gate_up: 128 gate rows and the same channels' 128 up rows, v8's pairing);
 // the x rows are a gather, which Hopper's TMA cannot do: each thread cp.asyncs one 16-byte piece to
 // where the swizzle puts it and fences it to the async proxy before the barrier opening the stage.
-// One wgmma group stays in flight while the next stage's barrier passes, so loads run two stages
-// behind the ring's end. gate_up: the up warpgroups hand their FP32 sums to the gate ones through
-// shared memory, which store silu(g)·u rounded once, as v8.
-// Expect: prefill near chapter 07's v6 rate; decode as v7 (few rows). SASS: HGMMA, UTMALDG, LDGSTS.
+// One wgmma group stays in flight while the next stage's barrier passes (loads run two stages
+// behind the ring's end). gate_up: the up warpgroups hand their FP32 sums to the gate ones in shared
+// memory, which store silu(g)·u rounded once (v8); moe_grouped_gemm_sum: each weighted FP32 row is
+// added into its token's by a 16-byte atomic. Expect: prefill near chapter 07's v6; decode as v7.
 #include "experts.cuh"
 #include "lkw/ptx.cuh"
 #include "lkw/tma.h"
