@@ -1085,6 +1085,22 @@ def _grouped_torch_peers(ids: np.ndarray, num_experts: int, silu: bool) -> dict[
     return {"torch_grouped_mm": grouped_mm, "torch_loop": loop}
 
 
+def _uniform_routing(t: int, e: int, k: int, block_m: int) -> tuple[np.ndarray, int, int]:
+    """The grouped GEMM cases' routing, drawn on the host (lkw.moe.routing_ids, uniform, seed 0:
+    the byte model's routed experts are known when the case is made): ids int32 [T, k], how many
+    experts it routes to, and the align's capacity at block_m."""
+    from lkw import moe
+
+    ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
+    return ids, int(np.unique(ids).size), moe.capacity(t * k, e, block_m)
+
+
+def _torch_topk_weights(torch, gen, t: int, k: int):
+    """topk_weights FP32 [T, k] as a router makes them: a softmax's top k, renormalized."""
+    p = torch.softmax(torch.randn(t, 4 * k, device="cuda", generator=gen), dim=1).topk(k, dim=1).values
+    return (p / p.sum(dim=1, keepdim=True)).contiguous()
+
+
 def moe_gemm_cases() -> list[Case]:
     """Chapter 09's expert half: moe_grouped_gemm_silu (gate_up, N = 2·inter, K = d) and
     moe_grouped_gemm (down, N = d, K = inter) for every MOE_GEMM_MODELS model at MOE_GEMM_T tokens,
@@ -1100,9 +1116,7 @@ def moe_gemm_cases() -> list[Case]:
     bm = MOE_BLOCK_M
     for e, k, d, inter in MOE_GEMM_MODELS.values():
         for t in MOE_GEMM_T:
-            ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
-            routed = int(np.unique(ids).size)
-            cap = moe.capacity(t * k, e, bm)
+            ids, routed, cap = _uniform_routing(t, e, k, bm)
             rows = min(MOE_GEMM_SAMPLE, t * k)
             for op, n, kk in (("moe_grouped_gemm_silu", 2 * inter, d), ("moe_grouped_gemm", d, inter)):
                 silu = op.endswith("silu")
@@ -1138,9 +1152,7 @@ def moe_gemm_cases() -> list[Case]:
 
             def make(torch, gen, t=t, k=k, d=d):
                 y = torch.randn(t, k, d, device="cuda", generator=gen).to(torch.bfloat16)
-                p = torch.softmax(torch.randn(t, 4 * k, device="cuda", generator=gen), dim=1)
-                w = p.topk(k, dim=1).values
-                w = w / w.sum(dim=1, keepdim=True)
+                w = _torch_topk_weights(torch, gen, t, k)
                 return [y, w], [torch.empty(t, d, dtype=torch.bfloat16, device="cuda")]
 
             holder = []
@@ -1169,15 +1181,13 @@ def moe_gemm_sum_cases() -> list[Case]:
     (a row per slot), weights a softmax's top-k renormalized. The reference computes the tokens
     of the first MOE_GEMM_SAMPLE slots. Peers: moe_gemm_cases' down GEMM in torch (grouped_mm or
     the loop) with each slot as its own token, then the weighted sum in torch: the unfused pair."""
-    from lkw import golden, moe
+    from lkw import golden
 
     cases = []
     bm = MOE_BLOCK_M
     for e, k, d, inter in MOE_GEMM_MODELS.values():
         for t in MOE_GEMM_T:
-            ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
-            routed = int(np.unique(ids).size)
-            cap = moe.capacity(t * k, e, bm)
+            ids, routed, cap = _uniform_routing(t, e, k, bm)
             tokens = max(1, min(MOE_GEMM_SAMPLE, t * k) // k)
 
             def make(torch, gen, t=t, e=e, k=k, n=d, kk=inter, ids=ids, cap=cap):
@@ -1186,8 +1196,7 @@ def moe_gemm_sum_cases() -> list[Case]:
                 w = torch.randn(e, n, kk, dtype=torch.bfloat16, **dev).mul_(kk**-0.5)
                 routing = torch.from_numpy(ids).to("cuda")
                 sorted_ids, expert_ids, _ = _torch_align(torch, routing, e, bm, cap)
-                p = torch.softmax(torch.randn(t, 4 * k, **dev), dim=1).topk(k, dim=1).values
-                tw = (p / p.sum(dim=1, keepdim=True)).contiguous()
+                tw = _torch_topk_weights(torch, gen, t, k)
                 return [h, w, sorted_ids, expert_ids, tw], [torch.empty(t, n, dtype=torch.bfloat16, device="cuda")]
 
             holder: list[Case] = []
@@ -1260,15 +1269,11 @@ def moe_w4a16_cases() -> list[Case]:
     (grouped_w4a16_sample_reference). Peers: torch._grouped_mm and the per-expert matmul loop on
     the BF16 dequantized weights of the routed experts (made untimed): the issue's BF16 baseline.
     The sampled slots stop before a 17th expert (MOE_W4A16_SAMPLE_EXPERTS)."""
-    from lkw import moe
-
     cases = []
     bm = MOE_BLOCK_M
     for e, k, d, inter in MOE_GEMM_MODELS.values():
         for t in MOE_W4A16_T:
-            ids = moe.routing_ids(np.random.default_rng(0), t, e, k, "uniform")  # (T,k)
-            routed = int(np.unique(ids).size)
-            cap = moe.capacity(t * k, e, bm)
+            ids, routed, cap = _uniform_routing(t, e, k, bm)
             rows = _rows_within_experts(ids, min(MOE_GEMM_SAMPLE, t * k), MOE_W4A16_SAMPLE_EXPERTS)
             for n, kk in ((2 * inter, d), (d, inter)):
 
