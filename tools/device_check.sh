@@ -4,7 +4,7 @@
 # DRAM bytes) and refresh the results; grade the exercise trees. Uses the machine's own python3
 # (torch, numpy, ml_dtypes, nanobind, pytest must be there); writes logs and results under $OUT
 # (default ./device-out).
-#   tools/device_check.sh build test sanitize peers bench ncu grade   # any subset, in this order
+#   tools/device_check.sh build test sanitize peers bench ncu promotion grade   # any subset, in this order
 # peers: where the ignored folder .peers/ holds copies of the peer kit (../shared/peers/README.md:
 # its wheels, fi_aot_*.tar.xz, vllm_so/), install the wheels into $LKW_PEERS_SITE (default
 # /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
@@ -134,6 +134,13 @@ if has bench; then
     PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   fi
+fi
+
+if has promotion; then
+  # Chapter 08's promotion experiment (tools/promotion.py): v4 with and without promotion against K.
+  step "promotion experiment"
+  PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/promotion.py \
+    --write "$out/results/h200/experiments/08_promotion.json" 2>&1 | tee -a "$log" || status=1
 fi
 
 if has grade; then

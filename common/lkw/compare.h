@@ -32,12 +32,16 @@ struct Tolerance {
   // are cut into runs by another output of the reference, the key (one key element per `width`
   // rows; a run is a maximal stretch of equal keys), and each run must hold the same multiset of
   // values. Exact otherwise. compare_runs does it; compare() alone cannot (it lacks the key).
-  enum class Mode { kExact, kUlp, kClose, kMultiset };
+  // kFrobenius: the FP8 GEMM's rule (SPEC): ||got - ref||_F / ||ref||_F <= bound over the whole
+  // output, every element finite; single elements may stray (a cancelling sum has no relative
+  // accuracy), the norm may not.
+  enum class Mode { kExact, kUlp, kClose, kMultiset, kFrobenius };
   Mode mode = Mode::kExact;
   int64_t max_ulp = 0;  // kUlp
   double rtol = 0, atol = 0;  // kClose: |got - ref| <= atol + rtol * |ref|
   int key_output = 0;   // kMultiset: the output that holds the keys
   int64_t width = 1;    // kMultiset: rows per key element
+  double bound = 0;     // kFrobenius
 
   static Tolerance exact() { return {}; }
   static Tolerance ulp(int64_t n) { return {Mode::kUlp, n, 0, 0}; }
@@ -45,11 +49,21 @@ struct Tolerance {
   static Tolerance multiset(int key_output, int64_t width) {
     return {Mode::kMultiset, 0, 0, 0, key_output, width};
   }
+  static Tolerance frobenius(double bound) {
+    Tolerance t;
+    t.mode = Mode::kFrobenius;
+    t.bound = bound;
+    return t;
+  }
   // The spelling of golden manifests and the bench: exact | ulp:N | close:RTOL:ATOL |
-  // multiset:KEY_OUTPUT:WIDTH.
+  // multiset:KEY_OUTPUT:WIDTH | frob:BOUND.
   static Tolerance parse(const std::string& s) {
     if (s == "exact") return exact();
     if (s.rfind("ulp:", 0) == 0) return ulp(std::stoll(s.substr(4)));
+    if (s.rfind("frob:", 0) == 0 && s.size() > 5) {
+      const double bound = std::stod(s.substr(5));
+      if (bound > 0) return frobenius(bound);
+    }
     const size_t colon = s.find(':', 6);
     if (s.rfind("close:", 0) == 0 && colon != std::string::npos)
       return close(std::stod(s.substr(6, colon - 6)), std::stod(s.substr(colon + 1)));
@@ -59,11 +73,13 @@ struct Tolerance {
       if (t.key_output >= 0 && t.width >= 1) return t;
     }
     throw std::invalid_argument("bad tolerance '" + s +
-                                "' (exact | ulp:N | close:RTOL:ATOL | multiset:KEY:WIDTH)");
+                                "' (exact | ulp:N | close:RTOL:ATOL | multiset:KEY:WIDTH | frob:BOUND)");
   }
   std::string str() const {
     if (mode == Mode::kExact) return "bit-exact";
     if (mode == Mode::kUlp) return format("<= %lld ulp", static_cast<long long>(max_ulp));
+    if (mode == Mode::kFrobenius)
+      return format("relative Frobenius error <= %g, every element finite", bound);
     if (mode == Mode::kMultiset)
       return format("a multiset per run of %lld-row blocks with equal keys (output %d)",
                     static_cast<long long>(width), key_output);
@@ -77,11 +93,13 @@ struct CompareReport {
   double max_abs = 0, max_rel = 0;
   int64_t max_ulp = 0;
   std::string reason;  // why the first bad element is bad
+  double frobenius = 0;  // ||got - ref||_F / ||ref||_F (kFrobenius only)
   std::string str() const {
     std::string s = format("%s: %lld/%lld bad, max abs %g, max rel %g, max ulp %lld",
                            pass ? "PASS" : "FAIL", static_cast<long long>(bad),
                            static_cast<long long>(count), max_abs, max_rel,
                            static_cast<long long>(max_ulp));
+    if (frobenius > 0) s += format(", relative Frobenius error %g", frobenius);
     if (first_bad >= 0)
       s += format("; first bad index %lld (", static_cast<long long>(first_bad)) + reason + ")";
     else if (!reason.empty())
@@ -103,6 +121,8 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
   }
   // Identical bits are within any tolerance (and NaN matches NaN): skip the element walk.
   if (std::memcmp(got, ref, static_cast<size_t>(n) * dtype_size(t)) == 0) return r;
+  const bool frob = tol.mode == Tolerance::Mode::kFrobenius;
+  double diff2 = 0, ref2 = 0;  // kFrobenius: the squared norms, in float64
   bool got_all_zero = true, ref_all_zero = true;
   for (int64_t i = 0; i < n; ++i) {
     const double g = element_as_f64(got, t, i), e = element_as_f64(ref, t, i);
@@ -123,6 +143,8 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
       if (is_float(t)) ulp = std::llabs(ordered_key(gb, t) - ordered_key(eb, t));
       else ulp = static_cast<int64_t>(abs_err);
       r.max_ulp = std::max(r.max_ulp, ulp);
+      diff2 += abs_err * abs_err;
+      ref2 += e * e;
       switch (tol.mode) {
         case Tolerance::Mode::kExact:
           if (gb != eb) why = "bits differ";
@@ -132,6 +154,8 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
           break;
         case Tolerance::Mode::kClose:
           if (!(abs_err <= tol.atol + tol.rtol * std::fabs(e))) why = "outside rtol/atol";
+          break;
+        default:  // kFrobenius: judged on the whole output below
           break;
       }
     }
@@ -143,6 +167,13 @@ inline CompareReport compare(const void* got, const void* ref, DType t, int64_t 
                           static_cast<unsigned long long>(eb)) + why;
       }
       ++r.bad;
+    }
+  }
+  if (frob && r.bad == 0) {
+    r.frobenius = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? INFINITY : 0);
+    if (!(r.frobenius <= tol.bound)) {
+      r.reason = format("relative Frobenius error %g above the bound %g", r.frobenius, tol.bound);
+      r.bad = n;
     }
   }
   if (got_all_zero && !ref_all_zero && n > 0) {

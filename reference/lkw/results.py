@@ -970,6 +970,33 @@ def example(chapter: str) -> dict:
                 r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
                                              "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
                               for p in rows if p["kind"] == "peer" and p["shape"] == r["shape"]}
+    elif chapter == "08_fp8_gemm":
+        rows, peak = [], 1000.0  # the example's FP8 tensor rate, TFLOP/s
+        shapes = [(64, 2112, 7168), (4096, 2112, 7168), (8192, 8192, 8192)]
+        for m, n, k in shapes:
+            for op, scale in (("fp8_gemm", "rowwise"), ("fp8_gemm_blockwise", "blockwise")):
+                sa = m if scale == "rowwise" else m * k // 128
+                sb = n if scale == "rowwise" else -(-n // 128) * (k // 128)
+                model, flops = m * k + n * k + 4 * (sa + sb) + 2 * m * n, 2 * m * n * k
+                # (version, kind, share of the ceiling, share of the tensor rate)
+                entries = [("v3_warp_specialized", "version", 0.5, 0.8), ("v4_blockwise", "version", 0.5, 0.75),
+                           ("torch_scaled_mm", "peer", 0.6, 0.85), ("vllm cutlass_scaled_mm", "peer", 0.6, 0.9)]
+                if op == "fp8_gemm":
+                    entries = [("v0_mma_sync", "version", 0.2, 0.25), ("v1_wgmma", "version", 0.3, 0.4),
+                               ("v2_tma_pipeline", "version", 0.4, 0.6)] + entries
+                else:
+                    entries = [e for e in entries if e[0] != "v3_warp_specialized"]
+                for version, kind, mem, tc in entries:
+                    time_us = max(model / (mem * ceiling * 1e3), flops / (tc * peak * 1e6))
+                    rows.append(row(op, version, kind, "example row", f"m={m},n={n},k={k},scale={scale}",
+                                    time_us, model, flops=flops, dram_ratio=None))
+                    rows[-1]["graph_us"] = rows[-1]["back_to_back_us"] = time_us
+        for r in rows:
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
+                                             "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
+                              for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
+                              and p["shape"] == r["shape"]}
     elif chapter == "09_moe":
         rows, bm = [], 64
         # (op, version, kind, µs at no slots, µs per 1000 slots)

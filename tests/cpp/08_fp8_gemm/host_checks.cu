@@ -1,0 +1,149 @@
+// Chapter 08 checks that need no GPU: the refusals the generic Validation suite does not reach
+// (N or K not a multiple of 16, scales that name no granularity or the other op's, blockwise K,
+// alignment, an output overlapping an input) and the byte model the bench divides by.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fp8_gemm.cuh"
+#include "schedule.cuh"
+
+namespace lkw::fp8 {
+namespace {
+
+// Fake device addresses, far apart and 256-byte aligned: every call below must be refused before
+// the launcher looks at the device.
+struct Fake {
+  uintptr_t a = 0x1000000, b = 0x10000000, sa = 0x20000000, sb = 0x30000000, y = 0x40000000;
+};
+
+enum class Scales { kTensor, kRowwise, kBlockwise };
+
+Args fake_args(int64_t m, int64_t n, int64_t k, Scales scales, Fake at = {}) {
+  Args a;
+  a.inputs.push_back({reinterpret_cast<void*>(at.a), DType::kE4M3, {m, k}});
+  a.inputs.push_back({reinterpret_cast<void*>(at.b), DType::kE4M3, {n, k}});
+  std::vector<int64_t> sa{1}, sb{1};
+  if (scales == Scales::kRowwise) sa = {m, 1}, sb = {n, 1};
+  if (scales == Scales::kBlockwise) sa = {k / 128, m}, sb = {(n + 127) / 128, k / 128};
+  a.inputs.push_back({reinterpret_cast<void*>(at.sa), DType::kF32, sa});
+  a.inputs.push_back({reinterpret_cast<void*>(at.sb), DType::kF32, sb});
+  a.outputs.push_back({reinterpret_cast<void*>(at.y), DType::kBF16, {m, n}});
+  return a;
+}
+
+std::vector<const Version*> versions_of(const char* op) {
+  std::vector<const Version*> out;
+  for (const Version* v : Registry::get().chapter(LKW_CHAPTER))
+    if (v->op == op) out.push_back(v);
+  return out;
+}
+
+void expect_refused(const Version& v, const Args& a, const std::string& words) {
+  const Status s = v.launch(a, nullptr);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << v.name() << ": " << s.str();
+  EXPECT_NE(s.message.find(words), std::string::npos)
+      << v.name() << ": message \"" << s.message << "\" lacks \"" << words << "\"";
+}
+
+TEST(HostValidation, BothOpsHaveVersions) {
+  EXPECT_GE(versions_of(kOp).size(), 5u);
+  EXPECT_FALSE(versions_of(kBlockwiseOp).empty());
+}
+
+TEST(HostValidation, NAndKMustBeMultiplesOf16) {
+  for (const Version* v : versions_of(kOp)) {
+    expect_refused(*v, fake_args(4, 100, 256, Scales::kRowwise), "N = 100 must be a multiple of 16");
+    expect_refused(*v, fake_args(4, 128, 264, Scales::kTensor), "K = 264 must be a multiple of 16");
+  }
+}
+
+TEST(HostValidation, ScalesOfNoGranularityAreRefused) {
+  for (const Version* v : versions_of(kOp)) {
+    Args a = fake_args(8, 128, 256, Scales::kRowwise);
+    a.inputs[2].shape = {8};  // per token, but flat
+    expect_refused(*v, a, "name no granularity");
+    a = fake_args(8, 128, 256, Scales::kRowwise);
+    a.inputs[3].shape = {1, 128};  // per channel, transposed
+    expect_refused(*v, a, "name no granularity");
+  }
+  for (const Version* v : versions_of(kBlockwiseOp)) {
+    Args a = fake_args(8, 256, 512, Scales::kBlockwise);
+    a.inputs[3].shape = {4, 2};  // B's blocks as [K/128, N/128]
+    expect_refused(*v, a, "name no granularity");
+  }
+}
+
+TEST(HostValidation, EachOpTakesItsOwnScales) {
+  for (const Version* v : versions_of(kOp))
+    expect_refused(*v, fake_args(8, 256, 512, Scales::kBlockwise), "fp8_gemm_blockwise");
+  for (const Version* v : versions_of(kBlockwiseOp)) {
+    expect_refused(*v, fake_args(8, 256, 512, Scales::kRowwise), "takes blockwise scales");
+    expect_refused(*v, fake_args(8, 256, 512, Scales::kTensor), "takes blockwise scales");
+  }
+}
+
+TEST(HostValidation, BlockwiseNeedsKAMultipleOf128) {
+  // K = 208: K/128 rounds down, so no scale shape names it; the message says what it expects.
+  for (const Version* v : versions_of(kBlockwiseOp)) {
+    Args a = fake_args(8, 256, 208, Scales::kBlockwise);
+    a.inputs[2].shape = {1, 8};
+    a.inputs[3].shape = {2, 1};
+    expect_refused(*v, a, "name no granularity");
+  }
+}
+
+TEST(HostValidation, RowMajorBlockwiseScalesAreTakenByTheParam) {
+  for (const Version* v : versions_of(kBlockwiseOp)) {
+    Args a = fake_args(8, 256, 512, Scales::kBlockwise);
+    a.inputs[2].shape = {8, 4};  // [M, K/128]
+    expect_refused(*v, a, "name no granularity");  // without the param: column-major expected
+    a.params["a_scales_row_major"] = 1;
+    a.inputs[0].data = reinterpret_cast<void*>(0x1000001);  // now refused for alignment instead
+    expect_refused(*v, a, "A must be 16-byte aligned");
+  }
+}
+
+TEST(HostValidation, MisalignedOrOverlappingOperandsAreRefused) {
+  for (const char* op : {kOp, kBlockwiseOp})
+    for (const Version* v : versions_of(op)) {
+      const Scales sc = std::string(op) == kOp ? Scales::kRowwise : Scales::kBlockwise;
+      Fake at;
+      at.b += 8;
+      expect_refused(*v, fake_args(8, 256, 512, sc, at), "B must be 16-byte aligned");
+      at = Fake{};
+      at.y = at.a + 1024;  // y [8, 256] BF16 over A [8, 512]
+      expect_refused(*v, fake_args(8, 256, 512, sc, at), "y and A");
+      at = Fake{};
+      at.sa += 2;
+      expect_refused(*v, fake_args(8, 256, 512, sc, at), "s_a must be 4-byte aligned");
+    }
+}
+
+TEST(HostValidation, EmptyMIsRefused) {
+  for (const Version* v : versions_of(kOp))
+    expect_refused(*v, fake_args(0, 128, 256, Scales::kTensor), "M must be at least 1");
+}
+
+TEST(HostModel, BytesAreEachTensorOnceAndFlopsTwoMNK) {
+  for (const char* op : {kOp, kBlockwiseOp}) {
+    const Version& v = *versions_of(op).front();
+    const bool block = std::string(op) == kBlockwiseOp;
+    const int64_t m = 64, n = 2112, k = 7168;
+    const Args a = fake_args(m, n, k, block ? Scales::kBlockwise : Scales::kRowwise);
+    const double scales = block ? 4.0 * (k / 128 * m + (n + 127) / 128 * (k / 128)) : 4.0 * (m + n);
+    EXPECT_DOUBLE_EQ(v.bytes(a), double(m * k + n * k + 2 * m * n) + scales) << op;
+    EXPECT_DOUBLE_EQ(v.flops(a), 2.0 * m * n * k) << op;
+  }
+}
+
+TEST(HostSchedule, TilesCoverTheOutputOnceMFastest) {
+  const TileSchedule s = plan_tiles(300, 2112, 128, 256);
+  EXPECT_EQ(s.tiles_m, 3);
+  EXPECT_EQ(s.tiles_n, 9);  // 2112 = 8.25 tiles of 256
+  EXPECT_EQ(s.count(), 27);
+}
+
+}  // namespace
+}  // namespace lkw::fp8
