@@ -412,6 +412,13 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #endif
 }
 
+// A barrier among some warps of the block (bar.sync id, threads): a warp-specialized kernel's
+// consumer warpgroups meet without the producer, which __syncthreads would wait for. id 0 is
+// __syncthreads' own; threads a multiple of 32.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async once waited for)
 // visible to the async proxy that wgmma and TMA read through: after a cp.async stage lands and
 // before the wgmma that reads it (with a barrier between, for the other threads' copies).

@@ -20,6 +20,7 @@
 //   v2_tma_pipeline    TMA boxes and an mbarrier ring instead of cp.async
 //   v3_warp_specialized  a producer warp, two consumer warpgroups, setmaxnreg, persistent tiles
 //   v4_blockwise       DeepSeek's 1 × 128 / 128 × 128 scales, promoted every K block
+//   v5_tuned           split K where the tiles cannot fill the SMs, tiles in L2 bands
 // The reference, its error bound and the accumulation model: reference/lkw/fp8_gemm.py.
 #pragma once
 #include <cuda_bf16.h>

@@ -1,5 +1,6 @@
-// Chapter 08's host planning and tile schedule, apart from the kernel bodies: which output tiles a
-// persistent block takes, in which order, and how many blocks run.
+// Chapter 08's host planning and tile schedule, apart from the kernel bodies: which output tiles
+// (and, from v5, which share of K) a persistent block takes, in which order, and how many blocks
+// run.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,24 +20,41 @@ inline int sm_count() {
   return std::max(sms, 1);
 }
 
-// Output tiles of block_m × block_n, numbered M-fastest: the blocks that run at once take
-// neighbouring tiles, which share their B rows (a weight tile is read from HBM once and then from
-// L2 by the other blocks of its column). Block b takes tiles b, b + grid, b + 2·grid, ...
+// Units of work: an output tile of block_m × block_n, and (v5) one of `splits` shares of its K
+// blocks. Block b takes units b, b + grid, b + 2·grid, ... Unit u is tile u % tiles, split
+// u / tiles. Tiles go in bands of group_m rows of tiles, M-fastest inside a band: the blocks that
+// run at once then take a few bands' A rows and a few columns' B rows, a working set that stays in
+// L2 (v3 and v4: one band, plain M-fastest order, one split).
 struct TileSchedule {
   int tiles_m, tiles_n, block_m, block_n;
+  int group_m;       // tile rows per band
+  int splits;        // K shares per tile
+  int k_blocks;      // 128-k blocks of K
 
-  __host__ __device__ int count() const { return tiles_m * tiles_n; }
-  __device__ void origin(int tile, int* m0, int* n0) const {
-    *m0 = (tile % tiles_m) * block_m;
-    *n0 = (tile / tiles_m) * block_n;
+  __host__ __device__ int tiles() const { return tiles_m * tiles_n; }
+  __host__ __device__ int count() const { return tiles() * splits; }
+  __host__ __device__ void origin(int unit, int* m0, int* n0) const {
+    const int tile = unit % tiles(), band_tiles = group_m * tiles_n, band = tile / band_tiles;
+    const int first = band * group_m, rows = tiles_m - first < group_m ? tiles_m - first : group_m, local = tile - band * band_tiles;
+    *m0 = (first + local % rows) * block_m;
+    *n0 = (local / rows) * block_n;
+  }
+  // The K blocks [kb0, kb1) of the unit's split: shares differ by one block at most.
+  __host__ __device__ void k_range(int unit, int* kb0, int* kb1) const {
+    const int split = unit / tiles();
+    *kb0 = split * k_blocks / splits;
+    *kb1 = (split + 1) * k_blocks / splits;
   }
 };
 
-inline TileSchedule plan_tiles(int64_t m, int64_t n, int block_m, int block_n) {
-  return {int((m + block_m - 1) / block_m), int((n + block_n - 1) / block_n), block_m, block_n};
+inline TileSchedule plan_tiles(int64_t m, int64_t n, int block_m, int block_n, int64_t k = 0,
+                               int group_m = 0, int splits = 1) {
+  const int tiles_m = int((m + block_m - 1) / block_m);
+  return {tiles_m, int((n + block_n - 1) / block_n), block_m, block_n,
+          group_m > 0 ? std::min(group_m, tiles_m) : tiles_m, splits, int((k + 127) / 128)};
 }
 
-// One block per SM, or per tile when there are fewer tiles.
+// One block per SM, or per unit when there are fewer units.
 inline int persistent_grid(const TileSchedule& s) { return std::min(s.count(), sm_count()); }
 
 }  // namespace lkw::fp8

@@ -143,6 +143,29 @@ TEST(HostSchedule, TilesCoverTheOutputOnceMFastest) {
   EXPECT_EQ(s.tiles_m, 3);
   EXPECT_EQ(s.tiles_n, 9);  // 2112 = 8.25 tiles of 256
   EXPECT_EQ(s.count(), 27);
+  int m0 = -1, n0 = -1;
+  s.origin(4, &m0, &n0);  // one band: M-fastest
+  EXPECT_EQ(m0, 128);
+  EXPECT_EQ(n0, 256);
+}
+
+// Every (tile, K block) pair is one unit's exactly once, whatever the bands and splits (a last
+// band of fewer tile rows, shares of K that differ by one block).
+TEST(HostSchedule, BandsAndSplitsCoverEveryTileAndKBlockOnce) {
+  for (int group_m : {0, 1, 4, 16})
+    for (int splits : {1, 3, 7}) {
+      const TileSchedule s = plan_tiles(1300, 2112, 128, 128, 7168, group_m, splits);
+      std::vector<int> seen(size_t(s.tiles()) * s.k_blocks, 0);
+      for (int u = 0; u < s.count(); ++u) {
+        int m0, n0, kb0, kb1;
+        s.origin(u, &m0, &n0);
+        s.k_range(u, &kb0, &kb1);
+        ASSERT_TRUE(m0 % 128 == 0 && m0 < 1300 && n0 % 128 == 0 && n0 < 2112) << m0 << " " << n0;
+        EXPECT_GE(kb1 - kb0, s.k_blocks / splits);
+        for (int kb = kb0; kb < kb1; ++kb) ++seen[(size_t(n0 / 128) * s.tiles_m + m0 / 128) * s.k_blocks + kb];
+      }
+      for (int c : seen) ASSERT_EQ(c, 1) << "group_m " << group_m << ", splits " << splits;
+    }
 }
 
 }  // namespace

@@ -1,0 +1,203 @@
+// v5_tuned — v4 planned per shape: split K where the tiles cannot fill the SMs, tiles in L2 bands.
+//
+// Since v4: at M = 64 or 128 (decode, the DeepSeek shapes' small M) there is one row of tiles, so
+// N = 2112 makes 17 tiles for 132 SMs and each block streams 128 rows of B alone: the GEMM is
+// memory-bound and most of the memory system idles. v5 splits each tile's K blocks into shares
+// (chapter 07's splits_for: as many as fill the SMs, at least 4 blocks each); a unit of work is
+// (tile, share), and the shares of a tile meet as chapter 07's v5 does: each writes its FP32 sums
+// to its own slice, counts in, and the last to arrive adds the slices in share order (the same sum
+// in every run) and stores the tile. At large M the blocks walk the tiles in bands of kGroupM tile
+// rows (schedule.cuh), so the A rows and B columns in flight at once stay in L2. Tile width:
+// blockwise 128 (two accumulators), else 256 while the tiles fill the SMs. Rowwise and tensor
+// scales accumulate the whole share in the tensor core (v3's), blockwise ones are promoted (v4's).
+// Expect: the small-M shapes several times v4 and near the copy ceiling; large shapes a few per
+// cent from the bands. Not here: a TMA-store epilogue and cluster multicast (the book's to-do).
+#include "07_w4a16_gemm/gemm_plan.h"
+#include "fp8_gemm.cuh"
+#include "lkw/launch.h"
+#include "lkw/ptx.cuh"
+#include "lkw/tma.h"
+#include "schedule.cuh"
+
+namespace lkw::fp8 {
+namespace {
+
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kBlockM = 64 * kConsumers, kBlockK = kScaleBlock;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kGroupM = 16;  // tile rows per band: 2048 rows of A in flight at most
+
+template <int kBlockN>
+struct Tile {
+  static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kStages = kBlockN == 256 ? 4 : 6;
+};
+
+template <bool kPromote, int kBlockN>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_v5_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                  const GemmArgs a, const TileSchedule sched, float* __restrict__ partials,
+                  unsigned* __restrict__ arrivals) {
+  using T = Tile<kBlockN>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  __shared__ uint64_t full_sh[T::kStages], empty_sh[T::kStages];
+  __shared__ bool last_sh;
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  auto a_tile = [&](int s) { return smem + s * T::kStageBytes; };
+  auto b_tile = [&](int s) { return a_tile(s) + T::kABytes; };
+  if (threadIdx.x == 0)
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::mbarrier_init(&full_sh[s], 1);
+      ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers);
+    }
+  __syncthreads();
+
+  if (group == 0) {
+    // Producer: v4's, over the unit's share of K.
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    int it = 0;
+    for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
+      int m0, n0, kb0, kb1;
+      sched.origin(unit, &m0, &n0);
+      sched.k_range(unit, &kb0, &kb1);
+      for (int kt = kb0; kt < kb1; ++kt, ++it) {
+        const int s = it % T::kStages;
+        ptx::mbarrier_wait(&empty_sh[s], ((it / T::kStages) & 1) ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&full_sh[s], T::kStageBytes);
+        ptx::tma_load_2d(a_tile(s), &a_map, kt * kBlockK, m0, &full_sh[s]);
+        ptx::tma_load_2d(b_tile(s), &b_map, kt * kBlockK, n0, &full_sh[s]);
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<kConsumerRegs>();
+  const int c = group - 1, g = lane / 4, t = lane % 4;
+  float acc[kBlockN / 2] = {}, total[kBlockN / 2] = {};  // total: the promoted sums (blockwise)
+  float(&sums)[kBlockN / 2] = kPromote ? total : acc;    // what the epilogue stores
+  int it = 0;
+  for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
+    int m0, n0, kb0, kb1;
+    sched.origin(unit, &m0, &n0);
+    sched.k_range(unit, &kb0, &kb1);
+    const int64_t row = m0 + c * 64 + 16 * warp + g;
+    if constexpr (kPromote) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
+    }
+    ptx::wgmma_fence_operands(acc);
+    for (int kt = kb0; kt < kb1; ++kt, ++it) {
+      const int s = it % T::kStages;
+      float scale0 = 1.f, scale1 = 1.f;
+      if constexpr (kPromote) {  // blockwise (v4's block_scale), loaded before the wait
+        const int64_t blocks = a.k / kScaleBlock, r0 = row < a.m ? row : 0, r1 = row + 8 < a.m ? row + 8 : 0;
+        const float sb = a.s_b[(n0 / kScaleBlock) * blocks + kt];  // (ceil(N/128), KB)
+        scale0 = sb * (a.a_scales_row_major ? a.s_a[r0 * blocks + kt] : a.s_a[kt * a.m + r0]);
+        scale1 = sb * (a.a_scales_row_major ? a.s_a[r1 * blocks + kt] : a.s_a[kt * a.m + r1]);
+      }
+      ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
+      const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
+      const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBlockK / 32; ++ks)
+        ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || (!kPromote && kt > kb0));
+      ptx::wgmma_commit();
+      ptx::wgmma_fence_operands(acc);
+      if constexpr (kPromote) {
+        ptx::wgmma_wait<0>();
+        ptx::wgmma_fence_operands(acc);
+        if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
+#pragma unroll
+        for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], (j / 2) % 2 ? scale1 : scale0, total[j]);
+      } else {
+        ptx::wgmma_wait<1>();
+        ptx::wgmma_fence_operands(acc);
+        if (kt > kb0 && lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
+      }
+    }
+    if constexpr (!kPromote) {
+      ptx::wgmma_wait<0>();
+      ptx::wgmma_fence_operands(acc);
+      if (lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
+    }
+    if (sched.splits == 1) {  // Store: v4's
+      store_wgmma_tile<kBlockN, !kPromote>(a, sums, row, n0, t);
+      continue;
+    }
+    // Reduce (chapter 07's v5): this share's sums to its slice of the tile's partials, published
+    // before the arrival; the last share to arrive adds the slices in share order and stores.
+    const int tile = unit % sched.tiles(), split = unit / sched.tiles(), tid = threadIdx.x - 128;
+    float* slices = partials + int64_t(tile) * sched.splits * (kBlockM * kBlockN);  // (splits, threads, kBlockN / 2)
+#pragma unroll
+    for (int j = 0; j < kBlockN / 2; j += 4)
+      __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j),
+             make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]));
+    __threadfence();
+    ptx::named_barrier_sync(1, 128 * kConsumers);  // every consumer's slice written and fenced
+    // BEGIN SOLUTION: one thread counts this share in on arrivals[tile]; the share that finds
+    //   splits − 1 arrivals before it is the last
+    if (tid == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(sched.splits - 1);
+    // END SOLUTION
+    ptx::named_barrier_sync(1, 128 * kConsumers);
+    if (!last_sh) continue;
+    __threadfence();  // the other shares' slices, published before their arrivals, are read after
+    if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
+#pragma unroll
+    for (int j = 0; j < kBlockN / 2; ++j) sums[j] = 0.f;
+    for (int sp = 0; sp < sched.splits; ++sp)
+#pragma unroll
+      for (int j = 0; j < kBlockN / 2; j += 4) {
+        const float4 p = __ldcg(reinterpret_cast<const float4*>(
+            slices + int64_t(sp) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j));
+        sums[j] += p.x, sums[j + 1] += p.y, sums[j + 2] += p.z, sums[j + 3] += p.w;
+      }
+    store_wgmma_tile<kBlockN, !kPromote>(a, sums, row, n0, t);
+  }
+}
+
+template <bool kPromote, int kBlockN>
+Status launch_v5(const GemmArgs& a, cudaStream_t stream) {
+  using T = Tile<kBlockN>;
+  CUtensorMap a_map, b_map;
+  Status s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!s.ok()) return s;
+  s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
+                    CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!s.ok()) return s;
+  TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN, a.k, kGroupM);
+  sched.splits = w4a16::splits_for(sched.tiles(), sched.k_blocks, sm_count(), 1);
+  float* partials = nullptr;
+  unsigned* arrivals = nullptr;
+  if (sched.splits > 1) {
+    s = w4a16::split_workspace(int64_t(sched.tiles()) * sched.splits * kBlockM * kBlockN, sched.tiles(),
+                               &partials, &arrivals);
+    if (!s.ok()) return s;
+  }
+  return launch_with_smem(fp8_v5_kernel<kPromote, kBlockN>, dim3(persistent_grid(sched)), kThreads,
+                          T::kStages * T::kStageBytes + 1024, stream, kOp, a_map, b_map, a, sched,
+                          partials, arrivals);
+}
+
+Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
+  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
+                           90, "v5_tuned");
+  if (!s.ok()) return s;
+  if (a.granularity == Granularity::kBlockwise) return launch_v5<true, 128>(a, stream);
+  const bool wide = plan_tiles(a.m, a.n, kBlockM, 256).tiles() >= sm_count();
+  return wide ? launch_v5<false, 256>(a, stream) : launch_v5<false, 128>(a, stream);
+}
+
+const SassFact kFacts{"fp8_v5_kernel", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
+                      {"LDGSTS", "HMMA"}, true, "v4's machinery with the split-K reduction; no spills"};
+constexpr const char* kSummary = "split K where tiles cannot fill the SMs, tiles in L2 bands, per-shape width";
+const Register kRegistered{gemm_version(kBlockwiseOp, "v5_tuned", kSummary, gemm_v5, 90, {kFacts})};
+const Register kRowwise{gemm_version(kOp, "v5_tuned", kSummary, gemm_v5, 90, {kFacts})};
+
+}  // namespace
+}  // namespace lkw::fp8
