@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         out = {"chapter": "08_fp8_gemm", "experiment": "promotion", "gpu": dev["name"],
                "driver": dev["driver_version"], "cuda": dev["runtime_version"], "commit": commit(),
                "seed": args.seed, "m": M, "n": N,
-               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                "rows": rows}
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(out, indent=1) + "\n")

@@ -805,6 +805,181 @@ def w4a16_gemm_cases(shapes=None, ms=None) -> list[Case]:
     return cases
 
 
+# Chapter 08: the W8A8 FP8 GEMM, y [M, N] BF16 = (A . s_a)(B . s_b)^T with A [M, K] and B [N, K]
+# in E4M3 and the granularity named by the scale shapes (lkw.fp8_gemm): op fp8_gemm for tensor
+# and rowwise scales (every version), fp8_gemm_blockwise for blockwise ones (v4 on). 8192^3 at
+# every granularity, 4096^3 blockwise, and DeepSeek-V3's dense projections (N, K) -- fused
+# q_a/kv_a, q_b, kv_b, o, the shared expert's gate_up and down -- at decode-batch and prefill M,
+# blockwise (its recipe) and, for three of them, rowwise.
+FP8_SQUARE = ((8192, "tensor"), (8192, "rowwise"), (8192, "blockwise"), (4096, "blockwise"))
+FP8_DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+FP8_DEEPSEEK_M = (64, 128, 4096)
+FP8_ROWWISE_NK = ((2112, 7168), (24576, 1536), (7168, 16384))
+FP8_ROWWISE_M = (64, 4096)
+FP8_SAMPLE_ROWS = 64  # rows of A (of y) the reference computes
+FP8_DTYPES = ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "bfloat16"]  # A, B, s_a, s_b -> y
+FP8_CODE_SPREAD = 16.0  # E4M3 codes drawn as N(0, 16^2): mostly binades 2^0 .. 2^6, far below 448
+
+
+def fp8_op(granularity: str) -> str:
+    """The op of a granularity: blockwise scales act inside the K loop, the others after it."""
+    return "fp8_gemm_blockwise" if granularity == "blockwise" else "fp8_gemm"
+
+
+def fp8_shape(m: int, n: int, k: int, granularity: str) -> str:
+    """The bench shape string; the granularity in it lets --shape 'scale=block' pick a part."""
+    return f"m={m},n={n},k={k},scale={granularity}"
+
+
+def fp8_sample_reference(host: list[np.ndarray], granularity: str, rows: int) -> list[np.ndarray]:
+    """lkw.fp8_gemm.fp8_gemm on the first `rows` rows of A and their scales (host bits as the
+    bench copies them: E4M3 codes uint8, scales FP32 as uint32) against the whole of B."""
+    from lkw import fp8_gemm
+
+    a, b = host[0][:rows], host[1]
+    s_a, s_b = host[2].view(np.float32), host[3].view(np.float32)
+    if granularity == "rowwise":
+        s_a = s_a[:rows]  # (rows,1)
+    elif granularity == "blockwise":
+        s_a = np.ascontiguousarray(s_a[:, :rows])  # (K/128,rows): column-major, M contiguous
+    return [fp8_gemm.fp8_gemm(a, b, s_a, s_b, granularity)]
+
+
+def _fp8_make(m: int, n: int, k: int, granularity: str):
+    """make(torch, gen): E4M3 codes of N(0, FP8_CODE_SPREAD^2) values (random signs: the
+    products error_bound covers; nothing saturated), positive scales 2^u, u uniform in [-10, -6]
+    (the magnitude of s = absmax / 448 on unit data), in the op's shapes and layouts."""
+    from lkw import fp8_gemm
+
+    def make(torch, gen):
+        dev = {"device": "cuda", "generator": gen}
+
+        def codes(rows):
+            x = torch.randn(rows, k, **dev) * FP8_CODE_SPREAD
+            return x.clamp_(-448, 448).to(torch.float8_e4m3fn)
+
+        def scales(shape):
+            return torch.exp2(torch.rand(shape, **dev) * 4 - 10)
+
+        shape_a, shape_b = fp8_gemm.scale_shapes(m, n, k, granularity)
+        inputs = [codes(m), codes(n), scales(shape_a), scales(shape_b)]
+        return inputs, [torch.empty(m, n, dtype=torch.bfloat16, device="cuda")]
+
+    return make
+
+
+def _fp8_dequant_bf16(torch, q, s, granularity: str, operand: str):
+    """A_hat or B_hat [rows, K] in BF16: the E4M3 codes times their scales in FP32, rounded once
+    to BF16 (a 4-bit significand times a 24-bit scale does not fit BF16's 8 bits)."""
+    rows, k = q.shape
+    x = q.float()
+    if granularity != "blockwise":
+        return (x * s).to(torch.bfloat16)  # s (1,) or (rows,1)
+    if operand == "a":
+        per_block = s.t()  # (M,K/128)
+    else:
+        per_block = s.repeat_interleave(128, dim=0)[:rows]  # (N,K/128)
+    return (x.view(rows, k // 128, 128) * per_block[:, :, None]).view(rows, k).to(torch.bfloat16)
+
+
+def _fp8_cublas_bf16_peer(granularity: str):
+    """cuBLAS BF16 on A_hat and B_hat dequantized once (untimed): what the GEMM costs at 16 bits."""
+
+    def factory(torch, inputs):
+        a, b, s_a, s_b = inputs
+        a_hat = _fp8_dequant_bf16(torch, a, s_a, granularity, "a")
+        b_hat = _fp8_dequant_bf16(torch, b, s_b, granularity, "b")
+        return lambda: torch.mm(a_hat, b_hat.t())
+
+    return factory
+
+
+def _scaling_type(torch, *names):
+    """torch.nn.functional.ScalingType's member under the first of `names` it has (the spelling
+    changed between releases), or None."""
+    enum = getattr(torch.nn.functional, "ScalingType", None)
+    return next((getattr(enum, name) for name in names if enum is not None and hasattr(enum, name)), None)
+
+
+def _torch_blockwise_call(torch, a, b, s_a, s_b):
+    """cuBLASLt's 1 x 128 by 128 x 128 FP8 GEMM through torch, where this torch has it: the
+    scaled_mm API with explicit recipes, else _scaled_mm reading the recipe from the scale
+    shapes. Both take s_a as [M, K/128] with M contiguous (our [K/128, M] transposed:
+    the same bytes) and the weight scales against B^T, [K/128, N/128]. Each is tried once; none
+    working raises peers.Absent with what each said."""
+    f = torch.nn.functional
+    sa, sb = s_a.t(), s_b.t()  # (M,K/128) M-major; (K/128,ceil(N/128))
+    tries = []
+    one_by = _scaling_type(torch, "BlockWise1x128", "Blockwise_1x128")
+    block_by = _scaling_type(torch, "BlockWise128x128", "Blockwise_128x128")
+    if hasattr(f, "scaled_mm") and one_by is not None and block_by is not None:
+        tries.append(("torch.nn.functional.scaled_mm", lambda: f.scaled_mm(
+            a, b.t(), sa, one_by, sb, block_by, output_dtype=torch.bfloat16)))
+    tries.append(("torch._scaled_mm", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)))
+    errors = []
+    for name, call in tries:
+        try:
+            call()
+            torch.cuda.synchronize()
+            return call
+        except Exception as e:  # noqa: BLE001  (an API this torch lacks: try the next, say why)
+            errors.append(f"{name}: {peers._first_line(e)}")
+    raise peers.Absent(f"torch {torch.__version__} runs no blockwise FP8 GEMM here ({'; '.join(errors)})")
+
+
+def _fp8_scaled_mm_peer(granularity: str, fast_accum: bool = False):
+    """torch._scaled_mm (cuBLASLt): per tensor (scalar scales), per row (s_a [M, 1], s_b [1, N]),
+    both with a BF16 output; fast_accum lets the tensor core accumulate the whole K, as v0 to v3
+    do (without it cuBLASLt promotes). Blockwise: _torch_blockwise_call."""
+
+    def factory(torch, inputs):
+        a, b, s_a, s_b = inputs
+        if granularity == "blockwise":
+            return _torch_blockwise_call(torch, a, b, s_a, s_b)
+        sb = s_b if granularity == "tensor" else s_b.reshape(1, -1)  # (1,) or (1,N)
+        return lambda: torch._scaled_mm(a, b.t(), scale_a=s_a, scale_b=sb, out_dtype=torch.bfloat16,
+                                        use_fast_accum=fast_accum)
+
+    return factory
+
+
+def fp8_gemm_case(m: int, n: int, k: int, granularity: str) -> Case:
+    """fp8_gemm at one shape and granularity: inputs made on the GPU (_fp8_make), the reference on
+    FP8_SAMPLE_ROWS rows of A (fp8_sample_reference: float64, rounded once to BF16), checked with
+    lkw.golden's frob bound of the granularity (the tensor core's whole-K accumulation for tensor
+    and rowwise scales, 128-k promotion for blockwise); the peers at twice that bound (cuBLAS BF16
+    rounds A_hat and B_hat to BF16; a production kernel may keep the whole K in the tensor core).
+    Peers: cuBLASLt through torch, cuBLAS BF16, vLLM's CUTLASS and FlashInfer's DeepGEMM
+    (lkw.peers.fp8_gemm_peers)."""
+    from lkw import fp8_gemm, golden
+
+    rows = min(m, FP8_SAMPLE_ROWS)
+    bound = float(golden.fp8_gemm_tolerance(k, granularity)[len("frob:"):])
+    torch_peers = {"torch_scaled_mm": _fp8_scaled_mm_peer(granularity)}
+    if granularity != "blockwise":
+        torch_peers["torch_scaled_mm_fast_accum"] = _fp8_scaled_mm_peer(granularity, fast_accum=True)
+    torch_peers["cublas_bf16"] = _fp8_cublas_bf16_peer(granularity)
+    model_bytes, flops = fp8_gemm.model(m, n, k, granularity)
+    return Case(
+        fp8_op(granularity), fp8_shape(m, n, k, granularity), list(FP8_DTYPES), _fp8_make(m, n, k, granularity),
+        lambda host: fp8_sample_reference(host, granularity, rows),
+        tolerance=golden.fp8_gemm_tolerance(k, granularity),
+        sample_rows=FP8_SAMPLE_ROWS if m > FP8_SAMPLE_ROWS else None,
+        # B may have as many rows as A (8192^3): the reference cuts A and s_a itself.
+        reference_sees_all=True,
+        params={"a_scales_row_major": 0} if granularity == "blockwise" else {},
+        torch_peers=torch_peers, library_peers=peers.fp8_gemm_peers(granularity),
+        peer_tolerance=f"frob:{golden.round_up(2 * bound)}",
+        model_bytes=model_bytes, flops=flops)
+
+
+def fp8_gemm_cases() -> list[Case]:
+    shapes = [(s, s, s, g) for s, g in FP8_SQUARE]
+    shapes += [(m, n, k, "blockwise") for n, k in FP8_DEEPSEEK_NK for m in FP8_DEEPSEEK_M]
+    shapes += [(m, n, k, "rowwise") for n, k in FP8_ROWWISE_NK for m in FP8_ROWWISE_M]
+    return [fp8_gemm_case(*shape) for shape in shapes]
+
+
 # Chapter 09: MoE routing, at the routing shapes of Mixtral-8x7B (E 8, k 2), Qwen3-30B-A3B (E 128,
 # k 8) and DeepSeek-V3 (E 256, k 8), BLOCK_M 64.
 MOE_MODELS = {"mixtral": (8, 2), "qwen3": (128, 8), "deepseek": (256, 8)}
@@ -1428,6 +1603,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
+    "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_gemm_sum_cases() + moe_w4a16_cases()
     + moe_block_cases(),
 }

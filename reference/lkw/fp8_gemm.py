@@ -47,6 +47,9 @@ significand times a 24-bit FP32 scale fits in 53 bits -- and multiplies in float
 rounds that once to BF16, where the kernel rounds. Kernels accumulate in FP32 (or less, see
 below) and apply the scales in FP32; the comparison is the relative Frobenius error of the
 SPEC's FP8 rule, ``check``, against the float64 reference with the bound ``error_bound(K)``.
+The C++ side has two ops, by where the scales act: ``fp8_gemm`` (tensor or rowwise scales, in
+the epilogue) and ``fp8_gemm_blockwise``; in both the scale shapes name the granularity, and
+``fp8_gemm_any`` (``granularity_of``, ``takes``) is their reference.
 
 The activation quantizers are chapter 03's (lkw.quant: per_tensor_fp8, per_token_fp8,
 per_group_fp8), unchanged, so chapter 08 multiplies exactly what chapter 03's kernels write. The
@@ -136,11 +139,16 @@ def scale_per_block(a, b, s_a, s_b, granularity: str, a_scales_row_major=0):
     )
 
 
+# Every E4M3 code's value, float64: a table lookup, because formats.decode's bit arithmetic on each
+# element of an 8192 x 8192 operand costs the bench seconds per case.
+_E4M3_VALUES = formats.decode(np.arange(256, dtype=np.uint8), formats.E4M3)
+
+
 def _dequant(codes: np.ndarray, per_block: np.ndarray) -> np.ndarray:
     """float64 decode(codes) * scale of each element's K block, exact."""
     k = codes.shape[1]
     s = np.repeat(per_block.astype(np.float64), BLOCK_K, axis=1)[:, :k]  # (rows,K)
-    return formats.decode(codes, formats.E4M3) * s
+    return _E4M3_VALUES[codes] * s
 
 
 def dequant_a(a, b, s_a, s_b, granularity: str, a_scales_row_major=0) -> np.ndarray:
@@ -168,6 +176,41 @@ def reference(a, b, s_a, s_b, granularity: str, a_scales_row_major=0) -> np.ndar
 def fp8_gemm(a, b, s_a, s_b, granularity: str, a_scales_row_major=0) -> np.ndarray:
     """y = bf16(A_hat . B_hat^T): BF16 bits [M, N], rounded once from the float64 product."""
     return formats.f64_to_bf16(reference(a, b, s_a, s_b, granularity, a_scales_row_major))
+
+
+def granularity_of(m: int, n: int, k: int, s_a_shape, s_b_shape, a_scales_row_major=0) -> str:
+    """The granularity that the scale shapes name, as the C++ launcher reads them
+    (fp8_gemm.cuh's granularity_of, in its order): "tensor" for [1], [1]; "rowwise" for [M, 1],
+    [N, 1]; "blockwise" for [K/128, M] ([M, K/128] when a_scales_row_major), [ceil(N/128),
+    K/128] when K % 128 == 0. No two of them coincide (N >= 16 > ceil(N/128)). Anything else
+    names none: ValueError."""
+    shapes = {"tensor": ((1,), (1,)), "rowwise": ((m, 1), (n, 1))}
+    if k % BLOCK_K == 0:
+        kb = k // BLOCK_K
+        shapes["blockwise"] = ((m, kb) if a_scales_row_major else (kb, m), (-(-n // BLOCK_N), kb))
+    got = (tuple(s_a_shape), tuple(s_b_shape))
+    for granularity, want in shapes.items():
+        if got == want:
+            return granularity
+    raise ValueError(
+        f"scales s_a {list(got[0])} and s_b {list(got[1])} name no granularity for M = {m}, "
+        f"N = {n}, K = {k}: tensor [1], [1]; rowwise [M, 1], [N, 1]; blockwise [K/128, M] "
+        "(or [M, K/128] with a_scales_row_major), [ceil(N/128), K/128]"
+    )
+
+
+def fp8_gemm_any(a, b, s_a, s_b, a_scales_row_major=0, takes=GRANULARITIES) -> np.ndarray:
+    """fp8_gemm at the granularity the scale shapes name (granularity_of), one of `takes`, else
+    ValueError: the C++ ops' signature (fp8_gemm takes tensor and rowwise scales,
+    fp8_gemm_blockwise blockwise ones). a_scales_row_major is 0 or 1 (a golden param: maybe 0.0)."""
+    if a_scales_row_major not in (0, 1):
+        raise ValueError(f"a_scales_row_major must be 0 or 1, got {a_scales_row_major!r}")
+    row_major = int(a_scales_row_major)
+    a, b = _codes(a, "A"), _codes(b, "B")
+    g = granularity_of(a.shape[0], b.shape[0], a.shape[1], np.shape(s_a), np.shape(s_b), row_major)
+    if g not in takes:
+        raise ValueError(f"{g} scales where {' or '.join(takes)} ones are taken")
+    return fp8_gemm(a, b, s_a, s_b, g, row_major)
 
 
 def fp8_gemm_tensorwise(a, b, s_a, s_b) -> np.ndarray:
@@ -261,7 +304,7 @@ def rel_frobenius_error(out, ref) -> float:
     return float(np.linalg.norm(got - ref) / norm)
 
 
-BF16_TERM = 2.0**-8  # output rounding (<= 2^-9 per element), doubled
+BF16_TERM = 2.0**-8  # output rounding: BF16's unit roundoff (8 significant bits)
 TC_FACTOR = 4.0  # tensor-core term: ~1.7x the model's worst-case standard deviation
 FP32_SIGMAS = 8  # safety factor of the FP32 random-walk term
 
@@ -276,8 +319,9 @@ def error_bound(
 
         bound = 2^-8 + 4 sqrt(L / 32) 2^-acc_bits + 8 sqrt(K) 2^-24,   L = min(K, promote_k) or K
 
-    1. Output: one round to nearest BF16, <= 2^-9 of each element, so <= 2^-9 in the Frobenius
-       norm; doubled for the epilogue's FP32 scale products and an FP32 sum a hair off the exact.
+    1. Output: one round to nearest BF16 moves an element by up to half an ulp, 2^-8 of a value
+       just above a power of two (2^-9 typically), so <= 2^-8 in the Frobenius norm; the
+       epilogue's FP32 scale products and an FP32 sum a hair off the exact fit in the slack.
     2. Tensor-core accumulation, in the model of tc_accumulate: step s of a run truncates each of
        its 32 products toward zero by less than u_s = 2^-acc_bits times the step's largest term,
        which after the first steps is the running sum, ~sqrt(32 s) sigma for products of spread
@@ -361,21 +405,33 @@ def activations(
     return formats.f32_to_bf16(x.astype(np.float32))
 
 
-def weights(rng: np.random.Generator, n: int, k: int, shift: float = 0.0) -> np.ndarray:
+def weights(
+    rng: np.random.Generator, n: int, k: int, shift: float = 0.0, k_block_spread: float = 0.0
+) -> np.ndarray:
     """BF16 bits [N, K]: normal samples (mean `shift`) / sqrt(K), each output channel times 2^u
-    (channels of different magnitude, where per-channel scales beat one scale for the tensor)."""
+    (channels of different magnitude, where per-channel scales beat one scale for the tensor);
+    with k_block_spread, each 128-wide block of input channels times 2^v, v uniform in
+    [-k_block_spread, k_block_spread]: 128 x 128 block scales that differ along K, as trained
+    weights' do (with equal ones, a kernel reading the next K block's weight scale goes unseen)."""
     rows = np.exp2(rng.uniform(-CHANNEL_SPREAD, CHANNEL_SPREAD, (n, 1)))
     w = (rng.standard_normal((n, k)) + shift) * rows / np.sqrt(k)
+    if k_block_spread:
+        blocks = np.exp2(rng.uniform(-k_block_spread, k_block_spread, -(-k // BLOCK_K)))
+        w = w * np.repeat(blocks, BLOCK_K)[:k]
     return formats.f32_to_bf16(w.astype(np.float32))
 
 
-def problem(rng: np.random.Generator, m: int, n: int, k: int, granularity: str, shift=0.0):
+def problem(
+    rng: np.random.Generator, m: int, n: int, k: int, granularity: str, shift=0.0,
+    k_block_spread=0.0,
+):
     """(A, B, s_a, s_b): fresh activations and weights (both of mean `shift` before their
     magnitudes: 0 gives random-signed products, what error_bound covers; 1 gives mostly
-    positive ones) quantized at `granularity` (s_a column-major for "blockwise")."""
+    positive ones; k_block_spread: see weights) quantized at `granularity` (s_a column-major
+    for "blockwise")."""
     check_shapes(m, n, k, granularity)
     a, s_a = quantize_a(activations(rng, m, k, shift=shift), granularity)
-    b, s_b = quantize_b(weights(rng, n, k, shift=shift), granularity)
+    b, s_b = quantize_b(weights(rng, n, k, shift, k_block_spread), granularity)
     return a, b, s_a, s_b
 
 

@@ -13,7 +13,9 @@ Per chapter this writes DIR/<chapter>/manifest.txt and one .npy per tensor
     case <id> <op> <tolerance> <params>    tolerance: exact | ulp:N | close:RTOL:ATOL |
                                            multiset:KEY:WIDTH (the rows of that output as a
                                            multiset per run of WIDTH-row blocks with equal values
-                                           of output KEY), or one per output joined by "/"
+                                           of output KEY) | frob:BOUND (relative Frobenius error
+                                           of the whole output <= BOUND, every element finite),
+                                           or one per output joined by "/"
     in   <id> <index> <dtype> <file>       params: - | name=value,name=value
     out  <id> <index> <dtype> <file>
 
@@ -22,6 +24,7 @@ inputs. A new chapter adds its ops to OPS, a function returning its cases, and o
 """
 
 import argparse
+import functools
 import itertools
 import os
 import re
@@ -35,7 +38,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, gemv, int4, moe, quant, rmsnorm, roofline, w4a16
+from lkw import formats, fp8_gemm, gemv, int4, moe, quant, rmsnorm, roofline, w4a16
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -117,6 +120,18 @@ OPS = {
     # 07_w4a16_gemm (lkw.w4a16: x, w, scales [K/G, N] -> y; w natural or repacked for mma)
     "w4a16_gemm": Op(w4a16.w4a16_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
     "w4a16r_gemm": Op(w4a16.w4a16r_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
+    # 08_fp8_gemm (lkw.fp8_gemm: A [M, K], B [N, K] E4M3, s_a, s_b whose shapes name the
+    # granularity -> y [M, N]): tensor and rowwise scales, which act in the epilogue, or
+    # blockwise ones, whose s_a layout a_scales_row_major picks
+    **{
+        op: Op(
+            functools.partial(fp8_gemm.fp8_gemm_any, takes=takes),
+            ("float8_e4m3fn", "float8_e4m3fn", "float32", "float32"),
+            ("bfloat16",),
+            ("a_scales_row_major",),
+        )
+        for op, takes in (("fp8_gemm", ("tensor", "rowwise")), ("fp8_gemm_blockwise", ("blockwise",)))
+    },
     # 09_moe (lkw.moe through the wrappers below: float params become ints and flags)
     "moe_align_block_size": Op(
         lambda ids, **p: _align(ids, **p), ("int32",), ("int32",) * 3, ("num_experts", "block_m")
@@ -222,7 +237,9 @@ def check_case(case: Case, outputs: list[np.ndarray]) -> None:
         raise ValueError(f"case id {case.id!r}: use [a-z0-9_] only")
     tolerances = case.tolerance.split("/")
     for tol in tolerances:
-        if not re.fullmatch(r"exact|ulp:\d+|close:[^:\s/]+:[^:\s/]+|multiset:\d+:\d+", tol):
+        if not re.fullmatch(
+            r"exact|ulp:\d+|close:[^:\s/]+:[^:\s/]+|multiset:\d+:\d+|frob:" + FLOAT, tol
+        ) or (tol.startswith("frob:") and not float(tol[5:]) > 0):
             raise ValueError(f"{case.id}: bad tolerance {case.tolerance!r}")
     if len(tolerances) not in (1, len(outputs)):
         raise ValueError(f"{case.id}: {len(tolerances)} tolerances for {len(outputs)} outputs")
@@ -236,6 +253,10 @@ def check_case(case: Case, outputs: list[np.ndarray]) -> None:
     for dtype, array in zip(op.inputs, case.inputs, strict=True):
         if not np.any(values(dtype, array) != 0):
             raise ValueError(f"{case.id}: an input is all zeros")
+
+
+# A positive decimal as C++'s std::stod reads it whole (frob's BOUND).
+FLOAT = r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 
 
 def _params(params: dict[str, float]) -> str:
@@ -719,6 +740,96 @@ def _w4a16_case(rng: np.random.Generator, op: str, m: int, n: int, k: int, g: in
 
 def w4a16_gemm_cases(rng: np.random.Generator) -> list[Case]:
     return [_w4a16_case(rng, op, *shape) for op in W4A16_OPS for shape in W4A16_SHAPES]
+
+
+# ---------------------------------------------------------------------------------------------
+# 08_fp8_gemm
+
+# The tensor core's accumulation may run over the whole K for tensor and rowwise scales (the
+# versions that scale in the epilogue keep one sum; a promoting one is well inside that bound)
+# and over one 128-k block for blockwise ones, which every version that takes them promotes
+# (lkw.fp8_gemm.error_bound).
+FP8_PROMOTE_K = {"tensor": None, "rowwise": None, "blockwise": fp8_gemm.PROMOTE_K}
+# (granularity, tag, M, N, K, a_scales_row_major, shift); blockwise cases are op
+# fp8_gemm_blockwise's, the others fp8_gemm's. M = 1, 7, 65, 130, 257 end inside a tile; N = 16
+# and 48 are less than one 128-channel block, 144 and 272 end a sixteenth into a block, 2112 is
+# DeepSeek-V3's 16.5; K = 16, 48, 208 end inside a 32-k MMA step, a 64-k stage and a 128-k block
+# (tensor and rowwise only: blockwise scales need K % 128 == 0); K = 16384 is the longest
+# unpromoted accumulation. 128 x 256 x 512 is whole tiles only. Blockwise s_a in both layouts;
+# M = K/128 = 16 gives both layouts one shape, so only the param can tell a kernel which it
+# holds. "positive" (shift 1: products of one sign) is where an accumulator that is never
+# promoted drifts (lkw.fp8_gemm.promotion_sweep); blockwise only, since the epilogue-scaling
+# versions accumulate tensor and rowwise sums unpromoted by design.
+FP8_GEMM_CASES = (
+    ("tensor", "", 1, 16, 16, 0, 0.0),
+    ("tensor", "", 7, 272, 48, 0, 0.0),
+    ("tensor", "", 257, 48, 208, 0, 0.0),
+    ("tensor", "", 65, 272, 384, 0, 0.0),
+    ("tensor", "tiles", 128, 256, 512, 0, 0.0),
+    ("rowwise", "", 1, 48, 48, 0, 0.0),
+    ("rowwise", "", 7, 16, 208, 0, 0.0),
+    ("rowwise", "", 130, 48, 2048, 0, 0.0),
+    ("rowwise", "", 65, 2112, 128, 0, 0.0),
+    ("rowwise", "", 4, 16, 16384, 0, 0.0),
+    ("rowwise", "tiles", 128, 256, 512, 0, 0.0),
+    ("blockwise", "", 1, 16, 128, 0, 0.0),
+    ("blockwise", "row_major", 7, 48, 384, 1, 0.0),
+    ("blockwise", "", 65, 272, 384, 0, 0.0),
+    ("blockwise", "", 65, 2112, 128, 0, 0.0),
+    ("blockwise", "row_major", 130, 272, 256, 1, 0.0),
+    ("blockwise", "", 257, 48, 384, 0, 0.0),
+    ("blockwise", "", 16, 16, 2048, 0, 0.0),
+    ("blockwise", "row_major", 16, 144, 2048, 1, 0.0),
+    ("blockwise", "tiles", 128, 256, 512, 0, 0.0),
+    ("blockwise", "positive", 65, 144, 2048, 0, 1.0),
+)
+
+
+def round_up(x: float, digits: int = 4) -> str:
+    """x to `digits` significant digits, rounded up: a bound printed never tightens."""
+    text = f"{x:.{digits}g}"
+    if float(text) < x:
+        text = f"{float(text) + 10.0 ** (np.floor(np.log10(x)) - digits + 1):.{digits}g}"
+    return text
+
+
+# The golden output's own error: one rounding to nearest BF16 moves a value by up to half an ulp,
+# which is 2^-8 of a value just above a power of two (8 significant bits), so up to 2^-8 in the
+# Frobenius norm too (2^-9 is only its typical size: few outputs exceed it, test_fp8_gemm_golden).
+FP8_GOLDEN_ROUNDING = 2.0**-8
+
+
+def fp8_gemm_tolerance(k: int, granularity: str) -> str:
+    """frob:BOUND for fp8_gemm against the golden output, which is the float64 product rounded
+    to BF16: lkw.fp8_gemm.error_bound (the kernel's error against the float64 product, at the
+    granularity's accumulation run, FP8_PROMOTE_K) plus FP8_GOLDEN_ROUNDING (the triangle
+    inequality: kernel to product, product to its BF16 rounding)."""
+    bound = fp8_gemm.error_bound(k, FP8_PROMOTE_K[granularity]) + FP8_GOLDEN_ROUNDING
+    return f"frob:{round_up(bound)}"
+
+
+# Weight magnitudes vary by up to 2^+-1 between 128-wide K blocks (lkw.fp8_gemm.weights): the
+# weight scales of neighbouring K blocks must differ for a kernel that reads the wrong one to fail.
+FP8_K_BLOCK_SPREAD = 1.0
+
+
+def fp8_gemm_case(rng, granularity, tag, m, n, k, a_scales_row_major=0, shift=0.0) -> Case:
+    """One fp8_gemm case on lkw.fp8_gemm.problem's data (activation rows of different
+    magnitude with x100 outliers, weight channels and K blocks of different magnitude),
+    quantized at the granularity; blockwise s_a transposed to row-major where asked."""
+    a, b, s_a, s_b = fp8_gemm.problem(rng, m, n, k, granularity, shift, FP8_K_BLOCK_SPREAD)
+    params = {}
+    if granularity == "blockwise":
+        params["a_scales_row_major"] = a_scales_row_major
+        if a_scales_row_major:
+            s_a = np.ascontiguousarray(s_a.T)  # (K/128,M) -> (M,K/128)
+    op = "fp8_gemm_blockwise" if granularity == "blockwise" else "fp8_gemm"
+    case_id = "_".join(["fp8_gemm", granularity, *([tag] if tag else []), f"m{m}_n{n}_k{k}"])
+    return Case(case_id, op, fp8_gemm_tolerance(k, granularity), [a, b, s_a, s_b], params)
+
+
+def fp8_gemm_cases(rng: np.random.Generator) -> list[Case]:
+    return [fp8_gemm_case(rng, *row) for row in FP8_GEMM_CASES]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1208,6 +1319,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "04_rmsnorm": rmsnorm_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
+    "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": moe_cases,
 }
 

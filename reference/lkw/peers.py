@@ -646,6 +646,53 @@ def w4a16_peers() -> dict[str, Callable]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Chapter 08: the W8A8 FP8 GEMM. Inputs [A e4m3 [M, K], B e4m3 [N, K], s_a, s_b float32] whose
+# shapes name the granularity (lkw.fp8_gemm): [1], [1]; [M, 1], [N, 1]; or blockwise [K/128, M]
+# (1 x 128 groups, M contiguous) and [ceil(N/128), K/128] (128 x 128 blocks).
+
+
+def fp8_gemm_peers(granularity: str) -> dict[str, Callable]:
+    """vLLM's CUTLASS cutlass_scaled_mm at every granularity, FlashInfer's fp8_blockscale_gemm_sm90
+    (DeepGEMM's kernel) for blockwise scales. Both read B as B^T [K, N] column-major (our [N, K]
+    rows: b.t(), no copy) and the blockwise activation scales as [M, K/128] with M contiguous (our
+    [K/128, M]: s_a.t(), the same bytes; the kit's README: FlashInfer silently computes wrong
+    results from contiguous [M, K/128] scales). vLLM takes the weight scales against B^T,
+    [K/128, N/128] (s_b.t()), per-token and per-channel scales by their element count, FlashInfer
+    the weight scales as they are."""
+
+    def vllm_cutlass(torch, ins):
+        ops = library("vllm").ops
+        a, b, s_a, s_b = ins
+        out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
+        sa, sb = (s_a.t(), s_b.t()) if granularity == "blockwise" else (s_a, s_b)
+
+        def call():
+            ops.cutlass_scaled_mm(out, a, b.t(), sa, sb, None)
+            return (out,)
+
+        return PeerCall(call)
+
+    def flashinfer_blockscale(torch, ins):
+        library("flashinfer")  # absent: skipped before the inputs are touched
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+        a, b, s_a, s_b = ins
+        out = torch.empty(a.shape[0], b.shape[0], dtype=torch.bfloat16, device=a.device)
+        sa = s_a.t()  # (M,K/128), M contiguous
+
+        def call():
+            fp8_blockscale_gemm_sm90(a, b, sa, s_b, out=out)
+            return (out,)
+
+        return PeerCall(call)
+
+    table = {"vllm cutlass_scaled_mm": vllm_cutlass}
+    if granularity == "blockwise":
+        table["flashinfer fp8_blockscale_gemm_sm90"] = flashinfer_blockscale
+    return table
+
+
+# ------------------------------------------------------------------------------------------------
 # Chapter 09: MoE routing. align: inputs [topk_ids int32 [T, k]], outputs [sorted_token_ids,
 # expert_ids, num_tokens_post_padded]; topk_softmax: inputs [logits f32 [T, E]], outputs
 # [weights f32 [T, k], ids int32 [T, k]].

@@ -645,3 +645,59 @@ def test_same_size_copy_is_the_ceiling_above_its_own_size(monkeypatch):
     name = "/".join(bench.CEILING_OP) + "/v1_vec16"
     assert bench.same_size_copy(8.0 * bench.CEILING_WORDS + 8, name, {}, **args) is None
     assert bench.same_size_copy(4 << 20, name, {}, **args) is None  # latency-sized
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 08: the FP8 GEMM's bench cases (inputs made and peers run on the GPU; here their list
+# and the reference's cut to the sampled rows).
+
+
+def test_fp8_cases_are_the_issue_s_shapes_with_the_granularity_in_the_shape_string():
+    from lkw import fp8_gemm, golden
+
+    cases = bench.cases_of("08_fp8_gemm")
+    got = {c.shape for c in cases}
+    want = {bench.fp8_shape(s, s, s, g) for s, g in ((8192, "tensor"), (8192, "rowwise"), (8192, "blockwise"),
+                                                     (4096, "blockwise"))}
+    deepseek = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+    want |= {bench.fp8_shape(m, n, k, "blockwise") for n, k in deepseek for m in (64, 128, 4096)}
+    want |= {bench.fp8_shape(m, n, k, "rowwise") for n, k in bench.FP8_ROWWISE_NK for m in bench.FP8_ROWWISE_M}
+    assert got == want and len(cases) == len(want)
+    assert set(bench.FP8_ROWWISE_NK) <= set(deepseek)
+    for part, g in (("scale=block", "blockwise"), ("scale=row", "rowwise"), ("scale=tensor", "tensor")):
+        picked = bench.cases_of("08_fp8_gemm", shape=part)
+        assert picked and all(c.shape.endswith(f",scale={g}") for c in picked)
+    for c in cases:
+        m, n, k = (int(p.split("=")[1]) for p in c.shape.split(",")[:3])
+        g = c.shape.split("scale=")[1]
+        op = golden.OPS[c.op]
+        assert c.op == ("fp8_gemm_blockwise" if g == "blockwise" else "fp8_gemm")
+        assert c.dtypes == [*op.inputs, *op.outputs]
+        assert (c.model_bytes, c.flops) == fp8_gemm.model(m, n, k, g)
+        assert c.tolerance == golden.fp8_gemm_tolerance(k, g)
+        assert float(c.peer_tolerance[5:]) >= 2 * float(c.tolerance[5:])
+        assert c.reference_sees_all and c.sample_rows == (bench.FP8_SAMPLE_ROWS if m > bench.FP8_SAMPLE_ROWS else None)
+        assert c.params == ({"a_scales_row_major": 0} if g == "blockwise" else {})
+        torch_peers = {"torch_scaled_mm", "cublas_bf16"} | ({"torch_scaled_mm_fast_accum"} if g != "blockwise" else set())
+        assert set(c.torch_peers) == torch_peers
+        library = {"vllm cutlass_scaled_mm"} | ({"flashinfer fp8_blockscale_gemm_sm90"} if g == "blockwise" else set())
+        assert set(c.library_peers) == library
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "rowwise", "blockwise"])
+def test_fp8_expected_is_the_reference_on_the_sampled_rows(rng, granularity):
+    """The case's reference gets the host bits of every input (scales as uint32) and computes the
+    first FP8_SAMPLE_ROWS rows of y against all of B: the rows of A, of per-token s_a and the
+    columns of column-major blockwise s_a [K/128, M]."""
+    from lkw import fp8_gemm
+
+    m, n, k = 100, 144, 256
+    case = bench.fp8_gemm_case(m, n, k, granularity)
+    a, b, s_a, s_b = fp8_gemm.problem(rng, m, n, k, granularity)
+    host = [a, b, s_a.view(np.uint32), s_b.view(np.uint32)]
+    (got,) = case.expected(host)
+    whole = fp8_gemm.fp8_gemm(a, b, s_a, s_b, granularity)
+    assert got.shape == (bench.FP8_SAMPLE_ROWS, n)
+    assert np.array_equal(got, whole[: bench.FP8_SAMPLE_ROWS])
+    # The cut the bench then applies to a version's output: its leading rows.
+    assert case.cut == {} and case.sample_rows == bench.FP8_SAMPLE_ROWS

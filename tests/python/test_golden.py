@@ -124,7 +124,7 @@ def parse_manifest(path: Path) -> tuple[dict, list[dict]]:
         if kind == "case":
             _, _, op, tolerance, params = fields
             assert re.fullmatch(r"[a-z0-9_]+", case_id)
-            one = r"exact|ulp:\d+|close:[0-9.e+-]+:[0-9.e+-]+|multiset:\d+:\d+"
+            one = r"exact|ulp:\d+|close:[0-9.e+-]+:[0-9.e+-]+|multiset:\d+:\d+|frob:[0-9.e+-]+"
             assert re.fullmatch(rf"({one})(/({one}))*", tolerance), tolerance
             assert params == "-" or re.fullmatch(r"\w+=[^,=]+(,\w+=[^,=]+)*", params)
             case = {"id": case_id, "op": op, "tolerance": tolerance, "params": params}

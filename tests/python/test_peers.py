@@ -142,3 +142,19 @@ def test_chapter_07_peers_are_marlin_machete_and_humming_skipped_when_absent(fre
         with pytest.raises(peers.Absent):
             factory(None, None)
     assert set(peers.W4A16_PEERS.values()) == {peers.marlin_call, peers.machete_call, peers.humming_call}
+
+
+def test_chapter_08_peers_are_vllm_everywhere_and_flashinfer_for_blocks_skipped_when_absent(fresh, monkeypatch):
+    """vLLM's cutlass_scaled_mm at every granularity, FlashInfer's DeepGEMM kernel for blockwise
+    scales only; an absent library raises Absent before the inputs are touched."""
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    for granularity in ("tensor", "rowwise", "blockwise"):
+        factories = peers.fp8_gemm_peers(granularity)
+        blockscale = {"flashinfer fp8_blockscale_gemm_sm90"} if granularity == "blockwise" else set()
+        assert set(factories) == {"vllm cutlass_scaled_mm"} | blockscale
+        assert {name.split()[0] for name in factories} <= set(peers.LIBRARIES)
+        for factory in factories.values():
+            with pytest.raises(peers.Absent):
+                factory(None, None)
