@@ -71,8 +71,8 @@ for n, k in DEEPSEEK:
 # (left), where the truncation errors cancel like a random walk and the BF16 output rounding still
 # dominates; and products mostly of one sign (right, activations and weights of mean 1), where a
 # truncating sum drifts toward zero and the unpromoted error grows with K far past the bound. The
-# GPU's measurement of the same two kernels (`v4_blockwise` and `v4_no_promotion`) belongs next
-# to these curves.
+# GPU's measurement of the same two kernels (`v4_blockwise` and `ablation_v4_no_promotion`)
+# belongs next to these curves.
 
 # %%
 KS = [512, 1024, 2048, 4096, 8192, 16384]
@@ -96,8 +96,8 @@ plt.show()
 # ### The same two kernels on the GPU
 #
 # `tools/promotion.py` (stage `promotion` of `tools/device_check.sh`) runs `v4_blockwise` and
-# `v4_no_promotion` on rowwise scales at these K, both kinds of data, and records the errors with
-# the model's prediction for the same inputs: `results/h200/experiments/08_promotion.json`.
+# `ablation_v4_no_promotion` on rowwise scales at these K, both kinds of data, and records the
+# errors with the model's prediction for the same inputs: `results/h200/experiments/08_promotion.json`.
 
 # %%
 PROMOTION = results.results_dir() / results.GPU / "experiments" / "08_promotion.json"

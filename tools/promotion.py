@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chapter 08's promotion experiment on the GPU: the same FP8 GEMM with promotion into FP32 every
-128 k (v4_blockwise on rowwise scales) and without it (the ablation v4_no_promotion: the whole K
-in the tensor core's running sum), at K = 512 ... 16384, on products of random sign (shift 0) and
+128 k (v4_blockwise on rowwise scales) and without it (ablation_v4_no_promotion: the whole K in
+the tensor core's running sum), at K = 512 ... 16384, on products of random sign (shift 0) and
 mostly of one sign (shift 1). Each error is the relative Frobenius error against the float64
 reference of the dequantized inputs; beside it the accumulation model's prediction for the same
 inputs (lkw.fp8_gemm.emulate_fp8_gemm, on the first MODEL_ROWS rows) and the bound.
@@ -29,7 +29,7 @@ KS = (512, 1024, 2048, 4096, 8192, 16384)
 M, N = 128, 256  # two tiles of 128 along N, one along M: every consumer warpgroup takes part
 MODEL_ROWS = 8  # rows the numpy model emulates (its cost grows with M·N·K)
 VERSIONS = {"promoted": "08_fp8_gemm/fp8_gemm/v4_blockwise",
-            "unpromoted": "08_fp8_gemm/fp8_gemm/v4_no_promotion"}
+            "unpromoted": "08_fp8_gemm/fp8_gemm/ablation_v4_no_promotion"}
 DTYPES = ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "bfloat16"]
 
 

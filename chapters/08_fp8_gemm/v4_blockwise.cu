@@ -9,9 +9,9 @@
 // the CUDA cores: two 64 × 128 accumulators a warpgroup, which is why the tile is 128 wide. That
 // add is also "promotion": the tensor core keeps fewer bits than FP32 in its running sum (about
 // 14, the model in lkw.fp8_gemm), and a sum that restarts every 128 k never grows long. Rowwise and
-// tensor scales take the same path with block scale 1 (the launcher argument `promote`; off, as
-// the ablation v4_no_promotion, the whole K accumulates in the tensor core as in v3): the error
-// against K is the chapter's promotion experiment.
+// tensor scales take the same path with block scale 1 (the trait `promote`; off, in the ablation
+// ablation_v4_no_promotion, the whole K accumulates in the tensor core as in v3): the error against
+// K is the chapter's promotion experiment.
 // Expect: blockwise near v3's rowwise speed (the promotion FMAs hide under the other warpgroup's
 // wgmmas); rowwise error flat in K with promotion, growing as sqrt(K) without. SASS as v3.
 #include "fp8_gemm.cuh"
@@ -139,7 +139,7 @@ Status gemm_v4(const GemmArgs& a, cudaStream_t stream) {
   Status s = kPromote ? validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
                                       90, "v4_blockwise")
                       : validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise}, 90,
-                                      "v4_no_promotion");
+                                      "ablation_v4_no_promotion");
   if (!s.ok()) return s;
   CUtensorMap a_map, b_map;
   s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
@@ -159,8 +159,8 @@ constexpr const char* kSummary = "blockwise 1x128 / 128x128 scales, each K block
 const Register kRegistered{gemm_version(kBlockwiseOp, "v4_blockwise", kSummary, gemm_v4<true>, 90, {kFacts})};
 const Register kRowwise{gemm_version(kOp, "v4_blockwise", kSummary, gemm_v4<true>, 90, {kFacts})};
 const Register kAblation{gemm_version(
-    kOp, "v4_no_promotion", "v4 with promotion off: the whole K in the tensor core's sum", gemm_v4<false>,
-    90, {kFacts}, Kind::kAblation)};
+    kOp, "ablation_v4_no_promotion", "v4 with promotion off: the whole K in the tensor core's sum",
+    gemm_v4<false>, 90, {kFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8

@@ -396,16 +396,21 @@ def _shape_fields(shape: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in shape.split(",") if "=" in kv)
 
 
-def ablation_rows(data: dict, ms: tuple[str, ...] = ("1", "16")) -> list[tuple[dict, dict]]:
+# The batch sizes a chapter's knob table shows (its other shapes stay in the results table);
+# a chapter not named here shows every shape.
+ABLATION_MS = {"06_int4_gemv": ("1", "16")}
+
+
+def ablation_rows(data: dict, ms: tuple[str, ...] | None = ("1", "16")) -> list[tuple[dict, dict]]:
     """(version row, ablation row) pairs of a run: ablation_<vN>_<knob> against vN_* of the same op
-    and shape, at the decode batch sizes `ms` (shapes without an m= all)."""
+    and shape, at the decode batch sizes `ms` (shapes without an m= all; ms None: every shape)."""
     pairs = []
     for r in data["rows"]:
         if r["kind"] != "ablation" or not r["version"].startswith("ablation_"):
             continue
         base = r["version"][len("ablation_") :].split("_", 1)[0] + "_"
         m = _shape_fields(r["shape"]).get("m")
-        if m is not None and m not in ms:
+        if ms is not None and m is not None and m not in ms:
             continue
         v = next((x for x in data["rows"] if x["kind"] == "version" and x["op"] == r["op"]
                   and x["shape"] == r["shape"] and x["version"].startswith(base)), None)
@@ -420,7 +425,7 @@ def ablation_markdown(chapter: str) -> str:
     data = load(chapter)
     if data is None:
         return missing_message(chapter)
-    pairs = ablation_rows(data)
+    pairs = ablation_rows(data, ABLATION_MS.get(chapter))
     if not pairs:
         return "No ablation entry was measured in this run.\n"
     out = [f"Measured on {header_line(data)}; µs, the version → the knob off (change).", "",
