@@ -611,6 +611,11 @@ MIX_OPCODES = {
     "02_int4_dequant": [
         "I2F", "LOP3", "PRMT", "HADD2", "HFMA2", "HMUL2", "SHF", "F2FP", "LDG", "STG",
     ],
+    # FP8 on Hopper: v0's converts and FP16 HMMA, then the tensor core's own FP8 (QGMMA), and how
+    # the tiles arrive (cp.async, TMA on mbarriers) and who holds the registers (setmaxnreg).
+    "08_fp8_gemm": [
+        "F2FP", "HMMA", "QGMMA", "LDSM", "LDGSTS", "UTMALDG", "SYNCS", "USETMAXREG", "STG",
+    ],
 }
 DEFAULT_MIX_OPCODES = ["LDG", "STG"]
 # What one execution of a chapter's kernel covers, said under its mix table.

@@ -39,10 +39,20 @@ __device__ __forceinline__ float block_scale(const GemmArgs& a, int64_t row, int
   return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];  // (ceil(N/128), KB)
 }
 
-template <bool kPromote>
+// The accumulation, a trait: each 128-k block promoted into FP32 (v4's point), or the whole K in
+// the tensor core's sum (v3's, the ablation). Named types, so that the SASS facts can name them.
+struct V4Promoted {
+  static constexpr bool kOn = true;
+};
+struct V4WholeK {
+  static constexpr bool kOn = false;
+};
+
+template <class Promotion>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_v4_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                   const GemmArgs a, const TileSchedule sched) {
+  constexpr bool kPromote = Promotion::kOn;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t full_sh[kStages], empty_sh[kStages];
@@ -136,9 +146,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <bool kPromote>
+template <class Promotion>
 Status gemm_v4(const GemmArgs& a, cudaStream_t stream) {
-  Status s = kPromote ? validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
+  Status s = Promotion::kOn ? validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
                                       90, "v4_blockwise")
                       : validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise}, 90,
                                       "ablation_v4_no_promotion");
@@ -151,18 +161,21 @@ Status gemm_v4(const GemmArgs& a, cudaStream_t stream) {
                     CU_TENSOR_MAP_SWIZZLE_128B);
   if (!s.ok()) return s;
   const TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN);
-  return launch_with_smem(fp8_v4_kernel<kPromote>, dim3(persistent_grid(sched)), kThreads,
+  return launch_with_smem(fp8_v4_kernel<Promotion>, dim3(persistent_grid(sched)), kThreads,
                           kStages * kStageBytes + 1024, stream, kOp, a_map, b_map, a, sched);
 }
 
-const SassFact kFacts{"fp8_v4_kernel", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
+const SassFact kFacts{"V4Promoted", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
                       {"LDGSTS", "HMMA"}, true, "v3's machinery with the promotion FMAs; no spills"};
+const SassFact kWholeKFacts{"V4WholeK", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
+                            {"LDGSTS", "HMMA"}, true, "v3's loop in v4's kernel; no spills"};
 constexpr const char* kSummary = "blockwise 1x128 / 128x128 scales, each K block promoted into FP32";
-const Register kRegistered{gemm_version(kBlockwiseOp, "v4_blockwise", kSummary, gemm_v4<true>, 90, {kFacts})};
-const Register kRowwise{gemm_version(kOp, "v4_blockwise", kSummary, gemm_v4<true>, 90, {kFacts})};
+const Register kRegistered{
+    gemm_version(kBlockwiseOp, "v4_blockwise", kSummary, gemm_v4<V4Promoted>, 90, {kFacts})};
+const Register kRowwise{gemm_version(kOp, "v4_blockwise", kSummary, gemm_v4<V4Promoted>, 90, {kFacts})};
 const Register kAblation{gemm_version(
     kOp, "ablation_v4_no_promotion", "v4 with promotion off: the whole K in the tensor core's sum",
-    gemm_v4<false>, 90, {kFacts}, Kind::kAblation)};
+    gemm_v4<V4WholeK>, 90, {kWholeKFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8
