@@ -40,7 +40,9 @@ fi
 
 if has test; then
   step "ctest"
-  ctest --test-dir build --output-on-failure -j 4 2>&1 | tee -a "$log" | tail -25
+  # A kernel that waits on a barrier nobody arrives at hangs its test binary: the timeouts turn
+  # that into a failure that names the test, instead of the machine's call limit.
+  ctest --test-dir build --output-on-failure -j 4 --timeout "${LKW_TEST_TIMEOUT:-300}" 2>&1 | tee -a "$log" | tail -25
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   step "pytest"
   "$py" -m pytest tests/python -q -x -p no:cacheprovider 2>&1 | tee -a "$log" | tail -8
@@ -62,8 +64,8 @@ if has sanitize; then
       # reports hazards inside cuBLAS's own kernels (nvjet*), which order their shared memory with
       # TMA and wgmma barriers it does not follow, and excluding those kernels by name crashes it.
       filter="-*Host*:*Validation*"; [ "$tool" = racecheck ] && filter="$filter:*cublas*"
-      LKW_GOLDEN_DIR=build/golden compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" --gtest_brief=1 >>"$log" 2>&1
+      LKW_GOLDEN_DIR=build/golden timeout "${LKW_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" --gtest_brief=1 >>"$log" 2>&1
       rc=$?
       tail -4 "$log"
       [ $rc = 0 ] || { echo "$tool FAILED on $t (rc $rc)"; status=1; }
