@@ -129,8 +129,8 @@ Status gemm_v3(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise}, 90, "v3_warp_specialized");
   if (!s.ok()) return s;
   // 256-wide tiles halve the A traffic per FLOP, but only pay while they still fill the SMs.
-  const bool wide = plan_tiles(a.m, a.n, kBlockM, 256).count() >= sm_count();
-  return wide ? launch_v3<256>(a, stream) : launch_v3<128>(a, stream);
+  return block_n_for(a.m, a.n, false, sm_count()) == 256 ? launch_v3<256>(a, stream)
+                                                          : launch_v3<128>(a, stream);
 }
 
 const Register kRegistered{gemm_version(

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <bool kPromote, int kBlockN>
-Status launch_v5(const GemmArgs& a, cudaStream_t stream) {
+Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
   using T = Tile<kBlockN>;
   CUtensorMap a_map, b_map;
   Status s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
@@ -169,8 +169,6 @@ Status launch_v5(const GemmArgs& a, cudaStream_t stream) {
   s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
                     CU_TENSOR_MAP_SWIZZLE_128B);
   if (!s.ok()) return s;
-  TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN, a.k, kGroupM);
-  sched.splits = w4a16::splits_for(sched.tiles(), sched.k_blocks, sm_count(), 1);
   float* partials = nullptr;
   unsigned* arrivals = nullptr;
   if (sched.splits > 1) {
@@ -187,9 +185,11 @@ Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
                            90, "v5_tuned");
   if (!s.ok()) return s;
-  if (a.granularity == Granularity::kBlockwise) return launch_v5<true, 128>(a, stream);
-  const bool wide = plan_tiles(a.m, a.n, kBlockM, 256).tiles() >= sm_count();
-  return wide ? launch_v5<false, 256>(a, stream) : launch_v5<false, 128>(a, stream);
+  const bool blockwise = a.granularity == Granularity::kBlockwise;
+  const TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
+  if (blockwise) return launch_v5<true, 128>(a, sched, stream);
+  return sched.block_n == 256 ? launch_v5<false, 256>(a, sched, stream)
+                              : launch_v5<false, 128>(a, sched, stream);
 }
 
 const SassFact kFacts{"fp8_v5_kernel", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},

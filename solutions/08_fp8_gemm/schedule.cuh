@@ -57,4 +57,22 @@ inline TileSchedule plan_tiles(int64_t m, int64_t n, int block_m, int block_n, i
 // One block per SM, or per unit when there are fewer units.
 inline int persistent_grid(const TileSchedule& s) { return std::min(s.count(), sm_count()); }
 
+// The tile width of the warp-specialized versions (128-row tiles): 256 halves A's traffic per
+// FLOP, but only pays while the wider tiles still give every SM one; blockwise scales keep two
+// accumulators a thread, which leaves room for 128 only.
+inline int block_n_for(int64_t m, int64_t n, bool blockwise, int sms) {
+  return !blockwise && plan_tiles(m, n, 128, 256).tiles() >= sms ? 256 : 128;
+}
+
+// v5's whole plan for a shape on `sms` SMs: the width above, bands of group_m tile rows, and the
+// K shares of chapter 07's rule (w4a16::splits_for, passed in: as many as fill the SMs when the
+// tiles cannot, at least kMinKTilesPerSplit blocks each).
+template <class SplitsFor>
+TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
+                     SplitsFor splits_for) {
+  TileSchedule s = plan_tiles(m, n, 128, block_n_for(m, n, blockwise, sms), k, group_m);
+  s.splits = splits_for(s.tiles(), s.k_blocks, sms, 1);
+  return s;
+}
+
 }  // namespace lkw::fp8
