@@ -56,6 +56,7 @@ struct GemmArgs {
   int64_t m, n, k;
   Granularity granularity;
   bool a_scales_row_major;  // blockwise only
+  int max_blocks;           // persistent versions: at most this many blocks (0: one per SM)
 };
 
 using GemmLaunch = Status (*)(const GemmArgs& a, cudaStream_t stream);
@@ -109,6 +110,7 @@ inline Status validate_gemm(const GemmArgs& a, std::initializer_list<Granularity
       .disjoint(a.y, 2 * a.m * a.n, a.s_b, 4 * scale_b_count(a), "y and s_b")
       .that(a.granularity != Granularity::kBlockwise || kb * a.m < (int64_t(1) << 31),
             "blockwise: M·K/128 scales must fit int32")
+      .that(a.max_blocks >= 0, "max_blocks must be >= 0 (0: one block per SM)")
       .arch_at_least(min_arch)
       .status();
 }
@@ -140,7 +142,8 @@ inline Status granularity_of(const TensorRef& sa, const TensorRef& sb, int64_t m
 }
 
 // The registry entry of a version for one op (kOp or kBlockwiseOp): inputs A, B (float8_e4m3fn),
-// s_a, s_b (float32), output y (bfloat16); the param a_scales_row_major (blockwise).
+// s_a, s_b (float32), output y (bfloat16); the params a_scales_row_major (blockwise) and
+// max_blocks (a test's knob: fewer persistent blocks than SMs, so that each walks several tiles).
 inline Version gemm_version(const char* op, const char* id, const char* summary, GemmLaunch launch,
                             int min_arch, std::vector<SassFact> sass = {}, Kind kind = Kind::kVersion) {
   Version v = version_of(kChapter, op, id, summary, kind, std::move(sass));
@@ -171,7 +174,7 @@ inline Version gemm_version(const char* op, const char* id, const char* summary,
     GemmArgs args{static_cast<const uint8_t*>(ta.data), static_cast<const uint8_t*>(tb.data),
                   static_cast<const float*>(sa.data),   static_cast<const float*>(sb.data),
                   static_cast<__nv_bfloat16*>(ty.data), m, n, k, Granularity::kTensor,
-                  a.param("a_scales_row_major", 0) != 0};
+                  a.param("a_scales_row_major", 0) != 0, int(a.param("max_blocks", 0))};
     st = granularity_of(sa, sb, m, n, k, args.a_scales_row_major, &args.granularity);
     if (!st.ok()) return st;
     if (blockwise_op != (args.granularity == Granularity::kBlockwise))

@@ -176,7 +176,7 @@ Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stre
                                &partials, &arrivals);
     if (!s.ok()) return s;
   }
-  return launch_with_smem(fp8_v5_kernel<kPromote, kBlockN>, dim3(persistent_grid(sched)), kThreads,
+  return launch_with_smem(fp8_v5_kernel<kPromote, kBlockN>, dim3(persistent_grid(sched, a.max_blocks)), kThreads,
                           T::kStages * T::kStageBytes + 1024, stream, kOp, a_map, b_map, a, sched,
                           partials, arrivals);
 }

@@ -783,6 +783,15 @@ FP8_GEMM_CASES = (
     ("blockwise", "tiles", 128, 256, 512, 0, 0.0),
     ("blockwise", "positive", 65, 144, 2048, 0, 1.0),
 )
+# Persistent walks (the param max_blocks: at most that many blocks, where the SMs would give each
+# unit a block of its own): every block of v3 to v5 takes several tiles, or several K shares of
+# one tile (v5), and the stage ring runs on from one tile into the next.
+FP8_GEMM_WALKS = (
+    ("tensor", "walk", 130, 512, 256, 0, 0.0, 2),
+    ("rowwise", "walk", 257, 272, 384, 0, 0.0, 3),
+    ("blockwise", "walk", 257, 272, 384, 0, 0.0, 3),
+    ("blockwise", "walk", 16, 16, 2048, 0, 0.0, 2),
+)
 
 
 def round_up(x: float, digits: int = 4) -> str:
@@ -813,7 +822,9 @@ def fp8_gemm_tolerance(k: int, granularity: str) -> str:
 FP8_K_BLOCK_SPREAD = 1.0
 
 
-def fp8_gemm_case(rng, granularity, tag, m, n, k, a_scales_row_major=0, shift=0.0) -> Case:
+def fp8_gemm_case(
+    rng, granularity, tag, m, n, k, a_scales_row_major=0, shift=0.0, max_blocks=0
+) -> Case:
     """One fp8_gemm case on lkw.fp8_gemm.problem's data (activation rows of different
     magnitude with x100 outliers, weight channels and K blocks of different magnitude),
     quantized at the granularity; blockwise s_a transposed to row-major where asked."""
@@ -823,13 +834,15 @@ def fp8_gemm_case(rng, granularity, tag, m, n, k, a_scales_row_major=0, shift=0.
         params["a_scales_row_major"] = a_scales_row_major
         if a_scales_row_major:
             s_a = np.ascontiguousarray(s_a.T)  # (K/128,M) -> (M,K/128)
+    if max_blocks:
+        params["max_blocks"] = max_blocks
     op = "fp8_gemm_blockwise" if granularity == "blockwise" else "fp8_gemm"
     case_id = "_".join(["fp8_gemm", granularity, *([tag] if tag else []), f"m{m}_n{n}_k{k}"])
     return Case(case_id, op, fp8_gemm_tolerance(k, granularity), [a, b, s_a, s_b], params)
 
 
 def fp8_gemm_cases(rng: np.random.Generator) -> list[Case]:
-    return [fp8_gemm_case(rng, *row) for row in FP8_GEMM_CASES]
+    return [fp8_gemm_case(rng, *row) for row in FP8_GEMM_CASES + FP8_GEMM_WALKS]
 
 
 # ---------------------------------------------------------------------------------------------

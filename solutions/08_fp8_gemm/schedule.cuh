@@ -54,8 +54,12 @@ inline TileSchedule plan_tiles(int64_t m, int64_t n, int block_m, int block_n, i
           group_m > 0 ? std::min(group_m, tiles_m) : tiles_m, splits, int((k + 127) / 128)};
 }
 
-// One block per SM, or per unit when there are fewer units.
-inline int persistent_grid(const TileSchedule& s) { return std::min(s.count(), sm_count()); }
+// One block per SM, or per unit when there are fewer units; max_blocks > 0 caps it (a test makes
+// each block walk several units that way, the ring running on across tiles).
+inline int persistent_grid(const TileSchedule& s, int max_blocks = 0) {
+  const int grid = std::min(s.count(), sm_count());
+  return max_blocks > 0 ? std::min(grid, max_blocks) : grid;
+}
 
 // The tile width of the warp-specialized versions (128-row tiles): 256 halves A's traffic per
 // FLOP, but only pays while the wider tiles still give every SM one; blockwise scales keep two

@@ -122,7 +122,7 @@ Status launch_v3(const GemmArgs& a, cudaStream_t stream) {
   if (!s.ok()) return s;
   const TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN);
   using T = Tile<kBlockN>;
-  return launch_with_smem(fp8_v3_kernel<kBlockN>, dim3(persistent_grid(sched)), kThreads,
+  return launch_with_smem(fp8_v3_kernel<kBlockN>, dim3(persistent_grid(sched, a.max_blocks)), kThreads,
                           T::kStages * T::kStageBytes + 1024, stream, kOp, a_map, b_map, a, sched);
 }
 

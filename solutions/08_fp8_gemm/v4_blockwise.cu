@@ -161,7 +161,7 @@ Status gemm_v4(const GemmArgs& a, cudaStream_t stream) {
                     CU_TENSOR_MAP_SWIZZLE_128B);
   if (!s.ok()) return s;
   const TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN);
-  return launch_with_smem(fp8_v4_kernel<Promotion>, dim3(persistent_grid(sched)), kThreads,
+  return launch_with_smem(fp8_v4_kernel<Promotion>, dim3(persistent_grid(sched, a.max_blocks)), kThreads,
                           kStages * kStageBytes + 1024, stream, kOp, a_map, b_map, a, sched);
 }
 

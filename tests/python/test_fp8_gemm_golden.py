@@ -146,12 +146,25 @@ def test_the_positive_case_is_mostly_positive_products(cases):
 def test_blockwise_case_params_name_the_a_scale_layout(cases):
     for c in cases:
         g, m, _, k, row_major = shape_of(c)
+        walk = {"max_blocks"} if "walk" in c.id else set()
         if g == "blockwise":
-            assert set(c.params) == {"a_scales_row_major"}, c.id
+            assert set(c.params) == {"a_scales_row_major"} | walk, c.id
             want = (m, k // 128) if row_major else (k // 128, m)
             assert c.inputs[2].shape == want and c.inputs[2].flags.c_contiguous, c.id
         else:
-            assert not c.params, c.id
+            assert set(c.params) == walk, c.id
+
+
+def test_walk_cases_give_each_persistent_block_several_units(cases):
+    """The max_blocks cases (golden.FP8_GEMM_WALKS): more 128-row tiles (or, one tile, more K
+    blocks than a v5 share's minimum) than blocks, so that a block walks several units."""
+    walks = [c for c in cases if "walk" in c.id]
+    assert {c.op for c in walks} == {"fp8_gemm", "fp8_gemm_blockwise"}
+    for c in walks:
+        g, m, n, k, _ = shape_of(c)
+        tiles = -(-m // 128) * -(-n // 128)
+        units = tiles if tiles > 1 else k // 128 // 4  # v5's shares: at least 4 K blocks each
+        assert units > c.params["max_blocks"] >= 1, c.id
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,6 +127,14 @@ TEST(HostValidation, EmptyMIsRefused) {
     expect_refused(*v, fake_args(0, 128, 256, Scales::kTensor), "M must be at least 1");
 }
 
+TEST(HostValidation, ANegativeBlockCapIsRefused) {
+  for (const Version* v : versions_of(kOp)) {
+    Args a = fake_args(8, 128, 256, Scales::kTensor);
+    a.params["max_blocks"] = -1;
+    expect_refused(*v, a, "max_blocks must be >= 0");
+  }
+}
+
 TEST(HostModel, BytesAreEachTensorOnceAndFlopsTwoMNK) {
   for (const char* op : {kOp, kBlockwiseOp}) {
     const Version& v = *versions_of(op).front();
