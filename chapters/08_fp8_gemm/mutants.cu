@@ -23,12 +23,6 @@ enum class Slip { kScaleNextBlock, kNoPromotion, kNoFullWait, kSwizzle64 };
 constexpr int kThreads = 256, kBlockM = 128, kBlockN = 128, kBlockK = kScaleBlock;
 constexpr int kStages = 4, kTileBytes = kBlockM * kBlockK, kStageBytes = 2 * kTileBytes;
 
-__device__ __forceinline__ float scale_of(const GemmArgs& a, int64_t row, int64_t n0, int kb) {
-  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0;
-  const float sa = a.a_scales_row_major ? a.s_a[r * blocks + kb] : a.s_a[kb * a.m + r];
-  return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];
-}
-
 template <Slip kSlip>
 __global__ void __launch_bounds__(kThreads)
     mutant_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
@@ -79,12 +73,12 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kSlip == Slip::kNoFullWait) ptx::mbarrier_wait(&full_sh[kt % kStages], (kt / kStages) & 1);
     if constexpr (kSlip != Slip::kNoPromotion) {
       const int kb = kSlip == Slip::kScaleNextBlock ? (kt + 1) % k_tiles : kt;
-      const float s0 = scale_of(a, row, n0, kb), s1 = scale_of(a, row + 8, n0, kb);
+      const float s0 = block_scale(a, row, n0, kb), s1 = block_scale(a, row + 8, n0, kb);
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], (j / 2) % 2 ? s1 : s0, total[j]);
     }
   }
   if constexpr (kSlip == Slip::kNoPromotion) {
-    const float s0 = scale_of(a, row, n0, k_tiles - 1), s1 = scale_of(a, row + 8, n0, k_tiles - 1);
+    const float s0 = block_scale(a, row, n0, k_tiles - 1), s1 = block_scale(a, row + 8, n0, k_tiles - 1);
     for (int j = 0; j < kBlockN / 2; ++j) total[j] = acc[j] * ((j / 2) % 2 ? s1 : s0);
   }
   store_wgmma_tile<kBlockN, false>(a, total, row, n0, t);
@@ -95,11 +89,7 @@ Status run_mutant(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kBlockwise}, 90, "the mutants");
   if (!s.ok()) return s;
   CUtensorMap a_map, b_map;
-  s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!s.ok()) return s;
-  s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
+  s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
   if (!s.ok()) return s;
   const dim3 grid(unsigned((a.n + kBlockN - 1) / kBlockN), unsigned((a.m + kBlockM - 1) / kBlockM));
   return launch_with_smem(mutant_kernel<kSlip>, grid, kThreads, kStages * kStageBytes + 1024, stream,

@@ -89,11 +89,7 @@ Status gemm_v2(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise}, 90, "v2_tma_pipeline");
   if (!s.ok()) return s;
   CUtensorMap a_map, b_map;  // FP8 rows in boxes of 128 × 128 bytes, 128-byte swizzle
-  s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!s.ok()) return s;
-  s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
+  s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
   if (!s.ok()) return s;
   const dim3 grid(unsigned((a.n + kBlockN - 1) / kBlockN), unsigned((a.m + kBlockM - 1) / kBlockM));
   return launch_with_smem(fp8_v2_kernel, grid, kThreads, kStages * kStageBytes + 1024, stream, kOp,

@@ -113,11 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int kBlockN>
 Status launch_v3(const GemmArgs& a, cudaStream_t stream) {
   CUtensorMap a_map, b_map;
-  Status s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
-                           CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!s.ok()) return s;
-  s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
+  Status s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
   if (!s.ok()) return s;
   const TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN);
   using T = Tile<kBlockN>;

@@ -31,15 +31,6 @@ constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;
 constexpr int kStages = 6;
 
-// The product s_a[m, kb]·s_b[n-block, kb] a thread's rows take for K block kb (blockwise), 1
-// otherwise (the scales wait for the epilogue). Rows past M read row 0's: never stored.
-__device__ __forceinline__ float block_scale(const GemmArgs& a, int64_t row, int n0, int kb) {
-  if (a.granularity != Granularity::kBlockwise) return 1.f;
-  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0;
-  const float sa = a.a_scales_row_major ? a.s_a[r * blocks + kb] : a.s_a[kb * a.m + r];  // (M, KB) or (KB, M)
-  return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];  // (ceil(N/128), KB)
-}
-
 // The accumulation, a trait: each 128-k block promoted into FP32 (v4's point), or the whole K in
 // the tensor core's sum (v3's, the ablation). Named types, so that the SASS facts can name them.
 struct V4Promoted {
@@ -152,11 +143,7 @@ Status gemm_v4(const GemmArgs& a, cudaStream_t stream) {
                                       "ablation_v4_no_promotion");
   if (!s.ok()) return s;
   CUtensorMap a_map, b_map;
-  s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!s.ok()) return s;
-  s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
+  s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
   if (!s.ok()) return s;
   const TileSchedule sched = plan_tiles(a.m, a.n, kBlockM, kBlockN);
   return launch_with_smem(fp8_v4_kernel<Promotion>, dim3(persistent_grid(sched, a.max_blocks)), kThreads,

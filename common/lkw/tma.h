@@ -59,4 +59,12 @@ inline Status tensor_map_bf16_sw128(CUtensorMap* map, const void* base, int64_t 
                        CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// One-byte elements (FP8, INT8) [rows, cols] in boxes of box_rows × 128: the same 128-byte swizzle
+// span, here 128 values of k (an FP8 wgmma operand).
+inline Status tensor_map_u8_sw128(CUtensorMap* map, const void* base, int64_t rows, int64_t cols,
+                                  int box_rows) {
+  return tensor_map_2d(map, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, cols, box_rows, 128,
+                       CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 }  // namespace lkw

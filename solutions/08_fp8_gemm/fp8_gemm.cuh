@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "lkw/registry.h"
+#include "lkw/tma.h"
 
 namespace lkw::fp8 {
 
@@ -194,6 +195,14 @@ inline Version gemm_version(const char* op, const char* id, const char* summary,
   return v;
 }
 
+// The tensor maps of the TMA versions: A's rows in boxes of block_m × 128 bytes, B's in boxes of
+// block_n × 128, both in the 128-byte swizzle their wgmma descriptors name.
+inline Status operand_maps(const GemmArgs& a, int block_m, int block_n, CUtensorMap* a_map,
+                           CUtensorMap* b_map) {
+  Status s = tensor_map_u8_sw128(a_map, a.a, a.m, a.k, block_m);
+  return s.ok() ? tensor_map_u8_sw128(b_map, a.b, a.n, a.k, block_n) : s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The epilogue's scales, shared by the versions that apply them there (tensor, rowwise).
 
@@ -204,6 +213,15 @@ __device__ __forceinline__ float row_scale(const GemmArgs& a, int64_t m) {
 }
 __device__ __forceinline__ float col_scale(const GemmArgs& a, int64_t n) {
   return a.granularity == Granularity::kTensor ? a.s_b[0] : a.s_b[n < a.n ? n : 0];  // (N)
+}
+
+// The product s_a[m, kb]·s_b[n0/128, kb] that row m takes for K block kb (blockwise scales), 1
+// for the others (their scales wait for the epilogue). Rows past M read row 0's: never stored.
+__device__ __forceinline__ float block_scale(const GemmArgs& a, int64_t row, int64_t n0, int kb) {
+  if (a.granularity != Granularity::kBlockwise) return 1.f;
+  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0;
+  const float sa = a.a_scales_row_major ? a.s_a[r * blocks + kb] : a.s_a[kb * a.m + r];  // (M, KB) or (KB, M)
+  return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];  // (ceil(N/128), KB)
 }
 
 // y[m, n..n+1] = bf16(s_a · (s_b · acc)) (scale B first, then A: vLLM's epilogue order, which the

@@ -92,13 +92,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::wgmma_fence_operands(acc);
     for (int kt = kb0; kt < kb1; ++kt, ++it) {
       const int s = it % T::kStages;
-      float scale0 = 1.f, scale1 = 1.f;
-      if constexpr (kPromote) {  // blockwise (v4's block_scale), loaded before the wait
-        const int64_t blocks = a.k / kScaleBlock, r0 = row < a.m ? row : 0, r1 = row + 8 < a.m ? row + 8 : 0;
-        const float sb = a.s_b[(n0 / kScaleBlock) * blocks + kt];  // (ceil(N/128), KB)
-        scale0 = sb * (a.a_scales_row_major ? a.s_a[r0 * blocks + kt] : a.s_a[kt * a.m + r0]);
-        scale1 = sb * (a.a_scales_row_major ? a.s_a[r1 * blocks + kt] : a.s_a[kt * a.m + r1]);
-      }
+      // The block's scales (blockwise), loaded before the wait.
+      const float scale0 = kPromote ? block_scale(a, row, n0, kt) : 1.f;
+      const float scale1 = kPromote ? block_scale(a, row + 8, n0, kt) : 1.f;
       ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
       const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
       const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
@@ -164,11 +160,7 @@ template <bool kPromote, int kBlockN>
 Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
   using T = Tile<kBlockN>;
   CUtensorMap a_map, b_map;
-  Status s = tensor_map_2d(&a_map, a.a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.m, a.k, kBlockM, kBlockK,
-                           CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!s.ok()) return s;
-  s = tensor_map_2d(&b_map, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.n, a.k, kBlockN, kBlockK,
-                    CU_TENSOR_MAP_SWIZZLE_128B);
+  Status s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
   if (!s.ok()) return s;
   float* partials = nullptr;
   unsigned* arrivals = nullptr;
