@@ -19,7 +19,8 @@
 //   v0_mma_sync        mma.sync m16n8k32 e4m3 (sm_89's FP8 instruction), cp.async and ldmatrix
 //   v1_wgmma           Hopper's warpgroup MMA reading both operands from swizzled shared memory
 //   v2_tma_pipeline    TMA boxes and an mbarrier ring instead of cp.async
-//   v3_warp_specialized  a producer warp, two consumer warpgroups, setmaxnreg, persistent tiles
+//   v3_warp_specialized  a producer warpgroup (one thread issues), two consumer warpgroups,
+//                      setmaxnreg, persistent tiles
 //   v4_blockwise       DeepSeek's 1 × 128 / 128 × 128 scales, promoted every K block
 //   v5_tuned           split K where the tiles cannot fill the SMs, tiles in L2 bands
 // The reference, its error bound and the accumulation model: reference/lkw/fp8_gemm.py.
@@ -94,6 +95,8 @@ inline Status validate_gemm(const GemmArgs& a, std::initializer_list<Granularity
       .positive(a.k, "K")
       .that(a.m < (int64_t(1) << 31) && a.n < (int64_t(1) << 31) && a.k < (int64_t(1) << 31),
             "M, N and K must fit int32")
+      .that(a.m <= int64_t(65535) * 128,
+            "M must be at most 65535 · 128 (the non-persistent versions' tile rows are grid.y)")
       .multiple_of(a.n, 16, "N")
       .multiple_of(a.k, 16, "K")
       .that(a.granularity != Granularity::kBlockwise || a.k % kScaleBlock == 0,

@@ -43,8 +43,9 @@ struct TileSchedule {
   // The K blocks [kb0, kb1) of the unit's split: shares differ by one block at most.
   __host__ __device__ void k_range(int unit, int* kb0, int* kb1) const {
     const int split = unit / tiles();
-    *kb0 = split * k_blocks / splits;
-    *kb1 = (split + 1) * k_blocks / splits;
+    // k_blocks < 2^24 (K < 2^31) and splits <= the SMs < 2^8: the products fit 32 unsigned bits.
+    *kb0 = int(unsigned(split) * unsigned(k_blocks) / unsigned(splits));
+    *kb1 = int(unsigned(split + 1) * unsigned(k_blocks) / unsigned(splits));
   }
 };
 
