@@ -63,7 +63,10 @@ if has sanitize; then
       # Versions that call cuBLAS (their id says so) are memchecked but not racechecked: racecheck
       # reports hazards inside cuBLAS's own kernels (nvjet*), which order their shared memory with
       # TMA and wgmma barriers it does not follow, and excluding those kernels by name crashes it.
-      filter="-*Host*:*Validation*"; [ "$tool" = racecheck ] && filter="$filter:*cublas*"
+      # Mutants are left out: a slip that shows only when copies race (a missing wait) may not show
+      # under a sanitizer, which serializes the kernel; ctest runs them, and the race mutants have
+      # their own racecheck run below.
+      filter="-*Host*:*Validation*:Chapter/Mutant.*"; [ "$tool" = racecheck ] && filter="$filter:*cublas*"
       LKW_GOLDEN_DIR=build/golden timeout "${LKW_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
         --error-exitcode 9 "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" --gtest_brief=1 >>"$log" 2>&1
       rc=$?
