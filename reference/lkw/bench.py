@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import io
 import json
 import math
@@ -110,6 +111,19 @@ class Case:
     # model, computed in C++, is every row's where a version is registered).
     model_bytes: float | None = None
     flops: float | None = None
+    # Outputs updated in place (a KV cache written at a few slots): make() returns them holding
+    # their initial contents, which every rotated set gets a copy of and which are restored before
+    # each verified or timed run instead of the poison; `expected` gets them after the inputs (the
+    # golden data's init arrays), and a peer factory gets them after the inputs too (it must write
+    # copies of its own: lkw.peers).
+    initial_outputs: bool = False
+    # Inputs every rotated set shares instead of a copy of its own, left out of the rotation rule:
+    # a table every layer of a decoder reads at the same rows (RoPE's cos/sin cache), which a
+    # decoder finds in L2. A set of its own each would also cost thousands of copies at T = 1.
+    shared_inputs: tuple[int, ...] = ()
+    # The bytes one launch touches, for the rotation rule, where they are fewer than its tensors'
+    # (a cache written at T slots is mostly untouched): the sets must exceed twice the L2 in these.
+    rotation_bytes: int | None = None
 
 
 def _raw(tensors) -> list:
@@ -462,6 +476,344 @@ def rmsnorm_cases() -> list[Case]:
                 # F.rms_norm rounds x·rstd·w once (no BF16 step between): within 2 ulps anyway.
                 peer_tolerance=golden.NORM_TOLERANCES[op]))
     return cases
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 05: the elementwise ops at the decoder shapes of issue 47: Llama-3-8B (d_ff 14336; Hq 32,
+# Hk 8, D 128), Llama-3-70B (d_ff 28672; Hq 64, Hk 8, D 128), and Qwen3-8B's heads (Hq 32, Hk 8,
+# D 128) for qk_norm_rope, from decode (T = 1) to prefill (T = 8192). The model's name ends each
+# shape string ("t=16,d=14336,llama3_8b"), so that --shape selects by model or by field.
+
+ELEMENTWISE_T = (1, 16, 128, 1024, 8192)
+ELEMENTWISE_MODELS = {  # name -> (d_ff, Hq, Hk, D, RoPE base)
+    "llama3_8b": (14336, 32, 8, 128, 500000.0),
+    "llama3_70b": (28672, 64, 8, 128, 500000.0),
+    "qwen3_8b": (12288, 32, 8, 128, 1000000.0),
+}
+ROPE_MAX_POS = 8192  # the cos/sin cache's rows; positions uniform over them
+QK_NORM_EPS = 1e-6
+CACHE_BLOCK = 16
+# The caches hold CACHE_SPREAD times the blocks the tokens need, and the tokens take distinct
+# slots drawn over all of them (no padding: every token is written), as a batch of sequences
+# appends to blocks scattered over the cache.
+CACHE_SPREAD = 4
+CACHE_LAYOUTS = ("paged", "nhd")  # the layouts vLLM's reshape_and_cache and _flash write
+CACHE_OPS = {"reshape_and_cache": "bfloat16", "reshape_and_cache_fp8": "float8_e4m3fn"}
+# A torch peer rounds where the contract does not. SiLU-and-mul in torch (and vLLM's and Liger's
+# kernels) rounds silu(gate) to BF16 before the multiply: two roundings of 2^-9 each, so within
+# two BF16 ulps of the one-rounding reference. The fused quant peers quantize that y: a scale
+# drifts by those two ulps (2^-6 relative, checked within 2^-5), q by less than one E4M3 step
+# (2^-4 to 2^-3 relative above 2^-6, 2^-9 absolute below).
+ACT_PEER_TOLERANCE = "ulp:2"
+FP8_Q_PEER_TOLERANCE = "close:0.125:0.001953125"
+FP8_SCALE_PEER_TOLERANCE = "close:0.03125:0"
+# vLLM's FP8 cache divides by the scale (x / s), the contract multiplies by fp32(1 / s): one E4M3
+# code now and then (lkw.elementwise, section 4). A BF16 cache is a copy: exact everywhere.
+CACHE_PEER_TOLERANCE = {"bfloat16": "exact", "float8_e4m3fn": "ulp:1"}
+
+
+def _in_place_eager_and_compiled(body: Callable, n_outputs: int) -> dict[str, Callable]:
+    """_eager_and_compiled for an op that updates its last n_outputs tensors in place (a KV
+    cache): the peer's factory gets the inputs followed by the outputs' initial contents
+    (Case.initial_outputs), writes copies of its own, restored by its reset (untimed), and
+    body(torch, *inputs, *copies) writes them."""
+
+    def factory(compile_it: bool):
+        compiled_for: dict = {}
+
+        def make(torch, ins):
+            inputs, initial = ins[:-n_outputs], ins[-n_outputs:]
+            work, reset = peers._copies(torch, initial)
+            fn = lambda *xs: body(torch, *xs)
+            if compile_it:
+                key = tuple((tuple(t.shape), t.dtype, t.stride()) for t in ins)
+                if key not in compiled_for:
+                    compiled_for.clear()
+                    torch._dynamo.reset()
+                    compiled_for[key] = torch.compile(fn, dynamic=False, fullgraph=True)
+                fn = compiled_for[key]
+
+            def call():
+                fn(*inputs, *work)
+                return work
+
+            return peers.PeerCall(call, reset=reset)
+
+        return make
+
+    return {"torch_eager": factory(False), "torch_compile": factory(True)}
+
+
+def _torch_gate_up(torch, x):
+    d = x.shape[1] // 2
+    return x[:, :d], x[:, d:]
+
+
+def _torch_act(torch, x, act: str):
+    """act(gate) * up in BF16 torch ops, as a PyTorch model writes it (two roundings)."""
+    gate, up = _torch_gate_up(torch, x)
+    if act == "silu":
+        return torch.nn.functional.silu(gate) * up
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+def _torch_static_fp8(torch, y, scale):
+    """y BF16 -> E4M3 with a given FP32 scale [1]: e4m3(fp32(y * fp32(1 / scale))), saturated."""
+    return torch.clamp(y.float() * scale.reciprocal(), min=-448.0, max=448.0).to(torch.float8_e4m3fn)
+
+
+def _torch_rope(torch, pos, q, k, cache, is_neox: bool = True):
+    """RoPE in torch ops from the FP32 cache rows of the positions (index_select): FP32 products
+    of BF16 values, one rounding to BF16, as the contract; the D - rot_dim tail copied."""
+    rows = cache.index_select(0, pos)  # (T,R)
+    half = rows.shape[1] // 2
+    cos, sin = rows[:, None, :half], rows[:, None, half:]  # (T,1,R/2)
+
+    def rotate(h):
+        r = h[..., : 2 * half].float()
+        x, y = (r[..., :half], r[..., half:]) if is_neox else (r[..., 0::2], r[..., 1::2])
+        x2, y2 = x * cos - y * sin, y * cos + x * sin
+        out = torch.cat([x2, y2], -1) if is_neox else torch.stack([x2, y2], -1).flatten(-2)
+        return torch.cat([out.to(h.dtype), h[..., 2 * half :]], -1)
+
+    return rotate(q), rotate(k)
+
+
+def _torch_head_rmsnorm(torch, h, w, eps: float):
+    """Every head of h [T, H, D] through the Hugging Face (Qwen3) RMSNorm: z = bf16(h * rstd),
+    w * z in BF16, the contract's chain."""
+    h32 = h.float()
+    z = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * z.to(h.dtype)
+
+
+def _torch_cache_write(torch, key, value, slots, kc, vc, layout: str, scales=None):
+    """Each token's key and value heads written at its slot of the caches, in place (index_put;
+    an FP8 cache through byte views, FP8 having no index_put), FP8 values quantized as
+    _torch_static_fp8."""
+    if scales is not None:
+        key, value = (_torch_static_fp8(torch, a, s).view(torch.uint8) for a, s in zip((key, value), scales))
+        kc, vc = kc.view(torch.uint8), vc.view(torch.uint8)
+    t, hk, d = key.shape
+    if layout == "paged":  # key [blocks, Hk, D/x, block, x], value [blocks, Hk, D, block]
+        block = kc.shape[3]
+        b, o = slots // block, slots % block
+        kc[b, :, :, o, :] = key.reshape(t, hk, d // kc.shape[4], kc.shape[4])
+        vc[b, :, :, o] = value
+    else:  # nhd: [blocks, block, Hk, D]
+        block = kc.shape[1]
+        b, o = slots // block, slots % block
+        kc[b, o] = key
+        vc[b, o] = value
+
+
+def _gelu_tolerances(tolerance: str) -> tuple[str, str]:
+    """(the versions', the peers') tolerance of a gelu op from lkw.elementwise.act_tolerance's
+    close:RTOL:ATOL: the peers round gelu(gate) to BF16 first, two BF16 ulps (RTOL 2^-6), and
+    cancel as the versions do (the same ATOL)."""
+    return tolerance, f"close:{2.0**-6!r}:{tolerance.split(':')[2]}"
+
+
+def _tolerance_from_reference(holder: list, tolerance: Callable) -> Callable:
+    """A reference that also sets the case's tolerance (and peer tolerance) from the data it saw:
+    tolerance(inputs, outputs) -> str, or (str, peer str)."""
+
+    def wrap(expected):
+        def run(host):
+            out = expected(host)
+            tol = tolerance(host, out)
+            holder[0].tolerance, holder[0].peer_tolerance = tol if isinstance(tol, tuple) else (tol, None)
+            return out
+
+        return run
+
+    return wrap
+
+
+def elementwise_cases() -> list[Case]:
+    """Chapter 05's ops (issue 47's shapes, ELEMENTWISE_MODELS at ELEMENTWISE_T):
+
+    - silu_and_mul on both Llama models at every T; gelu_tanh_and_mul on Llama-3-8B at T 16 and
+      8192; the three fused FP8 forms (per token, per 1 x 128 group, static per tensor) on
+      Llama-3-8B at T 16 and 8192;
+    - rope (NEOX, rot_dim 128, a [8192, 128] FP32 cos/sin cache shared by the sets) on both Llama
+      models at every T; qk_norm_rope on Qwen3-8B's heads at every T (eps 1e-6);
+    - reshape_and_cache and reshape_and_cache_fp8 (block 16) in the paged and NHD layouts on
+      Llama-3-8B's KV heads at T 16, 1024 and 8192, no padding; the caches start poisoned and are
+      updated in place (Case.initial_outputs).
+
+    The reference checks 64 sampled tokens where T > 64 (the caches whole). Peers: the same math in
+    torch, eager and compiled (compiled at prefill sizes), and lkw.peers' vLLM, FlashInfer and Liger
+    kernels."""
+    from lkw import elementwise as ew
+    from lkw import golden
+
+    cases = []
+    names = lambda op: [*golden.OPS[op].inputs, *golden.OPS[op].outputs]
+    rows = ACT_SAMPLE_ROWS
+    sample = lambda t: rows if t > rows else None
+
+    # Gated activations and their fused FP8 quant: x [T, 2 d_ff].
+    def make_act(t, d, quant=None):
+        def make(torch, gen):
+            x = _activations(torch, gen, t, 2 * d)
+            bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+            if quant is None:
+                return [x], [torch.empty(t, d, dtype=bf16, device="cuda")]
+            q = torch.empty(t, d, dtype=fp8, device="cuda")
+            if quant == "per_token":
+                return [x], [q, torch.empty(t, 1, device="cuda")]
+            if quant == "per_group":
+                return [x], [q, torch.empty(d // 128, t, device="cuda")]  # [d/128, T]: column-major
+            # per tensor: a calibrated static scale, the absmax of this y / 448
+            g, u = x[:, :d].float(), x[:, d:].float()
+            scale = ((g / (1 + torch.exp(-g)) * u).abs().amax() / 448.0).reshape(1)
+            return [x, scale], [q]
+
+        return make
+
+    act_runs = [("silu_and_mul", model, t) for model in ("llama3_8b", "llama3_70b") for t in ELEMENTWISE_T]
+    act_runs += [("gelu_tanh_and_mul", "llama3_8b", t) for t in (16, 8192)]
+    for op, model, t in act_runs:
+        d = ELEMENTWISE_MODELS[model][0]
+        act = golden.ACT_OPS[op]
+        holder: list[Case] = []
+        expected = lambda host, act=act: [ew.act_and_mul(host[0], act)]
+        if act != "silu":  # gelu's tolerance has an absolute term from the data (act_tolerance)
+            expected = _tolerance_from_reference(holder, lambda host, out, act=act: _gelu_tolerances(
+                ew.act_tolerance(host[0], act)))(expected)
+        case = Case(
+            op, f"t={t},d={d},{model}", names(op), make_act(t, d), expected,
+            tolerance=ew.TOLERANCE_ACT, sample_rows=sample(t), peer_tolerance=ACT_PEER_TOLERANCE,
+            torch_peers=_peers_for(_eager_and_compiled(lambda torch, x, act=act: _torch_act(torch, x, act)), t),
+            library_peers=peers.act_peers(op), model_bytes=ew.act_and_mul_bytes(t, d))
+        holder.append(case)
+        cases.append(case)
+
+    fp8_bodies = {
+        "per_token": lambda torch, x: _torch_quant(torch, _torch_act(torch, x, "silu"), "fp8"),
+        "per_group": lambda torch, x: _torch_quant(torch, _torch_act(torch, x, "silu"), "fp8", 128),
+        "per_tensor": lambda torch, x, s: _torch_static_fp8(torch, _torch_act(torch, x, "silu"), s),
+    }
+    for op, kind in golden.FP8_ACT_OPS.items():
+        d = ELEMENTWISE_MODELS["llama3_8b"][0]
+        for t in (16, 8192):
+            def expected(host, op=op):
+                if op == "silu_and_mul_fp8_per_tensor":
+                    return _outputs(ew.silu_and_mul_fp8_per_tensor(host[0], host[1].view(np.float32)))
+                return _outputs(golden.OPS[op].fn(host[0]))
+
+            peer_tol = FP8_Q_PEER_TOLERANCE + ("" if kind == "per_tensor" else "/" + FP8_SCALE_PEER_TOLERANCE)
+            cases.append(Case(
+                op, f"t={t},d={d},llama3_8b", names(op), make_act(t, d, kind), expected,
+                tolerance=ew.TOLERANCE_FP8[kind], sample_rows=sample(t),
+                cut={1: lambda a, r: a[:, :r]} if kind == "per_group" else {},
+                peer_tolerance=peer_tol, torch_peers=_peers_for(_eager_and_compiled(fp8_bodies[kind]), t),
+                library_peers=peers.act_peers(op), model_bytes=ew.silu_and_mul_fp8_bytes(t, d, kind)))
+
+    # RoPE and the fused QK norm: positions [T] over the cache, q [T, Hq, D], k [T, Hk, D].
+    def make_heads(t, hq, hk, d, base, norm: bool):
+        def make(torch, gen):
+            pos = torch.randint(0, ROPE_MAX_POS, (t,), device="cuda", generator=gen)  # int64
+            q = _activations(torch, gen, t, hq * d).view(t, hq, d)
+            k = _activations(torch, gen, t, hk * d).view(t, hk, d)
+            cache = torch.from_numpy(_rope_cache(ROPE_MAX_POS, d, base)).to("cuda")
+            outs = [torch.empty_like(q), torch.empty_like(k)]
+            if not norm:
+                return [pos, q, k, cache], outs
+            w = [(1 + 0.25 * torch.randn(d, device="cuda", generator=gen)).to(torch.bfloat16) for _ in "qk"]
+            return [pos, q, k, *w, cache], outs
+
+        return make
+
+    def heads_expected(host, norm: bool, r: int):
+        """The reference on the first r tokens (positions are 1-D: the bench's row cut would leave
+        them whole, so the reference cuts every per-token input itself)."""
+        pos, q, k = host[0].view(np.int64)[:r], host[1][:r], host[2][:r]
+        cache = host[-1].view(np.float32)
+        if norm:
+            return _outputs(ew.qk_norm_rope(pos, q, k, host[3], host[4], cache, QK_NORM_EPS))
+        return _outputs(ew.rope(pos, q, k, cache))
+
+    head_runs = [("rope", model, t) for model in ("llama3_8b", "llama3_70b") for t in ELEMENTWISE_T]
+    head_runs += [("qk_norm_rope", "qwen3_8b", t) for t in ELEMENTWISE_T]
+    for op, model, t in head_runs:
+        _, hq, hk, d, base = ELEMENTWISE_MODELS[model]
+        norm = op == "qk_norm_rope"
+        holder = []
+        r = min(t, rows)  # the tokens the reference computes
+        if norm:  # from the reference's outputs, as the golden cases' (lkw.elementwise)
+            tolerance = lambda host, out: ew.qk_norm_rope_tolerance(*out)
+            torch_body = lambda torch, pos, q, k, qw, kw, cache: _torch_rope(
+                torch, pos, _torch_head_rmsnorm(torch, q, qw, QK_NORM_EPS),
+                _torch_head_rmsnorm(torch, k, kw, QK_NORM_EPS), cache)
+            library = peers.qk_norm_rope_peers(QK_NORM_EPS, is_neox=True)
+            model_bytes = ew.qk_norm_rope_bytes(t, hq, hk, d, d)
+        else:  # from the heads' absmax, of the tokens checked
+            tolerance = lambda host, out, r=r: ew.rope_tolerance(host[1][:r], host[2][:r])
+            torch_body = _torch_rope
+            library = peers.rope_peers(is_neox=True)
+            model_bytes = ew.rope_bytes(t, hq, hk, d)
+        expected = _tolerance_from_reference(holder, tolerance)(
+            lambda host, norm=norm, r=r: heads_expected(host, norm, r))
+        case = Case(
+            op, f"t={t},hq={hq},hk={hk},d={d},rot={d},neox,{model}", names(op),
+            make_heads(t, hq, hk, d, base, norm), expected,
+            tolerance="close:0.0078125:0",  # replaced by the reference's
+            sample_rows=sample(t), reference_sees_all=True, params={"is_neox": 1, **({"eps": QK_NORM_EPS} if norm else {})},
+            torch_peers=_peers_for(_eager_and_compiled(torch_body), t), library_peers=library,
+            shared_inputs=(len(golden.OPS[op].inputs) - 1,), model_bytes=model_bytes)
+        holder.append(case)
+        cases.append(case)
+
+    # reshape_and_cache: key, value [T, Hk, D], slot_mapping [T] (, k_scale, v_scale) -> the caches.
+    _, _, hk, d, _ = ELEMENTWISE_MODELS["llama3_8b"]
+    for op, kv_dtype in CACHE_OPS.items():
+        for layout in CACHE_LAYOUTS:
+            for t in (16, 1024, 8192):
+                num_blocks = -(-t // CACHE_BLOCK) * CACHE_SPREAD
+
+                def make(torch, gen, t=t, layout=layout, kv_dtype=kv_dtype, num_blocks=num_blocks):
+                    key = _activations(torch, gen, t, hk * d).view(t, hk, d)
+                    value = _activations(torch, gen, t, hk * d).view(t, hk, d)
+                    slots = torch.randperm(num_blocks * CACHE_BLOCK, device="cuda", generator=gen)[:t]
+                    inputs = [key, value, slots]
+                    fp8 = kv_dtype == "float8_e4m3fn"
+                    if fp8:  # per-tensor scales at the tensors' absmax / 448: nothing saturates
+                        inputs += [(a.float().abs().amax() / 448.0).reshape(1) for a in (key, value)]
+                    stored = np.dtype(ew.KV_DTYPES[kv_dtype])
+                    bits, typed = (torch.uint8, torch.float8_e4m3fn) if fp8 else (torch.int16, torch.bfloat16)
+                    shapes = ew.cache_shapes(layout, num_blocks, CACHE_BLOCK, hk, d, kv_dtype)
+                    caches = [torch.full(s, int(ew.POISON[stored]), dtype=bits, device="cuda").view(typed)
+                              for s in shapes]
+                    return inputs, caches
+
+                def expected(host, layout=layout, kv_dtype=kv_dtype):
+                    key, value, slots = host[0], host[1], host[2].view(np.int64)
+                    scales = [a.view(np.float32) for a in host[3:5]] if kv_dtype == "float8_e4m3fn" else []
+                    return _outputs(ew.reshape_and_cache(key, value, host[-2], host[-1], slots, layout, *scales))
+
+                def body(torch, *ins, layout=layout, fp8=kv_dtype == "float8_e4m3fn"):
+                    key, value, slots, *rest = ins
+                    scales, (kc, vc) = (rest[:2], rest[2:]) if fp8 else (None, rest)
+                    _torch_cache_write(torch, key, value, slots, kc, vc, layout, scales)
+
+                touched = ew.reshape_and_cache_bytes(t, hk, d, kv_dtype)
+                cases.append(Case(
+                    op, f"t={t},hk={hk},d={d},block={CACHE_BLOCK},{layout},llama3_8b", names(op), make, expected,
+                    tolerance=ew.TOLERANCE_KV, params={"layout": ew.LAYOUTS.index(layout)},
+                    peer_tolerance=CACHE_PEER_TOLERANCE[kv_dtype],
+                    torch_peers=_peers_for(_in_place_eager_and_compiled(body, 2), t),
+                    library_peers=peers.cache_peers(layout, kv_dtype), initial_outputs=True,
+                    rotation_bytes=touched, model_bytes=touched))
+    return cases
+
+
+@functools.lru_cache(maxsize=4)
+def _rope_cache(max_pos: int, rot_dim: int, base: float) -> np.ndarray:
+    from lkw import elementwise
+
+    return elementwise.cos_sin_cache(max_pos, rot_dim, base)
 
 
 # Chapter 06: the decode GEMV at the Llama-3-8B and -70B weight shapes (N, K), G = 128.
@@ -1601,6 +1953,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "02_int4_dequant": int4_dequant_cases,
     "03_dynamic_quant": dynamic_quant_cases,
     "04_rmsnorm": rmsnorm_cases,
+    "05_elementwise": elementwise_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
     "08_fp8_gemm": fp8_gemm_cases,
@@ -1674,23 +2027,26 @@ def tolerance_of(tolerance: str, output: int) -> str:
     return parts[0] if len(parts) == 1 else parts[output]
 
 
-def _reference(case: Case, host_inputs: list[np.ndarray]) -> list[np.ndarray]:
+def _reference(case: Case, host_inputs: list[np.ndarray], host_initial=()) -> list[np.ndarray]:
+    """The case's reference outputs from the host inputs (cut to the sampled rows where the case
+    samples), then the outputs' initial contents where it updates them in place."""
     if case.sample_rows and not case.reference_sees_all:
         # The sampled rows of every input that has the first input's rows (x, a residual), not
         # of the others (a weight vector, even one as long as T).
         rows = host_inputs[0].shape[0]
         cut = [a[: case.sample_rows] if a.ndim >= 2 and a.shape[0] == rows else a for a in host_inputs]
-        return case.expected(cut)
-    return case.expected(host_inputs)
+        return case.expected([*cut, *host_initial])
+    return case.expected([*host_inputs, *host_initial])
 
 
-def _rotations(inputs, outputs, l2_bytes: int, past_largest: bool = False) -> int:
+def _rotations(inputs, outputs, l2_bytes: int, past_largest: bool = False, touched: int | None = None) -> int:
     """How many input/output sets make the rotated working set exceed twice the L2, plus one (back
     to back, no flush between launches: between two launches on one set the others read more than
     twice the L2), and at least two. past_largest (Case.rotate_past_largest): enough that the sets
-    without their largest input exceed twice the L2 too. One rule for all three timing modes."""
+    without their largest input exceed twice the L2 too. touched (Case.rotation_bytes): the bytes
+    of a set one launch touches, where fewer than its tensors'. One rule for all three timing modes."""
     sizes = [t.numel() * t.element_size() for t in inputs + outputs]
-    sets = max(1, math.ceil(2 * l2_bytes / sum(sizes)))
+    sets = max(1, math.ceil(2 * l2_bytes / (touched or sum(sizes))))
     if past_largest:
         rest = sum(sizes) - max(sizes[: len(inputs)])
         sets = max(sets, math.ceil(2 * l2_bytes / max(1, rest)))
@@ -1739,21 +2095,24 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     gen.manual_seed(case.seed)
     typed_inputs, typed_outputs = case.make(torch, gen)
     inputs, outputs = _raw(typed_inputs), _raw(typed_outputs)
+    # An in-place op's outputs as make() left them: what every set starts from (Case.initial_outputs).
+    initial = [t.clone() for t in outputs] if case.initial_outputs else None
     host_inputs = [_host_bits(t) for t in inputs]
-    expected = _reference(case, host_inputs)
+    expected = _reference(case, host_inputs, [_host_bits(t) for t in initial or []])
     made = time.perf_counter()
-    sets = _rotations(inputs, outputs, l2_bytes, case.rotate_past_largest)
+    shared = set(case.shared_inputs)
+    rotated = [t for i, t in enumerate(inputs) if i not in shared]
+    sets = _rotations(rotated, outputs, l2_bytes, case.rotate_past_largest, case.rotation_bytes)
     if case.max_sets:
         sets = min(sets, case.max_sets)
     arg_sets = [(inputs, outputs)] + [
-        ([t.clone() for t in inputs], [torch.empty_like(t) for t in outputs]) for _ in range(sets - 1)
+        ([t if i in shared else t.clone() for i, t in enumerate(inputs)],
+         [t.clone() if initial else torch.empty_like(t) for t in outputs]) for _ in range(sets - 1)
     ]
     rows = []
     for v in versions:
         name = v["name"]
-        for _, outs in arg_sets:
-            for t in outs:
-                _poison(t)
+        _prime(arg_sets, initial)
         ext().launch(name, inputs, arg_sets[0][1], params=case.params, dtypes=case.dtypes)
         torch.cuda.synchronize()
         before = _verify(case, inputs, arg_sets[0][1], expected)
@@ -1784,15 +2143,17 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
         row.update(correct=not bad, time_us=t["median_us"], time_min_us=t["min_us"], time_max_us=t["max_us"],
                    iters=t["iters"], rotations=sets)
         if not bad:
-            row.update(_back_to_back(case, name, arg_sets, expected, warmup=warmup, log=log))
+            row.update(_back_to_back(case, name, arg_sets, expected, warmup=warmup, log=log, initial=initial))
         _rates(row)
         rows.append(row)
     model_bytes = next((r["model_bytes"] for r in rows if r["kind"] == "version"), case.model_bytes)
     flops = next((r["flops"] for r in rows if r["kind"] == "version"), case.flops) or 0.0
     chapter = versions[0]["chapter"] if versions else chapter or "?"
     # The peers' input sets: typed views of the versions' sets (clones of set 0), never written by
-    # a peer (lkw.peers works on copies where a kernel writes its inputs).
-    typed_sets = [[r.view(ti.dtype) for r, ti in zip(ins, typed_inputs)] for ins, _ in arg_sets]
+    # a peer (lkw.peers works on copies where a kernel writes its inputs), followed by the initial
+    # outputs of an in-place op (Case.initial_outputs), which a peer copies before writing.
+    typed_initial = [r.view(to.dtype) for r, to in zip(initial, typed_outputs)] if initial else []
+    typed_sets = [[*(r.view(ti.dtype) for r, ti in zip(ins, typed_inputs)), *typed_initial] for ins, _ in arg_sets]
     all_peers = [(p, f, False) for p, f in case.torch_peers.items()]
     if OPTIONS["library_peers"]:
         all_peers += [(p, f, True) for p, f in case.library_peers.items()]
@@ -1802,12 +2163,24 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
         if row is not None:
             rows.append(row)
         torch.cuda.empty_cache()
-    del arg_sets, typed_sets, inputs, outputs, typed_inputs, typed_outputs
+    del arg_sets, typed_sets, inputs, outputs, typed_inputs, typed_outputs, initial, typed_initial
     torch.cuda.empty_cache()
     # Progress, with where a long run's time goes (a device run with PYTHONUNBUFFERED shows it live).
     log(f"  {case.op} {case.shape}: inputs and reference {made - start:.1f} s, {len(rows)} rows in "
         f"{time.perf_counter() - made:.1f} s")
     return rows
+
+
+def _prime(arg_sets, initial: list | None) -> None:
+    """Before a verified or timed run: every set's outputs poisoned, so that an element a launch
+    does not write fails the check, or, for an in-place op (Case.initial_outputs), restored to the
+    initial contents, which the elements no launch writes must keep."""
+    for _, outs in arg_sets:
+        for i, t in enumerate(outs):
+            if initial is None:
+                _poison(t)
+            else:
+                t.copy_(initial[i])
 
 
 def _rates(row: dict) -> None:
@@ -1924,19 +2297,18 @@ def measure_peer(case: Case, chapter: str, peer: str, factory: Callable, typed_s
     return row
 
 
-def _back_to_back(case: Case, name: str, arg_sets, expected, *, warmup: int, log=print) -> dict:
+def _back_to_back(case: Case, name: str, arg_sets, expected, *, warmup: int, log=print,
+                  initial: list | None = None) -> dict:
     """Time a version back to back over the rotated sets, then the same batch captured in a CUDA
-    graph; before each the outputs are poisoned, after each the outputs of (up to CHECKED_SETS of)
-    the sets are checked again. The row's back_to_back_* and graph_* fields, or *_correct False where
+    graph; before each the outputs are poisoned (restored to `initial`, an in-place op's initial
+    contents), after each the outputs of (up to CHECKED_SETS of) the sets are checked again. The row's back_to_back_* and graph_* fields, or *_correct False where
     a check failed (a version that cannot be captured keeps its back-to-back fields only)."""
     import torch
 
     batch, batches = _batching(len(arg_sets))
 
     def timed(what: str, graph: bool) -> dict | None:
-        for _, outs in arg_sets:
-            for o in outs:
-                _poison(o)
+        _prime(arg_sets, initial)
         t = ext().time(name, arg_sets, params=case.params, dtypes=case.dtypes, warmup=max(warmup, len(arg_sets)),
                        iters=batches, batch=batch, graph=graph)
         torch.cuda.synchronize()

@@ -7,7 +7,8 @@ the same seed writes the same files. Each chapter draws from its own stream (see
 so writing one chapter alone gives the same data as writing all of them.
 
 Per chapter this writes DIR/<chapter>/manifest.txt and one .npy per tensor
-(<id>.in<i>.npy, <id>.out<i>.npy; narrow floats as their raw bits, C order, little endian):
+(<id>.in<i>.npy, <id>.init<i>.npy, <id>.out<i>.npy; narrow floats as their raw bits, C order,
+little endian):
 
     # lkw golden v1 chapter=<chapter> seed=<seed>
     case <id> <op> <tolerance> <params>    tolerance: exact | ulp:N | close:RTOL:ATOL |
@@ -17,10 +18,15 @@ Per chapter this writes DIR/<chapter>/manifest.txt and one .npy per tensor
                                            of the whole output <= BOUND, every element finite),
                                            or one per output joined by "/"
     in   <id> <index> <dtype> <file>       params: - | name=value,name=value
+    init <id> <index> <dtype> <file>       output <index> starts as this file (not poisoned)
     out  <id> <index> <dtype> <file>
 
-The "out" files hold the expected outputs, computed by the op's reference function from the
-inputs. A new chapter adds its ops to OPS, a function returning its cases, and one CHAPTERS entry.
+A case's records come in this order: its "case" line, its "in" lines, its "init" lines (only for
+an op that updates outputs in place, Op.init of them: the first Op.init outputs, indices 0, 1, ...,
+each with that output's dtype and shape), its "out" lines. The "out" files hold the expected
+outputs, computed by the op's reference function from the inputs followed by the init arrays
+(fn(*inputs, *init, **params)). A new chapter adds its ops to OPS, a function returning its
+cases, and one CHAPTERS entry.
 """
 
 import argparse
@@ -38,7 +44,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import formats, fp8_gemm, gemv, int4, moe, quant, rmsnorm, roofline, w4a16
+from lkw import elementwise, formats, fp8_gemm, gemv, int4, moe, quant, rmsnorm, roofline, w4a16
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -63,6 +69,9 @@ class Op:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     params: tuple[str, ...] = ()  # case params passed to fn as keyword arguments (if present)
+    # The first `init` outputs are updated in place (a KV cache): their contents before the launch
+    # matter, every case gives them (Case.init) and fn takes them after the inputs.
+    init: int = 0
 
 
 OPS = {
@@ -108,6 +117,50 @@ OPS = {
         ("bfloat16",) * 3,
         ("int8", "float32", "bfloat16"),
         ("eps",),
+    ),
+    # 05_elementwise (lkw.elementwise through the wrappers below: float params become flags and
+    # layout names; BF16 bits in and out)
+    **{
+        op: Op(lambda x, act_first=1, limit=0, act=act: _act_and_mul(x, act, act_first, limit),
+               ("bfloat16",), ("bfloat16",), ("act_first", "limit"))
+        for op, act in (("silu_and_mul", "silu"), ("gelu_and_mul", "gelu"),
+                        ("gelu_tanh_and_mul", "gelu_tanh"))
+    },
+    "silu_and_mul_fp8_per_token": Op(
+        lambda x, scale_ub=0: elementwise.silu_and_mul_fp8_per_token(x, scale_ub or None),
+        ("bfloat16",), ("float8_e4m3fn", "float32"), ("scale_ub",),
+    ),
+    "silu_and_mul_fp8_per_group": Op(
+        elementwise.silu_and_mul_fp8_per_group, ("bfloat16",), ("float8_e4m3fn", "float32"),
+        ("scales_row_major",),
+    ),
+    "silu_and_mul_fp8_per_tensor": Op(
+        elementwise.silu_and_mul_fp8_per_tensor, ("bfloat16", "float32"), ("float8_e4m3fn",)
+    ),
+    # positions, q, k, cos_sin_cache -> q_out, k_out
+    "rope": Op(
+        lambda pos, q, k, cache, is_neox=1, inverse=0: elementwise.rope(
+            pos, q, k, cache, bool(is_neox), bool(inverse)),
+        ("int64", "bfloat16", "bfloat16", "float32"), ("bfloat16", "bfloat16"),
+        ("is_neox", "inverse"),
+    ),
+    # positions, q, k, q_weight, k_weight, cos_sin_cache -> q_out, k_out
+    "qk_norm_rope": Op(
+        lambda pos, q, k, qw, kw, cache, eps, is_neox=1: elementwise.qk_norm_rope(
+            pos, q, k, qw, kw, cache, eps, bool(is_neox)),
+        ("int64", "bfloat16", "bfloat16", "bfloat16", "bfloat16", "float32"),
+        ("bfloat16", "bfloat16"), ("eps", "is_neox"),
+    ),
+    # key, value, slot_mapping [, k_scale, v_scale], then the caches' initial contents -> the
+    # caches updated in place (param layout: 0 paged, 1 nhd, 2 hnd)
+    "reshape_and_cache": Op(
+        lambda k, v, slots, kc, vc, layout: _cache(k, v, slots, kc, vc, layout),
+        ("bfloat16", "bfloat16", "int64"), ("bfloat16", "bfloat16"), ("layout",), init=2,
+    ),
+    "reshape_and_cache_fp8": Op(
+        lambda k, v, slots, ks, vs, kc, vc, layout: _cache(k, v, slots, kc, vc, layout, ks, vs),
+        ("bfloat16", "bfloat16", "int64", "float32", "float32"), ("float8_e4m3fn",) * 2,
+        ("layout",), init=2,
     ),
     # 06_int4_gemv (lkw.gemv: x, w, scales [, zeros] -> y; the cuBLAS peer's bf16_gemv)
     "int4_gemv": Op(gemv.int4_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
@@ -204,12 +257,17 @@ class Case:
     tolerance: str
     inputs: list[np.ndarray]
     params: dict[str, float] = field(default_factory=dict)
+    # The initial contents of the op's first Op.init outputs (updated in place), as stored.
+    init: list[np.ndarray] = field(default_factory=list)
 
 
-def reference(op: str, inputs: list[np.ndarray], params: dict[str, float]) -> list[np.ndarray]:
-    """The op's reference function on the inputs, with the params it takes, as a list."""
+def reference(
+    op: str, inputs: list[np.ndarray], params: dict[str, float], init: list[np.ndarray] = ()
+) -> list[np.ndarray]:
+    """The op's reference function on the inputs (then the init arrays of an op that updates
+    outputs in place), with the params it takes, as a list."""
     kwargs = {name: params[name] for name in OPS[op].params if name in params}
-    out = OPS[op].fn(*inputs, **kwargs)
+    out = OPS[op].fn(*inputs, *init, **kwargs)
     return list(out) if isinstance(out, tuple) else [out]
 
 
@@ -221,8 +279,8 @@ def parse_params(text: str) -> dict[str, float]:
 
 
 def expected_outputs(case: Case) -> list[np.ndarray]:
-    """The op's reference function applied to the case's inputs (and params)."""
-    return reference(case.op, case.inputs, case.params)
+    """The op's reference function applied to the case's inputs (and params, and init arrays)."""
+    return reference(case.op, case.inputs, case.params, case.init)
 
 
 @np.errstate(invalid="ignore")  # signalling NaNs are valid inputs
@@ -244,15 +302,30 @@ def check_case(case: Case, outputs: list[np.ndarray]) -> None:
     if len(tolerances) not in (1, len(outputs)):
         raise ValueError(f"{case.id}: {len(tolerances)} tolerances for {len(outputs)} outputs")
     op = OPS[case.op]
-    for kind, dtypes, arrays in (("in", op.inputs, case.inputs), ("out", op.outputs, outputs)):
+    for kind, dtypes, arrays in _records(op, case.inputs, case.init, outputs):
         if len(arrays) != len(dtypes):
             raise ValueError(f"{case.id}: {case.op} takes {len(dtypes)} {kind}, got {len(arrays)}")
         for dtype, array in zip(dtypes, arrays, strict=True):
-            if array.dtype != DTYPES[dtype][0]:
+            if np.asarray(array).dtype != DTYPES[dtype][0]:
                 raise ValueError(f"{case.id}: {kind} {dtype} must be stored as {DTYPES[dtype][0]}")
+    for index, (start, end) in enumerate(zip(case.init, outputs, strict=False)):
+        if np.shape(start) != np.shape(end):
+            raise ValueError(
+                f"{case.id}: init {index} has shape {np.shape(start)}, its output {np.shape(end)}"
+            )
     for dtype, array in zip(op.inputs, case.inputs, strict=True):
         if not np.any(values(dtype, array) != 0):
             raise ValueError(f"{case.id}: an input is all zeros")
+
+
+def _records(op: Op, inputs, init, outputs) -> tuple[tuple[str, tuple[str, ...], list], ...]:
+    """(kind, dtypes, arrays) of a case's tensor records in manifest order: in, init, out. The
+    init records are the first op.init outputs' (their dtypes)."""
+    return (
+        ("in", op.inputs, list(inputs)),
+        ("init", op.outputs[: op.init], list(init)),
+        ("out", op.outputs, list(outputs)),
+    )
 
 
 # A positive decimal as C++'s std::stod reads it whole (frob's BOUND).
@@ -275,7 +348,7 @@ def write_chapter(out_dir: Path, chapter: str, seed: int) -> list[Case]:
         check_case(case, outputs)
         op = OPS[case.op]
         lines.append(f"case {case.id} {case.op} {case.tolerance} {_params(case.params)}")
-        for kind, dtypes, arrays in (("in", op.inputs, case.inputs), ("out", op.outputs, outputs)):
+        for kind, dtypes, arrays in _records(op, case.inputs, case.init, outputs):
             for index, (dtype, array) in enumerate(zip(dtypes, arrays, strict=True)):
                 name = f"{case.id}.{kind}{index}.npy"
                 little_endian = np.dtype(DTYPES[dtype][0]).newbyteorder("<")
@@ -629,6 +702,213 @@ def rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
             case_id = "_".join([op, *([tag] if tag else []), f"t{t}_d{d}"])
             cases.append(Case(case_id, op, NORM_TOLERANCES[op], inputs, {"eps": eps}))
     return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# 05_elementwise
+
+
+def _act_and_mul(x, act: str, act_first: float = 1, limit: float = 0) -> np.ndarray:
+    return elementwise.act_and_mul(x, act, bool(act_first), limit if limit > 0 else None)
+
+
+def _cache(key, value, slots, key_cache, value_cache, layout: float, k_scale=None, v_scale=None):
+    return elementwise.reshape_and_cache(
+        key, value, key_cache, value_cache, slots, elementwise.LAYOUTS[int(layout)], k_scale,
+        v_scale,
+    )
+
+
+ACT_OPS = {"silu_and_mul": "silu", "gelu_and_mul": "gelu", "gelu_tanh_and_mul": "gelu_tanh"}
+# (tag, T, d, params), for every activation: d = 1 (one element a row), 7 and 203 (odd: no row
+# after the first starts on a 16-byte boundary, a vectorized kernel takes its scalar path),
+# multiples of 8 up to Llama-3-8B's d_ff 14336 at decode (T = 1); the halves swapped
+# (act_first 0, vLLM's mul_and_silu); the gpt-oss clamp (limit 7 on N(0, 4^2) values: about one
+# gate and one up in twelve beyond +-7).
+ACT_CASES = (
+    ("", 1, 1, {}),
+    ("", 5, 7, {}),
+    ("", 64, 203, {}),
+    ("", 64, 128, {}),
+    ("", 3, 4096, {}),
+    ("", 1, 14336, {}),
+    ("up_first", 5, 203, {"act_first": 0}),
+    ("up_first", 5, 128, {"act_first": 0}),
+    ("clamp", 5, 1024, {"limit": 7.0}),
+)
+FP8_ACT_OPS = {
+    "silu_and_mul_fp8_per_token": "per_token",
+    "silu_and_mul_fp8_per_group": "per_group",
+    "silu_and_mul_fp8_per_tensor": "per_tensor",
+}
+# (op, tag, T, d): the fused quant forms; per group needs d % 128 == 0. "ub": scale_ub below some
+# rows' absmax (they clamp and saturate at +-448); "zero_row": a row of zeros (y 0: scale
+# MIN_SCALE, q 0); "row_major": group scales [T, d/128] with T = d/128, so that both layouts have
+# one shape and only the param tells them apart; "saturate": a static scale from the median row's
+# absmax, so the larger rows saturate.
+FP8_ACT_CASES = (
+    *(("silu_and_mul_fp8_per_token", "", t, d) for t, d in ((1, 128), (5, 203), (5, 4096))),
+    ("silu_and_mul_fp8_per_token", "ub", 5, 4096),
+    ("silu_and_mul_fp8_per_token", "zero_row", 5, 128),
+    *(("silu_and_mul_fp8_per_group", "", t, d) for t, d in ((1, 128), (5, 4096), (16, 512))),
+    ("silu_and_mul_fp8_per_group", "row_major", 8, 1024),
+    *(("silu_and_mul_fp8_per_tensor", "", t, d) for t, d in ((1, 128), (5, 203), (16, 512))),
+    ("silu_and_mul_fp8_per_tensor", "saturate", 5, 4096),
+)
+# (tag, T, Hq, Hk, D, rot_dim, is_neox, inverse, max_pos, base): Hq != Hk (GQA), whole and partial
+# rotations of both pairings, the inverse rotation, decode (T = 1), positions up to 8191 (near
+# p = 8192 the angle's FP32 rounding is part of the contract), and D = 6 and 10 (heads not a
+# whole number of 16-byte vectors: a kernel's scalar path), whole and partial.
+ROPE_CASES = (
+    ("neox", 5, 4, 2, 128, 128, 1, 0, 128, 500000.0),
+    ("gptj", 5, 4, 2, 128, 128, 0, 0, 128, 10000.0),
+    ("neox_partial", 7, 4, 4, 128, 64, 1, 0, 128, 10000.0),
+    ("gptj_partial", 3, 2, 1, 32, 16, 0, 0, 8192, 10000.0),
+    ("inverse", 5, 4, 2, 128, 128, 1, 1, 128, 500000.0),
+    ("decode", 1, 8, 1, 128, 128, 1, 0, 128, 500000.0),
+    ("d6", 5, 3, 1, 6, 6, 1, 0, 4096, 10000.0),
+    ("d10_partial", 7, 2, 2, 10, 6, 0, 0, 4096, 10000.0),
+)
+# (tag, T, Hq, Hk, D, rot_dim, is_neox, max_pos, base), eps 1e-6: Qwen3's heads (D 128, base 1e6)
+# in both pairings, at decode, partially rotated, and D = 10.
+QK_NORM_ROPE_CASES = (
+    ("neox", 5, 4, 2, 128, 128, 1, 128, 1e6),
+    ("gptj", 3, 4, 2, 128, 128, 0, 128, 1e6),
+    ("decode", 1, 4, 2, 128, 128, 1, 128, 1e6),
+    ("partial", 5, 4, 2, 128, 64, 1, 128, 1e6),
+    ("d10", 7, 3, 1, 10, 10, 0, 4096, 10000.0),
+)
+QK_NORM_EPS = 1e-6
+CACHE_OPS = {"reshape_and_cache": "bfloat16", "reshape_and_cache_fp8": "float8_e4m3fn"}
+# (tag, T, Hk, D, block_size, num_blocks, padding) for every layout and both cache dtypes. D None:
+# the smallest D of the layout ("paged": x = 16 bytes of one head, 8 BF16 or 16 FP8 elements;
+# "nhd" and "hnd": 6, less than one 16-byte vector). A quarter of the tokens are padding (slot -1)
+# but at decode; the slots scattered over twice the tokens (or more) so that most slots keep the
+# poison the initial caches hold (lkw.elementwise.poisoned_caches).
+CACHE_CASES = (
+    ("", 37, 2, 128, 16, 4, 0.25),
+    ("decode", 1, 2, 128, 16, 2, 0.0),
+    ("bs5", 23, 8, None, 5, 8, 0.25),
+    ("bs32", 40, 2, 32, 32, 2, 0.25),
+)
+
+
+def _nonzero(draw: Callable[[], np.ndarray]) -> np.ndarray:
+    """draw() again until the result is not all zeros (a case with an all-zero input is refused:
+    T = 1 may draw position 0 or slot 0)."""
+    while not np.any(out := draw()):
+        pass
+    return out
+
+
+def rope_positions(rng: np.random.Generator, t: int, max_pos: int) -> np.ndarray:
+    """int64 [T] in 0..max_pos-1; with T >= 2 the first is the cache's last row and the second 0
+    (cos 1, sin 0: the rotation leaves the head as it is)."""
+    pos = _nonzero(lambda: elementwise.positions(rng, t, max_pos))
+    if t >= 2:
+        pos[:2] = max_pos - 1, 0
+    return pos
+
+
+def _fp32_scale(a: float) -> np.ndarray:
+    return np.array([a], np.float32)
+
+
+def elementwise_act_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op, act in ACT_OPS.items():
+        for tag, t, d, params in ACT_CASES:
+            if tag == "clamp":
+                x = formats.f32_to_bf16(4 * formats.bf16_to_f32(elementwise.gate_up(rng, t, d, 0)))
+            else:
+                x = elementwise.gate_up(rng, t, d)  # (T,2d)
+            tol = elementwise.act_tolerance(
+                x, act, bool(params.get("act_first", 1)), params.get("limit")
+            )
+            case_id = "_".join([op, *([tag] if tag else []), f"t{t}_d{d}"])
+            cases.append(Case(case_id, op, tol, [x], dict(params)))
+    for op, tag, t, d in FP8_ACT_CASES:
+        kind = FP8_ACT_OPS[op]
+        x = elementwise.gate_up(rng, t, d)  # (T,2d)
+        if tag == "zero_row":
+            x[2] = 0
+        y = formats.bf16_to_f32(elementwise.silu_and_mul(x))  # (T,d): the fused chain's yb
+        inputs, params = [x], {}
+        if tag == "ub":  # exact in FP32: a BF16 value
+            row_max = np.max(np.abs(y), axis=1)
+            params["scale_ub"] = float(formats.bf16_to_f32(formats.f32_to_bf16(np.median(row_max))))
+        if tag == "row_major":
+            params["scales_row_major"] = 1
+        if kind == "per_tensor":  # a calibrated scale: the tensor's absmax / 448, or the median row's
+            top = np.median(np.max(np.abs(y), axis=1)) if tag == "saturate" else np.max(np.abs(y))
+            inputs.append(_fp32_scale(top / 448))
+        case_id = "_".join([op, *([tag] if tag else []), f"t{t}_d{d}"])
+        cases.append(Case(case_id, op, elementwise.TOLERANCE_FP8[kind], inputs, params))
+    return cases
+
+
+def elementwise_rope_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for tag, t, hq, hk, d, rot, is_neox, inverse, max_pos, base in ROPE_CASES:
+        pos = rope_positions(rng, t, max_pos)
+        q, k = elementwise.heads(rng, t, hq, d), elementwise.heads(rng, t, hk, d)
+        cache = elementwise.cos_sin_cache(max_pos, rot, base)
+        params = {"is_neox": is_neox, **({"inverse": 1} if inverse else {})}
+        case_id = f"rope_{tag}_t{t}_hq{hq}_hk{hk}_d{d}_r{rot}"
+        tol = elementwise.rope_tolerance(q, k)
+        cases.append(Case(case_id, "rope", tol, [pos, q, k, cache], params))
+    for tag, t, hq, hk, d, rot, is_neox, max_pos, base in QK_NORM_ROPE_CASES:
+        pos = rope_positions(rng, t, max_pos)
+        q, k = elementwise.heads(rng, t, hq, d), elementwise.heads(rng, t, hk, d)
+        qw, kw = norm_weight(rng, d), norm_weight(rng, d)
+        cache = elementwise.cos_sin_cache(max_pos, rot, base)
+        inputs = [pos, q, k, qw, kw, cache]
+        params = {"eps": QK_NORM_EPS, "is_neox": is_neox}
+        outputs = reference("qk_norm_rope", inputs, params)
+        case_id = f"qk_norm_rope_{tag}_t{t}_hq{hq}_hk{hk}_d{d}_r{rot}"
+        tol = elementwise.qk_norm_rope_tolerance(*outputs)
+        cases.append(Case(case_id, "qk_norm_rope", tol, inputs, params))
+    return cases
+
+
+def cache_head_size(layout: str, kv_dtype: str, d: int | None) -> int:
+    """D of a cache case: as given, or the layout's smallest (CACHE_CASES)."""
+    if d is not None:
+        return d
+    return elementwise.cache_x(kv_dtype) if layout == "paged" else 6
+
+
+def elementwise_cache_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op, kv_dtype in CACHE_OPS.items():
+        for layout_id, layout in enumerate(elementwise.LAYOUTS):
+            for tag, t, hk, d, block_size, num_blocks, padding in CACHE_CASES:
+                d = cache_head_size(layout, kv_dtype, d)
+                key, value = elementwise.heads(rng, t, hk, d), elementwise.heads(rng, t, hk, d)
+                slots = _nonzero(
+                    lambda t=t, n=num_blocks * block_size, p=padding: elementwise.slot_mapping(
+                        rng, t, n, p
+                    )
+                )
+                inputs = [key, value, slots]
+                if kv_dtype == "float8_e4m3fn":
+                    # k_scale a little below the written keys' absmax / 448 (the largest saturate),
+                    # v_scale 4x above it (the smaller values land in E4M3's subnormals).
+                    kmax = np.max(np.abs(formats.bf16_to_f32(key[slots >= 0])))
+                    vmax = np.max(np.abs(formats.bf16_to_f32(value[slots >= 0])))
+                    inputs += [_fp32_scale(0.75 * kmax / 448), _fp32_scale(4 * vmax / 448)]
+                init = list(elementwise.poisoned_caches(layout, num_blocks, block_size, hk, d,
+                                                        kv_dtype))
+                case_id = "_".join(
+                    [op, layout, *([tag] if tag else []), f"t{t}_h{hk}_d{d}_b{block_size}"]
+                )
+                cases.append(Case(case_id, op, elementwise.TOLERANCE_KV, inputs,
+                                  {"layout": layout_id}, init))
+    return cases
+
+
+def elementwise_cases(rng: np.random.Generator) -> list[Case]:
+    return elementwise_act_cases(rng) + elementwise_rope_cases(rng) + elementwise_cache_cases(rng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1330,6 +1610,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "02_int4_dequant": int4_dequant_cases,
     "03_dynamic_quant": dynamic_quant_cases,
     "04_rmsnorm": rmsnorm_cases,
+    "05_elementwise": elementwise_cases,
     "06_int4_gemv": int4_gemv_cases,
     "07_w4a16_gemm": w4a16_gemm_cases,
     "08_fp8_gemm": fp8_gemm_cases,

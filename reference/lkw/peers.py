@@ -24,7 +24,9 @@ rotated input set, and in a CUDA graph. The factories never write the bench's in
 in-place kernel (vLLM's fused_add_rms_norm writes its input and residual) works on copies that
 ``PeerCall.reset`` restores from the pristine inputs, untimed. Repeated timed calls run on the
 values the previous call left there; these kernels' times do not depend on the values, and every
-check after timing calls ``reset`` first.
+check after timing calls ``reset`` first. An op whose outputs are updated in place (chapter 05's KV
+caches, ``lkw.bench.Case.initial_outputs``) hands its factories the inputs followed by the outputs'
+initial contents: the peer writes copies of its own, which its ``reset`` restores.
 """
 
 from __future__ import annotations
@@ -741,3 +743,225 @@ def moe_peers(op: str, num_experts: int = 0, block_m: int = 0, k: int = 0,
 
     return {"moe_align_block_size": {"vllm moe_align_block_size": align},
             "topk_softmax": {"vllm topk_softmax": topk_softmax}}.get(op, {})
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 05: the elementwise ops. Gated activations: inputs [x bf16 [T, 2d]] (and the static FP8
+# form's scale f32 [1]). RoPE: [positions int64 [T], q bf16 [T, Hq, D], k bf16 [T, Hk, D],
+# cos_sin_cache f32 [max_pos, rot_dim]], qk_norm_rope with q_weight, k_weight bf16 [D] before the
+# cache. reshape_and_cache: [key, value bf16 [T, Hk, D], slot_mapping int64 [T] (, k_scale,
+# v_scale f32 [1])] followed by the caches' initial contents (lkw.bench.Case.initial_outputs): the
+# caches are updated in place, so a peer writes copies of its own that its reset restores.
+
+
+def _flashinfer_prebuilt(module: str) -> None:
+    """With the offline kit, FlashInfer's modules come prebuilt (fi_aot_*.tar.xz: norm, rope,
+    silu_and_mul, ...); one that is not among them would JIT-compile on the GPU (minutes of its
+    time, the kit's README says): skipped instead, saying why. A user's own install compiles."""
+    if kit_dir() is None:
+        return
+    spec = importlib.util.find_spec("flashinfer")
+    aot = Path(next(iter(spec.submodule_search_locations))) / "data" / "aot" / module
+    if not aot.is_dir():
+        raise Absent(f"FlashInfer's {module} module is not prebuilt in the peer kit ({aot} missing): "
+                     "it would JIT-compile on the GPU")
+
+
+def _liger_op(module: str):
+    library("liger")  # absent: skipped before the inputs are touched
+    return importlib.import_module(f"liger_kernel.ops.{module}")
+
+
+def act_peers(op: str) -> dict[str, Callable]:
+    """vLLM's silu_and_mul and gelu_tanh_and_mul (out, x), its static per-tensor FP8
+    silu_and_mul_quant (q, x, scale) and its per-group silu_and_mul_per_block_quant (q, x, scales,
+    group 128, no scale_ub, scales transposed: [d/128, T], the op's layout); FlashInfer's
+    silu_and_mul and gelu_tanh_and_mul (x, out=); Liger's swiglu_fused_gate_up_forward (x) ->
+    (x, y). vLLM and Liger round silu(gate) to BF16 before the multiply (lkw.bench says what
+    tolerance that takes); vLLM's per-group kernel keeps y in FP32 before the absmax; none of them
+    computes the per-token FP8 form (vLLM's per-block kernel takes groups of 64 or 128 only).
+    FlashInfer's gelu_tanh uses tanh.approx.f32 (2^-11 relative), which lkw.elementwise shows is
+    not accurate enough where 1 + tanh cancels: its row may fail the check there, saying where
+    (and the kit does not prebuild that module: with the kit it is skipped)."""
+
+    def out_like(torch, x, dtype=None):
+        return torch.empty(x.shape[0], x.shape[1] // 2, dtype=dtype or x.dtype, device=x.device)
+
+    def vllm_act(kernel: str):
+        def factory(torch, ins):
+            ops = library("vllm").ops
+            (x,) = ins
+            out = out_like(torch, x)
+
+            def call():
+                getattr(ops, kernel)(out, x)
+                return (out,)
+
+            return PeerCall(call)
+
+        return factory
+
+    def flashinfer_act(kernel: str):
+        def factory(torch, ins):
+            fi = library("flashinfer")
+            _flashinfer_prebuilt(kernel)
+            (x,) = ins
+            out = out_like(torch, x)
+            fn = getattr(fi, kernel)
+            return PeerCall(lambda: (fn(x, out=out),))
+
+        return factory
+
+    def liger_swiglu(torch, ins):
+        swiglu = _liger_op("swiglu")
+        (x,) = ins
+        return PeerCall(lambda: (swiglu.swiglu_fused_gate_up_forward(x)[1],))
+
+    def vllm_static_fp8(torch, ins):
+        ops = library("vllm").ops
+        x, scale = ins
+        q = out_like(torch, x, torch.float8_e4m3fn)
+
+        def call():  # q = e4m3(bf16(silu(gate)) * up * (1 / scale))
+            ops.silu_and_mul_quant(q, x, scale)
+            return (q,)
+
+        return PeerCall(call)
+
+    def vllm_per_group(torch, ins):
+        ops = library("vllm").ops
+        (x,) = ins
+        q = out_like(torch, x, torch.float8_e4m3fn)
+        scales = torch.empty(q.shape[1] // 128, q.shape[0], dtype=torch.float32, device=x.device)
+
+        def call():
+            ops.silu_and_mul_per_block_quant(q, x, scales, 128, None, True)
+            return q, scales
+
+        return PeerCall(call)
+
+    table = {
+        "silu_and_mul": {"vllm silu_and_mul": vllm_act("silu_and_mul"),
+                         "flashinfer silu_and_mul": flashinfer_act("silu_and_mul"),
+                         "liger swiglu_fused_gate_up_forward": liger_swiglu},
+        "gelu_tanh_and_mul": {"vllm gelu_tanh_and_mul": vllm_act("gelu_tanh_and_mul"),
+                              "flashinfer gelu_tanh_and_mul": flashinfer_act("gelu_tanh_and_mul")},
+        "gelu_and_mul": {"vllm gelu_and_mul": vllm_act("gelu_and_mul"),
+                         "flashinfer gelu_and_mul": flashinfer_act("gelu_and_mul")},
+        "silu_and_mul_fp8_per_group": {"vllm silu_and_mul_per_block_quant": vllm_per_group},
+        "silu_and_mul_fp8_per_tensor": {"vllm silu_and_mul_quant (static scale)": vllm_static_fp8},
+    }
+    return table.get(op, {})
+
+
+def rope_peers(is_neox: bool = True) -> dict[str, Callable]:
+    """vLLM's rotary_embedding (positions, q, k, head_size, cos_sin_cache, is_neox), in place on
+    copies of q and k (reset restores them); FlashInfer's apply_rope_with_cos_sin_cache (positions,
+    q, k, head_size, cos_sin_cache, is_neox) -> (q_out, k_out), out of place as the op (it also has
+    apply_rope_with_cos_sin_cache_inplace, vLLM's convention); Liger's rope_forward (q, k, cos,
+    sin) on (1, H, T, D) views of the heads, in place, NEOX only, with cos and sin [1, T, rot_dim]
+    gathered from the cache at the positions untimed (a Hugging Face model computes them once per
+    step for every layer). All three read the FP32 cache and rotate in FP32."""
+
+    def vllm_rotary(torch, ins):
+        ops = library("vllm").ops
+        pos, q0, k0, cache = ins
+        (q, k), reset = _copies(torch, [q0, k0])
+
+        def call():
+            ops.rotary_embedding(pos, q, k, q.shape[-1], cache, is_neox)
+            return q, k
+
+        return PeerCall(call, reset=reset)
+
+    def flashinfer_rope(torch, ins):
+        fi = library("flashinfer")
+        _flashinfer_prebuilt("rope")
+        pos, q, k, cache = ins
+        return PeerCall(lambda: fi.apply_rope_with_cos_sin_cache(pos, q, k, q.shape[-1], cache, is_neox))
+
+    def liger_rope(torch, ins):
+        rope = _liger_op("rope")
+        pos, q0, k0, cache = ins
+        (q, k), reset = _copies(torch, [q0, k0])
+        t, hq, d = q.shape
+        rows = cache.index_select(0, pos)  # (T,R)
+        half = rows.shape[1] // 2
+        cos = torch.cat([rows[:, :half]] * 2, -1)[None].contiguous()  # (1,T,R): HF's layout
+        sin = torch.cat([rows[:, half:]] * 2, -1)[None].contiguous()
+        qv, kv = q.view(1, t, hq, d).transpose(1, 2), k.view(1, t, k.shape[1], d).transpose(1, 2)
+
+        def call():
+            rope.rope_forward(qv, kv, cos, sin)
+            return q, k
+
+        return PeerCall(call, reset=reset)
+
+    table = {"vllm rotary_embedding": vllm_rotary, "flashinfer apply_rope_with_cos_sin_cache": flashinfer_rope}
+    if is_neox:
+        table["liger rope_forward"] = liger_rope
+    return table
+
+
+def qk_norm_rope_peers(eps: float, is_neox: bool = True) -> dict[str, Callable]:
+    """vLLM's fused_qk_norm_rope (qkv, Hq, Hk, Hv, D, eps, q_weight, k_weight, cos_sin_cache,
+    is_neox, positions), in place on the q and k heads of a [T, (Hq + 2 Hk) D] qkv buffer (the
+    projection's output; V, untouched, left zero) that reset refills from the inputs. It keeps the
+    normalized heads in FP32 before the rotation (no BF16 rounding between; the op's tolerance
+    admits it) and needs D of 64, 128 or 256. FlashInfer's fused_qk_rmsnorm_rope is another
+    operation (RMSNorm across heads, 3D RoPE for video models): not a peer."""
+
+    def vllm_fused(torch, ins):
+        ops = library("vllm").ops
+        pos, q0, k0, q_weight, k_weight, cache = ins
+        t, hq, d = q0.shape
+        hk = k0.shape[1]
+        qkv = torch.zeros(t, (hq + 2 * hk) * d, dtype=q0.dtype, device=q0.device)
+        q = qkv[:, : hq * d].unflatten(1, (hq, d))
+        k = qkv[:, hq * d : (hq + hk) * d].unflatten(1, (hk, d))
+
+        def reset():
+            q.copy_(q0)
+            k.copy_(k0)
+
+        reset()
+
+        def call():
+            ops.fused_qk_norm_rope(qkv, hq, hk, hk, d, eps, q_weight, k_weight, cache, is_neox, pos)
+            return q, k
+
+        return PeerCall(call, reset=reset)
+
+    return {"vllm fused_qk_norm_rope": vllm_fused}
+
+
+def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
+    """vLLM's reshape_and_cache (the paged layout) and reshape_and_cache_flash (NHD): (key, value,
+    key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale), kv_cache_dtype "auto"
+    for a BF16 cache (the scales, ones, unused) and "fp8" for an E4M3 one, which vLLM keeps as
+    bytes (uint8 views of the same caches). vLLM's FP8 conversion divides by the scale, the
+    contract multiplies by its reciprocal: one E4M3 code apart now and then. FlashInfer's
+    append_paged_kv_cache takes batch indices and page tables instead of a slot mapping: not a
+    peer of this signature."""
+    kernel = {"paged": "reshape_and_cache", "nhd": "reshape_and_cache_flash"}.get(layout)
+    if kernel is None:
+        return {}
+    fp8 = kv_dtype == "float8_e4m3fn"
+
+    def factory(torch, ins):
+        ops = library("vllm").ops
+        key, value, slots = ins[:3]
+        if fp8:
+            k_scale, v_scale = ins[3:5]
+        else:
+            k_scale = v_scale = torch.ones(1, dtype=torch.float32, device=key.device)
+        (key_cache, value_cache), reset = _copies(torch, ins[-2:])
+        kc, vc = (key_cache.view(torch.uint8), value_cache.view(torch.uint8)) if fp8 else (key_cache, value_cache)
+
+        def call():
+            getattr(ops, kernel)(key, value, kc, vc, slots, "fp8" if fp8 else "auto", k_scale, v_scale)
+            return key_cache, value_cache
+
+        return PeerCall(call, reset=reset)
+
+    return {f"vllm {kernel}": factory}

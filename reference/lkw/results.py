@@ -915,6 +915,51 @@ def example(chapter: str) -> dict:
                 r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"]}
                               for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
                               and p["shape"] == r["shape"]}
+    elif chapter == "05_elementwise":
+        rows = []
+        d_ff, hq, hk, d = 14336, 32, 8, 128  # Llama-3-8B; qk_norm_rope on Qwen3-8B's heads (the same)
+        slots = 16
+        # (op, shape of T, bytes of T, [(version, kind, share of the ceiling, extra bytes per T)]):
+        # the versions move the model's bytes, chain_unfused the unfused chain's (a peer), torch more.
+        families = [
+            ("silu_and_mul", lambda t: f"t={t},d={d_ff},llama3_8b", lambda t: 6 * t * d_ff,
+             [("v0_act_scalar", "version", 0.45, 0), ("v1_act_vec16", "version", 0.92, 0),
+              ("torch_eager", "peer", 0.30, 4 * d_ff),  # silu(gate) written and read back
+              ("vllm silu_and_mul", "peer", 0.85, 0), ("flashinfer silu_and_mul", "peer", 0.88, 0)]),
+            ("silu_and_mul_fp8_per_token", lambda t: f"t={t},d={d_ff},llama3_8b",
+             lambda t: 5 * t * d_ff + 4 * t,
+             [("v2_act_fused_fp8", "version", 0.90, 0), ("chain_unfused", "peer", 0.88, 4 * d_ff)]),
+            ("rope", lambda t: f"t={t},hq={hq},hk={hk},d={d},rot={d},neox,llama3_8b",
+             lambda t: 4 * t * (hq + hk) * d + 8 * t + 4 * t * d,
+             [("v3_rope_scalar", "version", 0.40, 0), ("v4_rope_vec16", "version", 0.88, 0),
+              ("vllm rotary_embedding", "peer", 0.45, 0),
+              ("flashinfer apply_rope_with_cos_sin_cache", "peer", 0.85, 0)]),
+            ("qk_norm_rope", lambda t: f"t={t},hq={hq},hk={hk},d={d},rot={d},neox,qwen3_8b",
+             lambda t: 4 * t * (hq + hk) * d + 4 * d + 8 * t + 4 * t * d,
+             [("v5_qk_norm_rope", "version", 0.85, 0), ("chain_unfused", "peer", 0.85, 4 * (hq + hk) * d),
+              ("vllm fused_qk_norm_rope", "peer", 0.80, 0)]),
+            ("reshape_and_cache", lambda t: f"t={t},hk={hk},d={d},block={slots},paged,llama3_8b",
+             lambda t: 8 * t + 8 * t * hk * d,
+             [("v6_cache_scalar", "version", 0.35, 0), ("v7_cache_vec16", "version", 0.85, 0),
+              ("vllm reshape_and_cache", "peer", 0.55, 0)]),
+        ]
+        for op, shape, model_of, entries in families:
+            for t in (8192, 16):
+                model = model_of(t)
+                for version, kind, share, extra in entries:
+                    moved = model + extra * t
+                    time_us = moved / (share * ceiling * 1e3) + (2.0 if t == 16 else 0.0)
+                    rows.append(row(op, version, kind, "example row", shape(t), time_us,
+                                    moved if version == "chain_unfused" else model,
+                                    dram_ratio=None if kind == "peer" else 1.002))
+        for r in rows:
+            r["graph_us"] = r["back_to_back_us"] = r["time_us"]
+        for r in rows:  # peers of the same op and shape, as tools/bench.py records them
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
+                                             "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
+                              for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
+                              and p["shape"] == r["shape"]}
     elif chapter == "06_int4_gemv":
         rows, g = [], 128
         for n_rows, k in [(28672, 8192), (4096, 4096)]:

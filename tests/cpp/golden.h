@@ -9,6 +9,9 @@
 //                                            params: - | name=value,name=value
 //   in   <id> <index> <dtype> <file>         dtype as numpy/ml_dtypes names it; narrow floats
 //   out  <id> <index> <dtype> <file>         are stored as their raw bits (uint8/uint16)
+//   init <id> <index> <dtype> <file>         output <index> starts as this file instead of
+//                                            poison (an op that updates an output in place, as
+//                                            reshape_and_cache updates a KV cache)
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -70,6 +73,7 @@ struct Case {
   std::map<std::string, double> params;
   std::vector<std::string> input_files, output_files;
   std::vector<DType> input_dtypes, output_dtypes;
+  std::map<size_t, std::string> init_files;  // output index -> its contents before the launch
 };
 
 inline std::string golden_dir() {
@@ -124,8 +128,21 @@ inline std::vector<Case> load_cases_from(const std::string& dir) {
       Case& c = cases.back();
       (kind == "in" ? c.input_files : c.output_files).push_back(dir + "/" + file);
       (kind == "in" ? c.input_dtypes : c.output_dtypes).push_back(t);
+    } else if (kind == "init") {
+      int index = 0;
+      std::string dtype, file;
+      in >> index >> dtype >> file;
+      if (cases.empty() || cases.back().id != id) throw std::runtime_error("manifest: orphan " + line);
+      if (index < 0 || !cases.back().init_files.emplace(size_t(index), dir + "/" + file).second)
+        throw std::runtime_error("manifest: bad or repeated init in " + line);
     }
   }
+  for (const Case& c : cases)
+    for (const auto& [index, file] : c.init_files)
+      if (index >= c.output_files.size())
+        throw std::runtime_error("manifest: case " + c.id + " has an init for output " +
+                                 std::to_string(index) + " of " +
+                                 std::to_string(c.output_files.size()));
   for (const Case& c : cases)
     if (c.tols.size() != 1 && c.tols.size() != c.output_files.size())
       throw std::runtime_error("manifest: case " + c.id + " has " + std::to_string(c.tols.size()) +
@@ -147,6 +164,7 @@ inline HostTensor load_tensor(const std::string& file, DType dtype) {
 
 struct CaseData {
   std::vector<HostTensor> inputs, expected;
+  std::map<size_t, HostTensor> init;  // outputs that start with given contents
 };
 
 inline CaseData load_data(const Case& c) {
@@ -155,6 +173,13 @@ inline CaseData load_data(const Case& c) {
     d.inputs.push_back(load_tensor(c.input_files[i], c.input_dtypes[i]));
   for (size_t i = 0; i < c.output_files.size(); ++i)
     d.expected.push_back(load_tensor(c.output_files[i], c.output_dtypes[i]));
+  for (const auto& [index, file] : c.init_files) {
+    HostTensor t = load_tensor(file, c.output_dtypes[index]);
+    if (t.bytes.size() != d.expected[index].bytes.size())
+      throw std::runtime_error(file + ": the init of output " + std::to_string(index) +
+                               " is not the output's size");
+    d.init.emplace(index, std::move(t));
+  }
   return d;
 }
 
@@ -195,8 +220,8 @@ inline CompareReport compare_output(const std::vector<uint8_t>& got, const CaseD
                  d.expected[key].numel());
 }
 
-// Runs version v on the case on the GPU: outputs poisoned with `poison` first, guard bands
-// checked after.
+// Runs version v on the case on the GPU: outputs poisoned with `poison` first (or set to their
+// init contents), guard bands checked after.
 inline RunResult run_on_gpu(const Version& v, const Case& c, const CaseData& d, uint8_t poison) {
   std::vector<DeviceBuffer> in_bufs, out_bufs;
   Args args;
@@ -208,7 +233,12 @@ inline RunResult run_on_gpu(const Version& v, const Case& c, const CaseData& d, 
   }
   for (const HostTensor& t : d.expected) {
     out_bufs.emplace_back(t.bytes.size());
-    out_bufs.back().poison(poison);
+    const auto init = d.init.find(out_bufs.size() - 1);
+    if (init != d.init.end()) {
+      out_bufs.back().upload(init->second.bytes.data());
+    } else {
+      out_bufs.back().poison(poison);
+    }
     args.outputs.push_back({out_bufs.back().data(), t.dtype, t.shape});
   }
   RunResult r;

@@ -229,6 +229,33 @@ TEST(HostManifest, ReadsOneToleranceForEachOutput) {
   rmdir(dir.c_str());
 }
 
+// An init record gives an output's contents before the launch; one for an output the case does
+// not have, or a repeated one, is refused.
+TEST(HostManifest, ReadsInitRecords) {
+  char tmpl[] = "/tmp/lkw_manifest_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  auto write = [&](const std::string& inits) {
+    std::ofstream(dir + "/manifest.txt")
+        << "# lkw golden v1\n"
+        << "case c1 op exact -\n"
+        << "in c1 0 bfloat16 c1.in0.npy\n" << inits
+        << "out c1 0 bfloat16 c1.out0.npy\nout c1 1 bfloat16 c1.out1.npy\n";
+  };
+  write("init c1 1 bfloat16 c1.init1.npy\n");
+  const std::vector<Case> cases = load_cases_from(dir);
+  ASSERT_EQ(cases.size(), 1u);
+  ASSERT_EQ(cases[0].init_files.size(), 1u);
+  EXPECT_EQ(cases[0].init_files.at(1), dir + "/c1.init1.npy");
+  write("init c1 2 bfloat16 c1.init2.npy\n");
+  EXPECT_THROW(load_cases_from(dir), std::runtime_error);
+  write("init c1 1 bfloat16 a.npy\ninit c1 1 bfloat16 b.npy\n");
+  EXPECT_THROW(load_cases_from(dir), std::runtime_error);
+  write("init c2 0 bfloat16 c2.init0.npy\n");
+  EXPECT_THROW(load_cases_from(dir), std::runtime_error);
+  std::remove((dir + "/manifest.txt").c_str());
+  rmdir(dir.c_str());
+}
+
 }  // namespace
 }  // namespace lkw::test
 

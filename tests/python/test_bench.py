@@ -701,3 +701,290 @@ def test_fp8_expected_is_the_reference_on_the_sampled_rows(rng, granularity):
     assert np.array_equal(got, whole[: bench.FP8_SAMPLE_ROWS])
     # The cut the bench then applies to a version's output: its leading rows.
     assert case.cut == {} and case.sample_rows == bench.FP8_SAMPLE_ROWS
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 05: the elementwise ops' bench cases (inputs made on the GPU; here their list, what the
+# shape strings select, the references on host bits as the bench hands them over, the in-place
+# caches' rotation and restore, and, where torch is installed, the torch peers' math on the CPU).
+
+
+def _elementwise_case(op: str, shape: str) -> bench.Case:
+    (case,) = [c for c in bench.cases_of("05_elementwise", ops=[op]) if c.shape == shape]
+    return case
+
+
+def test_elementwise_cases_are_the_issue_s_shapes_and_the_shape_strings_select_them():
+    from lkw import golden
+
+    cases = bench.cases_of("05_elementwise")
+    ts = bench.ELEMENTWISE_T
+    want = {("silu_and_mul", f"t={t},d={d},{m}") for m, d in (("llama3_8b", 14336), ("llama3_70b", 28672))
+            for t in ts}
+    want |= {("gelu_tanh_and_mul", f"t={t},d=14336,llama3_8b") for t in (16, 8192)}
+    want |= {(op, f"t={t},d=14336,llama3_8b") for op in golden.FP8_ACT_OPS for t in (16, 8192)}
+    want |= {("rope", f"t={t},hq={hq},hk=8,d=128,rot=128,neox,{m}")
+             for m, hq in (("llama3_8b", 32), ("llama3_70b", 64)) for t in ts}
+    want |= {("qk_norm_rope", f"t={t},hq=32,hk=8,d=128,rot=128,neox,qwen3_8b") for t in ts}
+    want |= {(op, f"t={t},hk=8,d=128,block=16,{layout},llama3_8b")
+             for op in bench.CACHE_OPS for layout in ("paged", "nhd") for t in (16, 1024, 8192)}
+    assert {(c.op, c.shape) for c in cases} == want and len(cases) == len(want) == 45
+    assert ts == (1, 16, 128, 1024, 8192)
+    assert {c.op for c in bench.cases_of("05_elementwise", shape="llama3_70b")} == {"silu_and_mul", "rope"}
+    assert {c.op for c in bench.cases_of("05_elementwise", shape="qwen3")} == {"qk_norm_rope"}
+    picked = bench.cases_of("05_elementwise", ops=["reshape_and_cache_fp8"], shape=r"^t=8192,.*,paged,")
+    assert [c.shape for c in picked] == ["t=8192,hk=8,d=128,block=16,paged,llama3_8b"]
+    assert len(bench.cases_of("05_elementwise", shape=r"^t=1,")) == 5  # silu and rope of both, qk
+
+
+def test_elementwise_cases_name_their_tensors_peers_and_in_place_caches():
+    from lkw import elementwise as ew
+    from lkw import golden, peers
+
+    for c in bench.cases_of("05_elementwise"):
+        op = golden.OPS[c.op]
+        t = int(c.shape.split(",")[0][2:])
+        assert c.dtypes == [*op.inputs, *op.outputs]
+        assert c.initial_outputs == (op.init == 2)
+        assert "torch_eager" in c.torch_peers and ("torch_compile" in c.torch_peers) == (t > bench.ACT_SAMPLE_ROWS)
+        assert {name.split()[0] for name in c.library_peers} <= set(peers.LIBRARIES)
+        assert c.model_bytes and c.model_bytes > 0
+        if c.initial_outputs:  # the caches: compared whole, rotated by the bytes a launch touches
+            kv_dtype = bench.CACHE_OPS[c.op]
+            layout = c.shape.split(",")[4]
+            assert c.params == {"layout": ew.LAYOUTS.index(layout)} and c.sample_rows is None
+            assert c.rotation_bytes == c.model_bytes == ew.reshape_and_cache_bytes(t, 8, 128, kv_dtype)
+            assert c.tolerance == "exact" and c.peer_tolerance == bench.CACHE_PEER_TOLERANCE[kv_dtype]
+            assert set(c.library_peers) == {f"vllm reshape_and_cache{'_flash' if layout == 'nhd' else ''}"}
+        else:
+            assert c.rotation_bytes is None
+            assert c.sample_rows == (bench.ACT_SAMPLE_ROWS if t > bench.ACT_SAMPLE_ROWS else None)
+        if c.op in ("rope", "qk_norm_rope"):  # the cos/sin cache, the last input, is shared
+            assert c.shared_inputs == (len(op.inputs) - 1,) and c.reference_sees_all
+            assert c.params["is_neox"] == 1 and c.params.get("eps", 1e-6) == 1e-6
+        else:
+            assert c.shared_inputs == ()
+    names = {c.op: set(c.library_peers) for c in bench.cases_of("05_elementwise")}
+    assert names["silu_and_mul"] == {"vllm silu_and_mul", "flashinfer silu_and_mul",
+                                     "liger swiglu_fused_gate_up_forward"}
+    assert names["rope"] == {"vllm rotary_embedding", "flashinfer apply_rope_with_cos_sin_cache",
+                             "liger rope_forward"}
+    assert names["qk_norm_rope"] == {"vllm fused_qk_norm_rope"}
+    assert names["silu_and_mul_fp8_per_token"] == set()
+
+
+def test_rotations_count_the_bytes_a_launch_touches_where_given():
+    """A cache written at T slots: the sets must exceed twice the L2 in touched bytes, not in the
+    caches' size (most of which no launch reads)."""
+    l2 = 60 << 20
+    assert bench._rotations([_Sized(4 << 20)], [_Sized(1 << 30)], l2) == 2
+    assert bench._rotations([_Sized(4 << 20)], [_Sized(1 << 30)], l2, touched=1 << 20) == 121
+
+
+def test_elementwise_act_references_take_the_sampled_rows_and_set_data_tolerances(rng):
+    from lkw import elementwise as ew
+
+    x = ew.gate_up(rng, 100, 24)  # (T,2d): the bench's reference does not look at d
+    silu = _elementwise_case("silu_and_mul", "t=128,d=14336,llama3_8b")
+    (y,) = bench._reference(silu, [x])
+    assert np.array_equal(y, ew.silu_and_mul(x[:64]))
+    assert silu.tolerance == "ulp:1" and silu.peer_tolerance == "ulp:2"
+    gelu = _elementwise_case("gelu_tanh_and_mul", "t=8192,d=14336,llama3_8b")
+    (y,) = bench._reference(gelu, [x])
+    assert np.array_equal(y, ew.gelu_tanh_and_mul(x[:64]))
+    assert gelu.tolerance == ew.act_tolerance(x[:64], "gelu_tanh")
+    assert gelu.peer_tolerance == "close:0.015625:" + gelu.tolerance.split(":")[2]
+    scale = np.array([0.05], np.float32)
+    static = _elementwise_case("silu_and_mul_fp8_per_tensor", "t=8192,d=14336,llama3_8b")
+    (q,) = bench._reference(static, [x, scale.view(np.uint32)])
+    assert np.array_equal(q, ew.silu_and_mul_fp8_per_tensor(x[:64], scale))
+    group = _elementwise_case("silu_and_mul_fp8_per_group", "t=8192,d=14336,llama3_8b")
+    x = ew.gate_up(rng, 100, 256)
+    q, s = bench._reference(group, [x])
+    want = ew.silu_and_mul_fp8_per_group(x[:64])
+    assert np.array_equal(q, want[0]) and np.array_equal(s, want[1]) and s.shape == (2, 64)
+    assert group.cut[1](np.zeros((2, 100)), 64).shape == (2, 64)  # scales [d/128, T]: columns cut
+
+
+def test_elementwise_rope_references_cut_the_tokens_and_set_the_tolerance_of_the_data(rng):
+    from lkw import elementwise as ew
+
+    t, d = 100, 16
+    pos = ew.positions(rng, t, 50)
+    q, k = ew.heads(rng, t, 4, d), ew.heads(rng, t, 2, d)
+    cache = ew.cos_sin_cache(50, d, 500000.0)
+    rope = _elementwise_case("rope", "t=1024,hq=32,hk=8,d=128,rot=128,neox,llama3_8b")
+    got = bench._reference(rope, [pos.view(np.uint64), q, k, cache.view(np.uint32)])
+    want = ew.rope(pos[:64], q[:64], k[:64], cache)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert rope.tolerance == ew.rope_tolerance(q[:64], k[:64]) and rope.peer_tolerance is None
+    qk = _elementwise_case("qk_norm_rope", "t=16,hq=32,hk=8,d=128,rot=128,neox,qwen3_8b")
+    w = [ew.formats.f32_to_bf16(rng.normal(1, 0.25, d).astype(np.float32)) for _ in "qk"]
+    got = bench._reference(qk, [pos.view(np.uint64), q, k, *w, cache.view(np.uint32)])
+    want = ew.qk_norm_rope(pos[:16], q[:16], k[:16], *w, cache, 1e-6)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert qk.tolerance == ew.qk_norm_rope_tolerance(*want)
+
+
+@pytest.mark.parametrize("op", ["reshape_and_cache", "reshape_and_cache_fp8"])
+@pytest.mark.parametrize("layout", ["paged", "nhd"])
+def test_elementwise_cache_references_update_the_initial_caches(rng, op, layout):
+    """The reference gets the inputs, then the caches' initial contents (Case.initial_outputs),
+    and returns the whole caches updated: the slots written, the rest as it was."""
+    from lkw import elementwise as ew
+
+    kv_dtype = bench.CACHE_OPS[op]
+    case = _elementwise_case(op, f"t=16,hk=8,d=128,block=16,{layout},llama3_8b")
+    t, blocks = 16, 4
+    key, value = ew.heads(rng, t, 8, 128), ew.heads(rng, t, 8, 128)
+    slots = rng.permutation(blocks * 16)[:t].astype(np.int64)
+    scales = [np.array([0.01], np.float32), np.array([0.02], np.float32)] if kv_dtype != "bfloat16" else []
+    init = list(ew.poisoned_caches(layout, blocks, 16, 8, 128, kv_dtype))
+    host = [key, value, slots.view(np.uint64), *(s.view(np.uint32) for s in scales)]
+    got = bench._reference(case, host, init)
+    want = ew.reshape_and_cache(key, value, *init, slots, layout, *scales)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert np.sum(got[0] != init[0]) > 0.9 * t * 8 * 128
+
+
+def test_priming_poisons_outputs_or_restores_an_in_place_op_s_initial_contents():
+    torch = pytest.importorskip("torch")
+    outs = [torch.zeros(4, dtype=torch.int16), torch.zeros(3, dtype=torch.uint8)]
+    bench._prime([([], outs)], None)
+    assert all(bool((o.view(torch.uint8) == 0xFF).all()) for o in outs)
+    initial = [torch.arange(4, dtype=torch.int16), torch.full((3,), 7, dtype=torch.uint8)]
+    bench._prime([([], outs)], initial)
+    assert all(torch.equal(o, i) for o, i in zip(outs, initial))
+
+
+def _torch_bits(torch, bits: np.ndarray, dtype):
+    """Host BF16 bits (uint16) as a torch BF16 tensor."""
+    return torch.from_numpy(bits.view(np.int16).copy()).view(dtype)
+
+
+def test_the_torch_peers_compute_the_contract_on_the_cpu(rng):
+    """The torch peers' math: SiLU-and-mul within two BF16 ulps (silu rounded first), RoPE and
+    QK norm + RoPE within their tolerances, the cache writes bit-exact (BF16 and FP8)."""
+    torch = pytest.importorskip("torch")
+    from lkw import elementwise as ew
+
+    bf16 = torch.bfloat16
+    x = ew.gate_up(rng, 5, 64)
+    y = bench._torch_act(torch, _torch_bits(torch, x, bf16), "silu")
+    assert ew.matches(y.view(torch.int16).numpy().view(np.uint16), ew.silu_and_mul(x), "bfloat16", "ulp:2")
+    t, d = 7, 32
+    pos = ew.positions(rng, t, 64)
+    q, k = ew.heads(rng, t, 4, d), ew.heads(rng, t, 2, d)
+    for is_neox in (True, False):
+        cache = ew.cos_sin_cache(64, d, 10000.0)
+        args = [torch.from_numpy(pos), _torch_bits(torch, q, bf16), _torch_bits(torch, k, bf16),
+                torch.from_numpy(cache)]
+        got = bench._torch_rope(torch, *args, is_neox=is_neox)
+        want = ew.rope(pos, q, k, cache, is_neox)
+        tol = ew.rope_tolerance(q, k)
+        for g, w in zip(got, want, strict=True):
+            assert ew.matches(g.view(torch.int16).numpy().view(np.uint16), w, "bfloat16", tol)
+    qw, kw = (ew.formats.f32_to_bf16(rng.normal(1, 0.25, d).astype(np.float32)) for _ in "qk")
+    nq = bench._torch_head_rmsnorm(torch, args[1], _torch_bits(torch, qw, bf16), 1e-6)
+    nk = bench._torch_head_rmsnorm(torch, args[2], _torch_bits(torch, kw, bf16), 1e-6)
+    got = bench._torch_rope(torch, args[0], nq, nk, args[3])
+    want = ew.qk_norm_rope(pos, q, k, qw, kw, cache, 1e-6)
+    for g, w in zip(got, want, strict=True):
+        assert ew.matches(g.view(torch.int16).numpy().view(np.uint16), w, "bfloat16",
+                          ew.qk_norm_rope_tolerance(*want))
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("layout", ["paged", "nhd"])
+def test_the_torch_cache_peer_writes_copies_and_resets_them(rng, kv_dtype, layout):
+    torch = pytest.importorskip("torch")
+    from lkw import elementwise as ew
+
+    t, hk, d, blocks = 9, 2, 32, 3
+    key, value = ew.heads(rng, t, hk, d), ew.heads(rng, t, hk, d)
+    slots = rng.permutation(blocks * 16)[:t].astype(np.int64)
+    init = ew.poisoned_caches(layout, blocks, 16, hk, d, kv_dtype)
+    fp8 = kv_dtype == "float8_e4m3fn"
+    scales = [np.array([0.01], np.float32), np.array([0.03], np.float32)] if fp8 else []
+    typed = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    caches = [torch.from_numpy(c.view(np.int16 if not fp8 else np.uint8).copy()).view(typed) for c in init]
+    ins = [_torch_bits(torch, key, torch.bfloat16), _torch_bits(torch, value, torch.bfloat16),
+           torch.from_numpy(slots), *(torch.from_numpy(s) for s in scales), *caches]
+    op = "reshape_and_cache_fp8" if fp8 else "reshape_and_cache"
+    case = _elementwise_case(op, f"t=16,hk=8,d=128,block=16,{layout},llama3_8b")
+    call = case.torch_peers["torch_eager"](torch, ins)
+    got = call()
+    want = ew.reshape_and_cache(key, value, *init, slots, layout, *scales)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g.view(torch.uint8).numpy().view(w.dtype).reshape(w.shape), w)
+    assert all(np.array_equal(c.view(torch.uint8).numpy(), i.view(np.uint8)) for c, i in zip(caches, init))
+    call.reset()
+    assert all(np.array_equal(g.view(torch.uint8).numpy(), i.view(np.uint8)) for g, i in zip(got, init))
+
+
+def test_the_chapter_05_example_run_has_the_schema_and_the_bench_s_ops_and_shapes():
+    """results.example("05_elementwise") (the notebook's and the book's stand-in before a real run)
+    is written in the bench's schema, with the bench's op names and shape strings."""
+    run = results.example("05_elementwise")
+    check_results_schema(run, "05_elementwise example")
+    bench_shapes = {(c.op, c.shape) for c in bench.cases_of("05_elementwise")}
+    assert {(r["op"], r["shape"]) for r in run["rows"]} <= bench_shapes
+    assert {r["op"] for r in run["rows"]} >= {"silu_and_mul", "rope", "qk_norm_rope", "reshape_and_cache"}
+    assert len(results.text_table(run).splitlines()) > len(run["rows"])
+
+
+class _CpuTorch:
+    """torch with the device of the creation functions dropped: a case's make() runs on the CPU
+    where no GPU is (its tensors' shapes and dtypes are what the test checks)."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        obj = getattr(self._torch, name)
+        if name in ("randn", "randint", "empty", "full", "randperm", "zeros", "ones"):
+
+            def without_device(*args, **kwargs):
+                kwargs.pop("device", None)
+                return obj(*args, **kwargs)
+
+            return without_device
+        return obj
+
+
+@pytest.mark.parametrize("t", [1, 16])
+def test_elementwise_cases_make_what_their_references_and_torch_peers_expect(monkeypatch, t):
+    """Each decode-sized case's make(): tensors of the registry's dtypes, outputs of the
+    reference's shapes, and the torch peer correct against the reference with the case's peer
+    tolerance (the harness's comparison), an in-place peer after its reset too."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("lkw._ext", reason="the extension is built by tools/setup.sh")
+    if torch.cuda.is_available():
+        fake, gen = torch, torch.Generator(device="cuda")
+    else:
+        fake, gen = _CpuTorch(torch), torch.Generator()
+        to = torch.Tensor.to
+        monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == ("cuda",) else to(self, *a, **k))
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    names = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn", torch.float32: "float32",
+             torch.int64: "int64"}
+    cases = [c for c in bench.cases_of("05_elementwise") if c.shape.startswith(f"t={t},")]
+    assert cases
+    for case in cases:
+        gen.manual_seed(case.seed)
+        typed_in, typed_out = case.make(fake, gen)
+        assert [names[x.dtype] for x in typed_in + typed_out] == case.dtypes, case.op
+        inputs, outputs = bench._raw(typed_in), bench._raw(typed_out)
+        initial = [o.clone() for o in outputs] if case.initial_outputs else []
+        expected = bench._reference(case, [bench._host_bits(x) for x in inputs],
+                                    [bench._host_bits(x) for x in initial])
+        assert [tuple(o.shape) for o in outputs] == [e.shape for e in expected], case.op
+        typed_set = [*(r.view(x.dtype) for r, x in zip(inputs, typed_in)),
+                     *(r.view(o.dtype) for r, o in zip(initial, typed_out))]
+        call = bench._as_peer_call(case.torch_peers["torch_eager"](torch, typed_set))
+        outs = bench._outs(call())
+        check = bench._verify(case, inputs, outs, expected, case.peer_tolerance)
+        assert check["pass"], f"{case.op} {case.shape}: {check['text']}"
+        if call.reset is not None:  # it wrote copies: the initial contents it was given are intact
+            assert bench._check_peer(case, call, outs, inputs, expected)["pass"]
+            assert all(torch.equal(a, b) for a, b in zip(initial, bench._raw(typed_out)))

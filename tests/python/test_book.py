@@ -76,7 +76,7 @@ def empty_site(tmp_path_factory):
 
 def test_every_page_is_built(measured_site):
     for name in ["", "00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm",
-                 "06_int4_gemv"]:
+                 "05_elementwise", "06_int4_gemv"]:
         assert (measured_site / name / "index.html").is_file(), f"page {name or 'index'} missing"
 
 
@@ -103,7 +103,7 @@ def test_chapter_without_results_says_so(measured_site):
 
 def test_book_builds_before_any_measurement(empty_site):
     for chapter in ["00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm",
-                    "06_int4_gemv"]:
+                    "05_elementwise", "06_int4_gemv"]:
         html = page(empty_site, chapter)
         assert f"{results.NO_MEASUREMENT} for {chapter}" in html
         assert "Measured on" not in html and "GB/s</td>" not in html

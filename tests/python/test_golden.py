@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lkw import formats, golden
+from lkw import elementwise, formats, golden
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 1234
@@ -110,9 +110,13 @@ EXPECTED_SIGNATURES = {
 FIXED_CASES = re.compile(r".*_(special|all_codes)$")
 
 
+RECORDS = ("in", "init", "out")  # a case's tensor records, in this order
+
+
 def parse_manifest(path: Path) -> tuple[dict, list[dict]]:
     """Reads a manifest as strictly as the C++ reader should: header, then case records each
-    followed by its in/out records with indices 0, 1, ..."""
+    followed by its in records, then its init records (initial contents of outputs updated in
+    place), then its out records, each kind with indices 0, 1, ..."""
     lines = path.read_text().splitlines()
     header = re.fullmatch(r"# lkw golden v1 chapter=(\w+) seed=(\d+)", lines[0])
     assert header, f"bad header: {lines[0]!r}"
@@ -128,14 +132,21 @@ def parse_manifest(path: Path) -> tuple[dict, list[dict]]:
             assert re.fullmatch(rf"({one})(/({one}))*", tolerance), tolerance
             assert params == "-" or re.fullmatch(r"\w+=[^,=]+(,\w+=[^,=]+)*", params)
             case = {"id": case_id, "op": op, "tolerance": tolerance, "params": params}
-            cases.append({**case, "in": [], "out": []})
+            cases.append({**case, "in": [], "init": [], "out": []})
         else:
-            assert kind in ("in", "out"), line
+            assert kind in RECORDS, line
             assert cases and cases[-1]["id"] == case_id, f"record outside its case: {line!r}"
+            later = RECORDS[RECORDS.index(kind) + 1 :]
+            assert not any(cases[-1][k] for k in later), f"{kind} after {later}: {line!r}"
             index, dtype, file = int(fields[2]), fields[3], fields[4]
             assert index == len(cases[-1][kind]), f"index out of order: {line!r}"
             assert file == f"{case_id}.{kind}{index}.npy"
             cases[-1][kind].append((dtype, path.parent / file))
+    for case in cases:
+        # An init record is the initial contents of the output of its index: the same dtype.
+        assert len(case["init"]) <= len(case["out"]), case["id"]
+        for (init_dtype, _), (out_dtype, _) in zip(case["init"], case["out"], strict=False):
+            assert init_dtype == out_dtype, case["id"]
     return {"chapter": header[1], "seed": int(header[2])}, cases
 
 
@@ -241,13 +252,14 @@ def test_files_have_the_declared_dtypes_and_shapes(manifests, chapter):
             assert outputs[0].shape == inputs[0].shape, case["id"]
 
 
-@pytest.mark.parametrize("chapter", list(EXPECTED_CASES))
+@pytest.mark.parametrize("chapter", [*EXPECTED_CASES, "05_elementwise"])
 def test_expected_outputs_are_the_references(manifests, chapter):
     for case in manifests[chapter][1]:
         inputs = [load(f) for _, f in case["in"]]
+        init = [load(f) for _, f in case["init"]]
         outputs = [load(f) for _, f in case["out"]]
         params = golden.parse_params(case["params"])
-        recomputed = golden.reference(case["op"], inputs, params)
+        recomputed = golden.reference(case["op"], inputs, params, init)
         assert len(recomputed) == len(outputs), case["id"]
         for want, got in zip(recomputed, outputs, strict=True):
             assert want.shape == got.shape, case["id"]
@@ -416,3 +428,97 @@ def test_a_new_chapter_is_one_table_entry(tmp_path, monkeypatch, capsys):
     lines = (tmp_path / "99_example" / "manifest.txt").read_text().splitlines()
     assert lines[1] == "case copy_params copy ulp:1 eps=1e-06,group=128"
     assert parse_manifest(tmp_path / "99_example" / "manifest.txt")[1][0]["out"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The init record: outputs updated in place (chapter 05's KV caches) start from given contents.
+
+
+def _cache_case(case_id="cache_init", t=3, hk=2, d=8, blocks=2, block_size=4):
+    """A small reshape_and_cache case on the paged layout, caches poisoned, one padding token."""
+    rng = np.random.default_rng(11)
+    key = elementwise.heads(rng, t, hk, d)
+    value = elementwise.heads(rng, t, hk, d)
+    slots = np.array([5, -1, 2], np.int64)[:t]
+    init = list(elementwise.poisoned_caches("paged", blocks, block_size, hk, d, "bfloat16"))
+    return golden.Case(
+        case_id, "reshape_and_cache", "exact", [key, value, slots], {"layout": 0}, init
+    )
+
+
+def test_init_records_round_trip_in_in_init_out_order(tmp_path, monkeypatch, capsys):
+    """A case with init arrays is written as in, init, out records (the order the C++ reader
+    relies on), its init files hold the arrays given, and its out files are the reference of the
+    inputs followed by the init arrays."""
+    case = _cache_case()
+    monkeypatch.setitem(golden.CHAPTERS, "99_init", lambda rng: [case])
+    golden.main(["--out", str(tmp_path), "--seed", "5", "--chapter", "99_init"])
+    manifest = tmp_path / "99_init" / "manifest.txt"
+    kinds = [line.split()[0] for line in manifest.read_text().splitlines()[1:]]
+    assert kinds == ["case", "in", "in", "in", "init", "init", "out", "out"]
+    assert "init cache_init 1 bfloat16 cache_init.init1.npy" in manifest.read_text().splitlines()
+    (parsed,) = parse_manifest(manifest)[1]
+    assert [d for d, _ in parsed["init"]] == ["bfloat16", "bfloat16"]
+    init = [load(f) for _, f in parsed["init"]]
+    for got, given in zip(init, case.init, strict=True):
+        assert got.dtype == given.dtype and np.array_equal(got, given)
+    outputs = [load(f) for _, f in parsed["out"]]
+    inputs = [load(f) for _, f in parsed["in"]]
+    want = golden.reference(
+        "reshape_and_cache", inputs, golden.parse_params(parsed["params"]), init
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(outputs, want, strict=True))
+    # The padding token's slot and every slot no token names keep the poison.
+    assert np.sum(outputs[0] != init[0]) == 2 * 2 * 8  # two tokens, Hk = 2, D = 8
+    # Without the init arrays the op has nothing to update.
+    with pytest.raises(TypeError):
+        golden.reference("reshape_and_cache", inputs, golden.parse_params(parsed["params"]))
+
+
+def test_init_records_are_refused_when_malformed():
+    good = _cache_case()
+    golden.check_case(good, golden.expected_outputs(good))
+    outputs = golden.expected_outputs(good)
+    missing = _cache_case()
+    missing.init = missing.init[:1]  # one of two caches
+    wrong_dtype = _cache_case()
+    wrong_dtype.init = [a.view(np.int16) for a in wrong_dtype.init]  # not stored as uint16
+    wrong_shape = _cache_case()
+    wrong_shape.init = [a.reshape(a.shape[0], -1) for a in wrong_shape.init]
+    ones = np.ones(4, np.uint32)
+    not_in_place = golden.Case("copy_1", "copy", "exact", [ones], {}, [ones.copy()])
+    for case, out in (
+        (missing, outputs),
+        (wrong_dtype, outputs),
+        (wrong_shape, outputs),
+        (not_in_place, [ones]),
+    ):
+        with pytest.raises(ValueError, match="init"):
+            golden.check_case(case, out)
+
+
+def test_the_manifest_reader_refuses_records_out_of_order(tmp_path, monkeypatch):
+    case = _cache_case()
+    chapter = tmp_path / "99_init"
+    monkeypatch.setitem(golden.CHAPTERS, "99_init", lambda rng: [case])
+    golden.write_chapter(tmp_path, "99_init", 1)
+    lines = (chapter / "manifest.txt").read_text().splitlines()
+    parse_manifest(chapter / "manifest.txt")
+    first_init = next(i for i, line in enumerate(lines) if line.startswith("init"))
+    swapped = (
+        lines[: first_init - 1]
+        + [lines[first_init], lines[first_init - 1]]
+        + lines[first_init + 1 :]
+    )
+    (chapter / "manifest.txt").write_text("\n".join(swapped) + "\n")
+    with pytest.raises(AssertionError, match="init"):
+        parse_manifest(chapter / "manifest.txt")
+
+
+def test_chapter_05_updates_its_caches_from_init_records(manifests):
+    """Every reshape_and_cache case of the written chapter carries both caches' initial contents
+    (and no other op has init records)."""
+    for case in manifests["05_elementwise"][1]:
+        in_place = case["op"].startswith("reshape_and_cache")
+        assert len(case["init"]) == (2 if in_place else 0), case["id"]
+        assert golden.OPS[case["op"]].init == len(case["init"])

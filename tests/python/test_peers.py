@@ -158,3 +158,48 @@ def test_chapter_08_peers_are_vllm_everywhere_and_flashinfer_for_blocks_skipped_
         for factory in factories.values():
             with pytest.raises(peers.Absent):
                 factory(None, None)
+
+
+def test_chapter_05_peers_are_named_by_library_and_skipped_when_absent(fresh, monkeypatch):
+    """vLLM's activation, quant, rotary, fused QK norm and cache kernels, FlashInfer's activation and
+    RoPE, Liger's SwiGLU and RoPE: each factory raises Absent before the inputs are touched when
+    its library is not here."""
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    for name in ("vllm", "flashinfer", "liger_kernel"):
+        monkeypatch.setitem(sys.modules, name, None)
+    factories = {}
+    for op in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul_fp8_per_token",
+               "silu_and_mul_fp8_per_group", "silu_and_mul_fp8_per_tensor"):
+        factories.update({f"{op}: {k}": v for k, v in peers.act_peers(op).items()})
+    factories.update(peers.rope_peers(is_neox=True))
+    factories.update(peers.qk_norm_rope_peers(1e-6))
+    for layout in ("paged", "nhd"):
+        for kv_dtype in ("bfloat16", "float8_e4m3fn"):
+            factories.update({f"{layout} {kv_dtype}: {k}": v for k, v in peers.cache_peers(layout, kv_dtype).items()})
+    assert {name.split(": ")[-1].split()[0] for name in factories} == {"vllm", "flashinfer", "liger"}
+    for name, factory in factories.items():
+        with pytest.raises(peers.Absent):
+            factory(None, None)  # torch and the inputs are never reached
+    assert set(peers.act_peers("silu_and_mul")) == {
+        "vllm silu_and_mul", "flashinfer silu_and_mul", "liger swiglu_fused_gate_up_forward"}
+    assert peers.act_peers("silu_and_mul_fp8_per_token") == {}  # no library computes this form
+    assert "liger rope_forward" not in peers.rope_peers(is_neox=False)  # Liger rotates halves only
+    assert set(peers.cache_peers("paged", "bfloat16")) == {"vllm reshape_and_cache"}
+    assert set(peers.cache_peers("nhd", "float8_e4m3fn")) == {"vllm reshape_and_cache_flash"}
+    assert peers.cache_peers("hnd", "bfloat16") == {}
+
+
+def test_flashinfer_modules_the_kit_does_not_prebuild_are_skipped_not_compiled(fresh, monkeypatch):
+    """With the kit, a FlashInfer module missing from its AOT set would JIT-compile on the GPU:
+    such a peer is Absent, with the reason; a prebuilt one (or a user's own install) is not."""
+    site = fresh / "site"
+    (site / "flashinfer" / "data" / "aot" / "rope").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    monkeypatch.setenv(peers.KIT_ENV, str(fresh / "kit"))
+    peers._flashinfer_prebuilt("rope")
+    with pytest.raises(peers.Absent, match="gelu_tanh_and_mul.*JIT"):
+        peers._flashinfer_prebuilt("gelu_tanh_and_mul")
+    monkeypatch.delenv(peers.KIT_ENV)
+    peers._flashinfer_prebuilt("gelu_tanh_and_mul")
