@@ -33,6 +33,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -60,11 +61,30 @@ inline double tensor_bytes(const Args& a) {
   return b;
 }
 
-// Outputs must not overlap inputs or each other, except an output that IS an input (in place).
-inline void check_apart(Check& c, const void* out, int64_t out_bytes, const char* out_name,
-                        const void* in, int64_t in_bytes, const char* in_name, bool may_alias) {
-  if (!out || !in || (may_alias && out == in)) return;
-  c.disjoint(out, out_bytes, in, in_bytes, (std::string(out_name) + " and " + in_name).c_str());
+// A tensor's bytes, for the overlap checks; `updates`: the input an output may be exactly (in
+// place, vLLM's signature for RoPE).
+struct Span {
+  const void* p;
+  int64_t bytes;
+  const char* name;
+  const void* updates = nullptr;
+};
+
+// Outputs must not overlap the inputs or each other, except an output that IS the input it
+// updates. Null pointers (tensors an op does not have) are skipped.
+inline Status check_apart(std::initializer_list<Span> outputs, std::initializer_list<Span> inputs) {
+  Check c;
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (!o->p) continue;
+    auto apart = [&](const Span& other) {
+      if (other.p && !(o->updates && o->p == other.p && other.p == o->updates))
+        c.disjoint(o->p, o->bytes, other.p, other.bytes,
+                   (std::string(o->name) + " and " + other.name).c_str());
+    };
+    for (const Span& in : inputs) apart(in);
+    for (auto other = outputs.begin(); other != o; ++other) apart(*other);
+  }
+  return c.arch_at_least(80).status();
 }
 
 // =============================================================================================
@@ -134,13 +154,8 @@ inline Status validate_act(const ActOp& op, const ActArgs& a, int vec, int64_t m
   const int64_t scale_count = op.quant == Quant::kPerToken   ? a.t
                               : op.quant == Quant::kPerGroup ? a.t * (a.d / kGroup)
                                                              : 0;
-  Check c;
-  check_apart(c, a.y, 2 * n, "y", a.x, 4 * n, "x", false);
-  check_apart(c, a.q, n, "q", a.x, 4 * n, "x", false);
-  check_apart(c, a.scales, 4 * scale_count, "scales", a.x, 4 * n, "x", false);
-  check_apart(c, a.scales, 4 * scale_count, "scales", a.q, n, "q", false);
-  check_apart(c, a.q, n, "q", a.scale, 4, "scale", false);
-  return c.arch_at_least(80).status();
+  return check_apart({{a.y, 2 * n, "y"}, {a.q, n, "q"}, {a.scales, 4 * scale_count, "scales"}},
+                     {{a.x, 4 * n, "x"}, {a.scale, 4, "scale"}});
 }
 
 // Generic Args → ActArgs: the op's tensors (x [, scale] → y | q [, scales]) and params.
@@ -168,6 +183,9 @@ inline Status act_args(const ActOp& op, const Args& a, ActArgs* out) {
   r.d = x.dim(1) / 2;
   s = Check()
           .that(first.dim(0) == r.t && first.dim(1) == r.d, "the output must be [T, d] of x [T, 2d]")
+          .that(!quant || (a.param("act_first", 1) != 0 && a.param("limit", 0) == 0),
+                std::string(op.name) + " is SiLU of the first half, unclamped: it takes no "
+                                       "act_first or limit")
           .status();
   if (!s.ok()) return s;
   r.scales_row_major = a.param("scales_row_major", 0) != 0;
@@ -232,7 +250,9 @@ inline Version act_version(const ActOp& op, const char* id, const char* summary,
 template <Act kAct>
 __device__ __forceinline__ float activation(float g) {
   if constexpr (kAct == Act::kSilu) {
-    return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    // Below −80, exp(−g) would overflow while the result, g·e^g, is still a normal FP32 number:
+    // there 1 + e^g is 1 and the product is the whole formula.
+    return g < -80.0f ? __fmul_rn(g, expf(g)) : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
   } else if constexpr (kAct == Act::kGelu) {
     return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
   } else {
@@ -318,23 +338,13 @@ inline Status validate_rope(const RopeOp& op, const RopeArgs& a, int vec, int64_
                  .status();
   if (!s.ok()) return s;
   const int64_t qb = 2 * a.t * a.hq * a.d, kb = 2 * a.t * a.hk * a.d;
-  struct Span {
-    const void* p;
-    int64_t bytes;
-    const char* name;
-  };
-  const Span inputs[] = {{a.positions, 8 * a.t, "positions"}, {a.q, qb, "q"},
-                         {a.k, kb, "k"},
-                         {a.q_weight, 2 * a.d, "q_weight"},
-                         {a.k_weight, 2 * a.d, "k_weight"},
-                         {a.cos_sin, 4 * a.max_pos * a.rot_dim, "cos_sin_cache"}};
-  Check c;
-  for (const Span& in : inputs) {
-    check_apart(c, a.q_out, qb, "q_out", in.p, in.bytes, in.name, in.p == a.q);
-    check_apart(c, a.k_out, kb, "k_out", in.p, in.bytes, in.name, in.p == a.k);
-  }
-  check_apart(c, a.q_out, qb, "q_out", a.k_out, kb, "k_out", false);
-  return c.arch_at_least(80).status();
+  return check_apart({{a.q_out, qb, "q_out", a.q}, {a.k_out, kb, "k_out", a.k}},
+                     {{a.positions, 8 * a.t, "positions"},
+                      {a.q, qb, "q"},
+                      {a.k, kb, "k"},
+                      {a.q_weight, 2 * a.d, "q_weight"},
+                      {a.k_weight, 2 * a.d, "k_weight"},
+                      {a.cos_sin, 4 * a.max_pos * a.rot_dim, "cos_sin_cache"}});
 }
 
 inline Status rope_args(const RopeOp& op, const Args& a, RopeArgs* out) {
@@ -344,6 +354,7 @@ inline Status rope_args(const RopeOp& op, const Args& a, RopeArgs* out) {
                        std::string(op.name) + " takes " + std::to_string(n_in) +
                            " inputs and 2 outputs")
                  .that(!op.norm || a.params.count("eps") == 1, "qk_norm_rope needs the param eps")
+                 .that(!op.norm || a.param("inverse", 0) == 0, "qk_norm_rope has no inverse")
                  .status();
   if (!s.ok()) return s;
   const TensorRef& pos = a.inputs[0];
@@ -488,6 +499,8 @@ inline Status validate_cache(const CacheOp& op, const CacheArgs& a, int vec) {
                  .positive(a.block_size, "block_size")
                  .that(a.t <= kMaxRows, "T must be below 2^31")
                  .that(a.hk * a.d <= (int64_t(1) << 20), "Hk · D must be <= 2^20")
+                 .that(double(a.num_blocks) * double(a.block_size) < 0x1p31,
+                       "the cache must hold fewer than 2^31 slots")
                  .that(a.layout != Layout::kPaged || a.d % a.x() == 0,
                        "the paged key layout needs D % " + std::to_string(a.x()) + " == 0")
                  .aligned(a.key, 2 * vec, "key")
@@ -500,21 +513,12 @@ inline Status validate_cache(const CacheOp& op, const CacheArgs& a, int vec) {
                  .status();
   if (!s.ok()) return s;
   const int64_t kv = 2 * a.t * a.hk * a.d, cache = a.cache_elems() * a.elem_bytes();
-  struct Span {
-    const void* p;
-    int64_t bytes;
-    const char* name;
-  };
-  const Span inputs[] = {{a.key, kv, "key"},           {a.value, kv, "value"},
-                         {a.slots, 8 * a.t, "slots"},  {a.k_scale, 4, "k_scale"},
-                         {a.v_scale, 4, "v_scale"}};
-  Check c;
-  for (const Span& in : inputs) {
-    check_apart(c, a.key_cache, cache, "key_cache", in.p, in.bytes, in.name, false);
-    check_apart(c, a.value_cache, cache, "value_cache", in.p, in.bytes, in.name, false);
-  }
-  check_apart(c, a.key_cache, cache, "key_cache", a.value_cache, cache, "value_cache", false);
-  return c.arch_at_least(80).status();
+  return check_apart({{a.key_cache, cache, "key_cache"}, {a.value_cache, cache, "value_cache"}},
+                     {{a.key, kv, "key"},
+                      {a.value, kv, "value"},
+                      {a.slots, 8 * a.t, "slot_mapping"},
+                      {a.k_scale, 4, "k_scale"},
+                      {a.v_scale, 4, "v_scale"}});
 }
 
 inline Status cache_args(const CacheOp& op, const Args& a, CacheArgs* out) {

@@ -20,6 +20,7 @@ constexpr int kThreads = 256;
 template <Layout kLayout, bool kFp8>
 __global__ void __launch_bounds__(kThreads) cache_v6_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
+  constexpr int kX = kCacheVectorBytes / sizeof(Elem);  // the paged key's vector (a.x())
   auto* key_cache = static_cast<Elem*>(a.key_cache);
   auto* value_cache = static_cast<Elem*>(a.value_cache);
   const int64_t per_token = a.hk * a.d, n = a.t * per_token;

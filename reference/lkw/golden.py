@@ -735,7 +735,11 @@ ACT_CASES = (
     ("up_first", 5, 203, {"act_first": 0}),
     ("up_first", 5, 128, {"act_first": 0}),
     ("clamp", 5, 1024, {"limit": 7.0}),
+    ("extreme", 3, 64, {}),
 )
+# "extreme": gates from -130 to 30, where exp(-gate) overflows FP32 (below -88.7) while silu's
+# result, gate * e^gate, is still a normal number down to about -87 - 16 = -103.
+EXTREME_GATES = (-130.0, 30.0)
 FP8_ACT_OPS = {
     "silu_and_mul_fp8_per_token": "per_token",
     "silu_and_mul_fp8_per_group": "per_group",
@@ -822,6 +826,9 @@ def elementwise_act_cases(rng: np.random.Generator) -> list[Case]:
                 x = formats.f32_to_bf16(4 * formats.bf16_to_f32(elementwise.gate_up(rng, t, d, 0)))
             else:
                 x = elementwise.gate_up(rng, t, d)  # (T,2d)
+            if tag == "extreme":
+                gates = np.linspace(*EXTREME_GATES, t * d, dtype=np.float32).reshape(t, d)
+                x[:, :d] = formats.f32_to_bf16(gates)
             tol = elementwise.act_tolerance(
                 x, act, bool(params.get("act_first", 1)), params.get("limit")
             )

@@ -19,6 +19,7 @@ constexpr int kThreads = 256;
 template <Layout kLayout, bool kFp8>
 __global__ void __launch_bounds__(kThreads) cache_v6_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
+  constexpr int kX = kCacheVectorBytes / sizeof(Elem);  // the paged key's vector (a.x())
   auto* key_cache = static_cast<Elem*>(a.key_cache);
   auto* value_cache = static_cast<Elem*>(a.value_cache);
   const int64_t per_token = a.hk * a.d, n = a.t * per_token;
@@ -32,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) cache_v6_kernel(CacheArgs a) {
     if (slot < 0 || slot >= num_slots) continue;  // padding (−1), or not a slot of this cache
     // BEGIN SOLUTION: v6 — block and offset of the slot, one element to each cache
     const int64_t b = slot / a.block_size, o = slot % a.block_size;
-    const int64_t k_at = key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size, a.x());
+    const int64_t k_at = key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size, kX);
     const int64_t v_at = value_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size);
     if constexpr (kFp8) {
       key_cache[k_at] = kv_fp8(__bfloat162float(a.key[e]), k_inv);  // (T, Hk, D) → the layout

@@ -1,12 +1,13 @@
-// v7_cache_vec16 — reshape_and_cache in units of 8 elements: 16-byte reads, whole-vector writes.
+// v7_cache_vec16 — a block per token, units of 8 elements: 16-byte reads, whole-vector writes.
 //
-// Since v6: a thread moves a unit of 8 consecutive elements of one head of key and of value:
-// one 16-byte load each, the slot read once per unit. Where the layout keeps those 8 elements
-// together — the paged key's x-vector (8 BF16 or half of 16 FP8), NHD and HND rows — the write
-// is one 16-byte store (8 bytes of FP8 codes). The paged value layout stores a head as a column:
-// its 8 elements are block_size apart, 8 narrow stores whatever the vector width — the one
-// transposed write of the chapter. Units are numbered over the whole [T, Hk·D/8] so that every
-// block has the same work at T = 1 and at 8192, two units in flight per thread.
+// Since v6: a thread moves a unit of 8 consecutive elements of one head of key and of value: one
+// 16-byte load each. Where the layout keeps those 8 elements together — the paged key's x-vector
+// (8 BF16 or half of 16 FP8), NHD and HND rows — the write is one 16-byte store (8 bytes of FP8
+// codes). The paged value layout stores a head as a column: its 8 elements are block_size apart,
+// 8 narrow stores whatever the vector width — the one transposed write of the chapter. A block is
+// one token, so the slot is read once per block and every offset is 32-bit arithmetic on the unit
+// within the token: v6 spends four 64-bit divisions per element on its indices, which at 8 bytes
+// an element costs more instructions than the bytes allow at the copy ceiling.
 // A D that is not a multiple of 8 (NHD, HND) takes the same kernel with units of one element.
 // Expect: ≥ 85% of the copy ceiling at T = 8192 for NHD; below it for the paged value column;
 // SASS: LDG.E.128, STG.E.128 (BF16) or STG.E.64 (FP8).
@@ -15,8 +16,7 @@
 namespace lkw::elementwise {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kUnits = 2;
+constexpr int kMaxThreads = 256;
 
 // A unit's codes or BF16 bits as stored: 16 bytes (BF16) or 8 (FP8) for 8 elements.
 template <bool kFp8, int kVec>
@@ -38,53 +38,46 @@ __device__ __forceinline__ Stored<kFp8, kVec> to_cache(const Bf16Vec<kVec>& v, f
   }
 }
 
-// Element j of a stored unit, as the cache's 8- or 16-bit element (the column writes).
+// Element j of a stored unit, as the cache's 8- or 16-bit element (the column writes): the bits
+// as they are (a BF16 cache stores its input's bits, NaN payloads included).
 template <bool kFp8, int kVec>
 __device__ __forceinline__ auto element(const Stored<kFp8, kVec>& s, int j) {
   if constexpr (kFp8 && kVec == 8) {
     return uint8_t((j < 4 ? s.x : s.y) >> (8 * (j % 4)));
   } else if constexpr (kFp8) {
     return s;
+  } else if constexpr (kVec == 8) {
+    return uint16_t(s.word[j / 2] >> (16 * (j % 2)));
   } else {
-    return uint16_t(__bfloat16_as_ushort(__float2bfloat16_rn(get(s, j))));
+    return s.word[0];
   }
 }
 
 template <Layout kLayout, bool kFp8, int kVec>
-__global__ void __launch_bounds__(kThreads) cache_v7_kernel(CacheArgs a) {
+__global__ void __launch_bounds__(kMaxThreads) cache_v7_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
+  constexpr int kX = kCacheVectorBytes / sizeof(Elem);  // the paged key's vector (a.x())
   using Unit = Stored<kFp8, kVec>;
   auto* key_cache = static_cast<Elem*>(a.key_cache);
   auto* value_cache = static_cast<Elem*>(a.value_cache);
-  const auto* key_vec = reinterpret_cast<const Bf16Vec<kVec>*>(a.key);  // (T, Hk·D/kVec)
-  const auto* value_vec = reinterpret_cast<const Bf16Vec<kVec>*>(a.value);
-  const int64_t per_token = a.hk * a.d / kVec, units = a.t * per_token;
-  const int64_t num_slots = a.num_blocks * a.block_size;
+  const int64_t token = blockIdx.x;
+  const int64_t slot = a.slots[token];  // (T)
+  if (slot < 0 || slot >= a.num_blocks * a.block_size) return;  // padding, or not in this cache
+  const int b = int(slot) / int(a.block_size), o = int(slot) % int(a.block_size);
+  const int d = int(a.d), units = int(a.hk) * d / kVec;
+  const auto* key_vec = reinterpret_cast<const Bf16Vec<kVec>*>(a.key) + token * units;  // (Hk·D/kVec)
+  const auto* value_vec = reinterpret_cast<const Bf16Vec<kVec>*>(a.value) + token * units;
   const float k_inv = kFp8 ? quant::fp8_inverse(*a.k_scale) : 0.0f;
   const float v_inv = kFp8 ? quant::fp8_inverse(*a.v_scale) : 0.0f;
-  const int64_t first = blockIdx.x * int64_t(kThreads * kUnits) + threadIdx.x;
-  Bf16Vec<kVec> k[kUnits], v[kUnits];
-  int64_t slot[kUnits];
-  // Stage: load every unit's slot, key and value (a padding token's are not read).
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = first + u * kThreads;
-    slot[u] = unit < units ? a.slots[unit / per_token] : -1;  // (T)
-    if (slot[u] < 0 || slot[u] >= num_slots) continue;
-    k[u] = key_vec[unit];
-    v[u] = value_vec[unit];
-  }
-  // Stage: convert and store each unit where its layout puts it.
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    if (slot[u] < 0 || slot[u] >= num_slots) continue;
-    const int64_t unit = first + u * kThreads;
-    const int64_t h = unit % per_token * kVec / a.d, i = unit % per_token * kVec % a.d;
-    const int64_t b = slot[u] / a.block_size, o = slot[u] % a.block_size;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    // Stage: load the unit of key and of value.
+    const Bf16Vec<kVec> k = key_vec[u], v = value_vec[u];
+    const int h = u * kVec / d, i = u * kVec % d;
+    // Stage: convert and store each where its layout puts it.
     // BEGIN SOLUTION: v7 — one store of the whole unit where the layout keeps it together
-    const Unit ks = to_cache<kFp8>(k[u], k_inv), vs = to_cache<kFp8>(v[u], v_inv);
-    *reinterpret_cast<Unit*>(key_cache + key_offset<kLayout>(b, o, h, i, a.hk, a.d,
-                                                             a.block_size, a.x())) = ks;
+    const Unit ks = to_cache<kFp8>(k, k_inv), vs = to_cache<kFp8>(v, v_inv);
+    *reinterpret_cast<Unit*>(key_cache + key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size,
+                                                             kX)) = ks;
     if constexpr (kLayout == Layout::kPaged) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j)  // a column: block_size elements apart
@@ -100,12 +93,12 @@ __global__ void __launch_bounds__(kThreads) cache_v7_kernel(CacheArgs a) {
 
 template <bool kFp8, int kVec>
 void launch(const CacheArgs& a, cudaStream_t stream) {
-  const int64_t units = a.t * a.hk * a.d / kVec, per_block = int64_t(kThreads) * kUnits;
-  const unsigned blocks = unsigned((units + per_block - 1) / per_block);
+  const int64_t units = a.hk * a.d / kVec;
+  const unsigned threads = unsigned(std::min<int64_t>((units + 31) / 32 * 32, kMaxThreads));
   switch (a.layout) {
-    case Layout::kPaged: cache_v7_kernel<Layout::kPaged, kFp8, kVec><<<blocks, kThreads, 0, stream>>>(a); break;
-    case Layout::kNhd: cache_v7_kernel<Layout::kNhd, kFp8, kVec><<<blocks, kThreads, 0, stream>>>(a); break;
-    case Layout::kHnd: cache_v7_kernel<Layout::kHnd, kFp8, kVec><<<blocks, kThreads, 0, stream>>>(a); break;
+    case Layout::kPaged: cache_v7_kernel<Layout::kPaged, kFp8, kVec><<<unsigned(a.t), threads, 0, stream>>>(a); break;
+    case Layout::kNhd: cache_v7_kernel<Layout::kNhd, kFp8, kVec><<<unsigned(a.t), threads, 0, stream>>>(a); break;
+    case Layout::kHnd: cache_v7_kernel<Layout::kHnd, kFp8, kVec><<<unsigned(a.t), threads, 0, stream>>>(a); break;
   }
 }
 
@@ -122,7 +115,7 @@ Status cache_v7(const CacheArgs& a, cudaStream_t stream) {
   return last_launch_status(kOp.name);
 }
 
-constexpr const char* kSummary = "units of 8 elements: 16-byte loads, whole-vector stores";
+constexpr const char* kSummary = "a block per token, units of 8: 16-byte loads, whole-vector stores";
 const Register kBf16{cache_version(
     kCacheBf16, "v7_cache_vec16", kSummary, cache_v7<kCacheBf16>,
     {{"cache_v7_kernelILNS0_6LayoutE1ELb0ELi8E", {}, {"LDG.E.128", "STG.E.128"}, {}, true,

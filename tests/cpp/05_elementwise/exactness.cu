@@ -163,10 +163,9 @@ TEST(Rope, SkipsPositionsOutsideTheCache) {
       std::map<std::string, double> p;
       if (std::string(op) == "qk_norm_rope") {
         auto rng = rng_for("weights");
-        for (auto* in : {&bad, &good}) {
-          in->insert(in->begin() + 3, bf16({s.d}, random_bf16(rng, s.d, s.d)));
-          in->insert(in->begin() + 4, in->at(3));
-        }
+        const HostTensor q_weight = bf16({s.d}, random_bf16(rng, s.d, s.d));
+        const HostTensor k_weight = bf16({s.d}, random_bf16(rng, s.d, s.d));
+        for (auto* in : {&bad, &good}) in->insert(in->begin() + 3, {q_weight, k_weight});
         p["eps"] = 1e-6;
       }
       const Outputs got = run(name(op, id), bad, rope_outputs(s), p);

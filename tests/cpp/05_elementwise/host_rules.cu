@@ -1,10 +1,13 @@
 // Chapter 05's argument rules and host planning (no GPU needed: every launcher refuses before
 // it asks for a device):
 //   act ops    x's last dim must be even; per-group quant needs d % 128 == 0; the per-token
-//              fused kernel holds at most 32768 outputs a row (4096 for d % 8 != 0)
+//              fused kernel holds at most 32768 outputs a row (4096 for d % 8 != 0); the fused
+//              ops are SiLU of the first half, unclamped (no act_first, no limit)
 //   rope       q and k both in place or both not; an output overlapping an input is refused;
+//              qk_norm_rope has no inverse;
 //              rot_dim (the cache's width) even and <= D; D within the version's registers
-//   cache      the layout param; the caches' shapes for that layout; D % x for the paged key
+//   cache      the layout param; the caches' shapes for that layout; D % x for the paged key;
+//              fewer than 2^31 slots (the kernels' block and offset are 32-bit)
 //   rope_lanes a power of two, at most 32, enough for every item and tail unit
 #include "05_elementwise/elementwise_test.h"
 #include "rope.cuh"
@@ -53,6 +56,11 @@ TEST(HostActRules, RefusesBadShapes) {
   Args clamp = act(4, 16);
   clamp.params["limit"] = -1.0;
   expect_refused(name("silu_and_mul", "v0_act_scalar"), clamp, "negative limit");
+  Args fused_order = act(4, 256, DType::kE4M3);
+  fused_order.outputs.push_back({at(kOut + 0x100000), DType::kF32, {4, 1}});
+  fused_order.params["act_first"] = 0;
+  expect_refused(name("silu_and_mul_fp8_per_token", "v2_act_fused_fp8"), fused_order,
+                 "the fused quant takes no act_first");
 }
 
 Args rope(int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t rot, bool norm = false) {
@@ -89,6 +97,9 @@ TEST(HostRopeRules, RefusesBadArguments) {
   Args no_eps = rope(4, 4, 2, 128, 128, true);
   no_eps.params.erase("eps");
   expect_refused(name("qk_norm_rope", "v5_qk_norm_rope"), no_eps, "no eps");
+  Args inverse = rope(4, 4, 2, 128, 128, true);
+  inverse.params["inverse"] = 1;
+  expect_refused(name("qk_norm_rope", "v5_qk_norm_rope"), inverse, "qk_norm_rope has no inverse");
   Args weight = rope(4, 4, 2, 128, 128, true);
   weight.inputs[3].shape = {64};
   expect_refused(name("qk_norm_rope", "v5_qk_norm_rope"), weight, "weight not [D]");
@@ -126,6 +137,8 @@ TEST(HostCacheRules, RefusesBadLayouts) {
     Args overlap = cache(1, {3, 16, 2, 128}, {3, 16, 2, 128});
     overlap.outputs[1].data = at(kOut + 64);
     expect_refused(v, overlap, "key and value caches overlap");
+    const int64_t huge = int64_t(1) << 27;  // blocks of 16 slots: 2^31 slots
+    expect_refused(v, cache(1, {huge, 16, 2, 128}, {huge, 16, 2, 128}), "2^31 slots");
   }
   expect_refused(name("reshape_and_cache_fp8", "v7_cache_vec16"),
                  cache(0, {3, 2, 16, 16, 8}, {3, 2, 128, 16}, 4, 2, 128, true),
