@@ -51,15 +51,9 @@ using rmsnorm::Bf16Vec;
 using rmsnorm::get;
 using rmsnorm::put;
 
-// The byte model of every op: each input read once, each output written once. reshape_and_cache
-// counts every token as valid (the bench's caches have no padding) and its caches by what one
-// launch writes, not their size.
-inline double tensor_bytes(const Args& a) {
-  double b = 0;
-  for (const TensorRef& t : a.inputs) b += double(t.bytes());
-  for (const TensorRef& t : a.outputs) b += double(t.bytes());
-  return b;
-}
+// Byte models: lkw::io_bytes (each input read once, each output written once), except RoPE's
+// (rope_bytes) and reshape_and_cache's, which counts every token as valid (the bench's caches
+// have no padding) and its caches by what one launch writes, not their size (cache_bytes).
 
 // A tensor's bytes, for the overlap checks; `updates`: the input an output may be exactly (in
 // place, vLLM's signature for RoPE).
@@ -232,7 +226,7 @@ inline Version act_version(const ActOp& op, const char* id, const char* summary,
     Status s = act_args(op, a, &aa);
     return s.ok() ? launch(aa, stream) : s;
   };
-  v.bytes = tensor_bytes;
+  v.bytes = io_bytes;
   // act ~8 (exp or erf or tanh counted as 4, add, divide, multiply), ×up, the clamp; the quant 2.
   v.flops = [op](const Args& a) {
     const double per = 10.0 + (op.quant != Quant::kNone ? 2.0 : 0.0);

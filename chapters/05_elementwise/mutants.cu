@@ -26,7 +26,7 @@ Version altered(const char* op, const char* id, const char* summary, const char*
     if (s.ok()) s = alter(b, stream);
     return s.ok() ? t->launch(b, stream) : s;
   };
-  v.bytes = tensor_bytes;
+  v.bytes = io_bytes;
   v.flops = [](const Args&) { return 0.0; };
   return v;
 }

@@ -64,6 +64,14 @@ struct Version {
   std::string name() const { return chapter + "/" + op + "/" + id; }
 };
 
+// The byte model of most ops: each input read once, each output written once.
+inline double io_bytes(const Args& a) {
+  double b = 0;
+  for (const TensorRef& t : a.inputs) b += double(t.bytes());
+  for (const TensorRef& t : a.outputs) b += double(t.bytes());
+  return b;
+}
+
 // A version's identity, for the chapter helpers (copy_version, cast_version, ...) to complete
 // with the launcher and the models.
 inline Version version_of(const char* chapter, std::string op, const char* id, const char* summary,
