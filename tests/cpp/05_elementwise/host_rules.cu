@@ -1,6 +1,6 @@
 // Chapter 05's argument rules and host planning (no GPU needed: every launcher refuses before
 // it asks for a device):
-//   act ops    x's last dim must be even; per-group quant needs d % 128 == 0; the per-token
+//   act ops    valid arguments reach the launcher (only the device is missing); x's last dim must be even; per-group quant needs d % 128 == 0; the per-token
 //              fused kernel holds at most 32768 outputs a row (4096 for d % 8 != 0); the fused
 //              ops are SiLU of the first half, unclamped (no act_first, no limit)
 //   rope       q and k both in place or both not; an output overlapping an input is refused;
@@ -61,6 +61,18 @@ TEST(HostActRules, RefusesBadShapes) {
   fused_order.params["act_first"] = 0;
   expect_refused(name("silu_and_mul_fp8_per_token", "v2_act_fused_fp8"), fused_order,
                  "the fused quant takes no act_first");
+}
+
+// Valid arguments reach the launcher intact: without a GPU the only complaint left is the device
+// (an adapter that fills its args but never hands them over fails here with a bogus shape).
+TEST(HostActRules, AcceptsValidArgumentsUpToTheDevice) {
+  if (device_arch() >= 0) GTEST_SKIP() << "a GPU is present: the golden tests launch these";
+  for (const char* id : {"v0_act_scalar", "v1_act_vec16"})
+    EXPECT_EQ(launch(name("silu_and_mul", id), act(4, 256)).code, Code::kNoDevice) << id;
+  Args token = act(4, 256, DType::kE4M3);
+  token.outputs.push_back({at(kOut + 0x100000), DType::kF32, {4, 1}});
+  EXPECT_EQ(launch(name("silu_and_mul_fp8_per_token", "v2_act_fused_fp8"), token).code,
+            Code::kNoDevice);
 }
 
 Args rope(int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t rot, bool norm = false) {
