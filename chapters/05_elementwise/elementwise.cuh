@@ -215,6 +215,7 @@ inline Status act_args(const ActOp& op, const Args& a, ActArgs* out) {
   r.act_first = a.param("act_first", 1) != 0;
   r.limit = float(a.param("limit", 0));
   r.scale_ub = float(a.param("scale_ub", 0));
+  *out = r;
   return {};
 }
 
