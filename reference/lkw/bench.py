@@ -1947,6 +1947,106 @@ def _block_torch_peers(ids: np.ndarray, num_experts: int, k: int, d_ff: int) -> 
     return {"torch_grouped_mm": factory(True), "torch_loop": factory(False)}
 
 
+# ------------------------------------------------------------------------------------------------
+# Chapter 10: top-k of a decode step's logits (issue 48), B rows of Llama-2's (32000), Llama-3's
+# (128256) and Qwen2's (152064) vocabularies: k = 50 everywhere, k = 1024 on Llama-3 at every B,
+# greedy-like k = 1 once. One k for every row of a case (the top_k tensor holds it B times): the
+# torch.topk peers take it as a number, as a PyTorch sampler with one k per batch does.
+
+SAMPLING_B = (1, 16, 64, 256)
+SAMPLING_V = (32000, 128256, 152064)
+SAMPLING_RUNS = (
+    [(b, v, 50) for v in SAMPLING_V for b in SAMPLING_B]
+    + [(b, 128256, 1024) for b in SAMPLING_B]
+    + [(64, 128256, 1)]
+)
+SAMPLING_COMPILE_B = 64  # torch.compile from this B on: a compilation per shape, tens of seconds
+
+
+def _torch_top_k_threshold(torch, x, k: int):
+    """[B, 1]: the k-th largest value of each row by torch.topk (one k for every row), -inf where k
+    disables the filter (k <= 0 or k >= V: everything is kept)."""
+    if not 0 < k < x.shape[1]:
+        return torch.full((x.shape[0], 1), float("-inf"), dtype=x.dtype, device=x.device)
+    return torch.topk(x, k, dim=-1).values[:, -1:]
+
+
+def _torch_sort_threshold(torch, x, top_k):
+    """[B, 1]: the k-th largest value of each row from a full descending sort and a gather of
+    position k - 1 (each row its own k; -inf where it disables the filter). What serving engines
+    did first (vLLM's torch sampler still sorts where top-p is on too): the baseline of v0."""
+    v = x.shape[1]
+    k = top_k.long()[:, None]  # (B,1)
+    kth = torch.sort(x, dim=-1, descending=True).values.gather(1, k.clamp(1, v) - 1)
+    return torch.where((k > 0) & (k < v), kth, torch.full_like(kth, float("-inf")))
+
+
+def _torch_mask(torch, logits, threshold):
+    """Every token below its row's threshold [B, 1] to -inf: those equal to the k-th value (a
+    tie) are kept, as the contract keeps them. A kept -0.0 stays -0.0 (the contract writes +0.0):
+    lm_logits has no zeros."""
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _torch_renorm(torch, probs, threshold):
+    """Every token below its row's threshold [B, 1] to 0, the rest divided by their FP32 sum."""
+    kept = probs.masked_fill(probs < threshold, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _sampling_torch_peers(op: str, k: int, b: int) -> dict[str, Callable]:
+    """torch_eager / torch_compile: torch.topk's k-th value as the threshold, then the mask or the
+    renormalization (torch.compile from SAMPLING_COMPILE_B rows on); torch_sort: a full sort per
+    row and a gather of each row's k-th value (eager)."""
+    apply = _torch_mask if op == "top_k_mask_logits" else _torch_renorm
+    top_k = _eager_and_compiled(
+        lambda torch, x, top_k, k=k: apply(torch, x, _torch_top_k_threshold(torch, x, k)))
+    if b < SAMPLING_COMPILE_B:
+        del top_k["torch_compile"]
+
+    def torch_sort(torch, inputs):
+        x, k_rows = inputs
+        return lambda: apply(torch, x, _torch_sort_threshold(torch, x, k_rows))
+
+    return {**top_k, "torch_sort": torch_sort}
+
+
+def sampling_cases() -> list[Case]:
+    """Chapter 10's top-k ops at SAMPLING_RUNS (shape "b=B,v=V,k=K"): logits from
+    lkw.sampling.lm_logits (an LM head's rows: a few peaks over a N(0, 2) bulk), drawn on the host
+    from the case's seed; probs their float32 softmax (torch, on the GPU). The reference checks
+    every row: it sorts each row on the host (B = 256, V = 152064: about half a second for the
+    mask, three for the float64 renormalization), cheap beside the bench's own time per case.
+    The torch peers are _sampling_torch_peers'; the production peer is FlashInfer's
+    (lkw.peers.sampling_peers; vLLM has no kernel of this form, its sampler is torch and
+    FlashInfer)."""
+    from lkw import golden, sampling
+
+    cases = []
+    for op in golden.SAMPLING_OPS:
+        probs = op == "top_k_renorm_probs"
+        for b, v, k in SAMPLING_RUNS:
+
+            def make(torch, gen, b=b, v=v, k=k, probs=probs):
+                rng = np.random.default_rng([gen.initial_seed(), b, v, k])
+                x = torch.from_numpy(sampling.lm_logits(rng, b, v)).to("cuda")
+                if probs:
+                    x = torch.softmax(x, dim=-1)
+                top_k = torch.full((b,), k, dtype=torch.int32, device="cuda")
+                return [x, top_k], [torch.empty_like(x)]
+
+            def expected(host, op=op):
+                x = host[0].view(np.float32)
+                return [golden.OPS[op].fn(x, host[1].view(np.int32)[: x.shape[0]])]
+
+            cases.append(Case(
+                op, f"b={b},v={v},k={k}", [*golden.OPS[op].inputs, *golden.OPS[op].outputs], make,
+                expected, tolerance=golden.SAMPLING_TOLERANCES[op],
+                torch_peers=_sampling_torch_peers(op, k, b), library_peers=peers.sampling_peers(op),
+                model_bytes=sampling.renorm_bytes(b, v)))
+    return cases
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
@@ -1959,6 +2059,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_gemm_sum_cases() + moe_w4a16_cases()
     + moe_block_cases(),
+    "10_sampling": sampling_cases,
 }
 
 # A chapter's full measurement matrix where it is larger than one run should be (--extended):

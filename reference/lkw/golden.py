@@ -44,7 +44,19 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from lkw import elementwise, formats, fp8_gemm, gemv, int4, moe, quant, rmsnorm, roofline, w4a16
+from lkw import (
+    elementwise,
+    formats,
+    fp8_gemm,
+    gemv,
+    int4,
+    moe,
+    quant,
+    rmsnorm,
+    roofline,
+    sampling,
+    w4a16,
+)
 
 # Manifest dtype name -> (dtype stored in the .npy, dtype the bits mean).
 DTYPES = {
@@ -245,6 +257,10 @@ OPS = {
         ("bfloat16",),
         ("topk", "renormalize"),
     ),
+    # 10_sampling (lkw.sampling: x [B, V] float32, top_k [B] int32 -> [B, V] float32; a row's k
+    # <= 0 or >= V keeps the whole row)
+    "top_k_mask_logits": Op(sampling.top_k_mask_logits, ("float32", "int32"), ("float32",)),
+    "top_k_renorm_probs": Op(sampling.top_k_renorm_probs, ("float32", "int32"), ("float32",)),
 }
 
 
@@ -1610,6 +1626,114 @@ def moe_cases(rng: np.random.Generator) -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 10_sampling
+
+SAMPLING_OPS = ("top_k_mask_logits", "top_k_renorm_probs")
+# The mask is bit-exact (float32 comparisons only); renormalized probs within lkw.sampling's
+# PROB_RTOL (2^-14) relative, ATOL 0: a dropped token must be exactly 0.
+SAMPLING_TOLERANCES = {
+    "top_k_mask_logits": "exact",
+    "top_k_renorm_probs": f"close:{sampling.PROB_RTOL!r}:0",
+}
+# (tag, V, rows), one (kind, k) per row, B = len(rows). Kinds (sampling_row): "lm" an LM head's
+# row (lkw.sampling.lm_logits), "ties" the same on a grid of 1/4 with its maximum twice, "equal"
+# one value everywhere, "neginf_most" all but max(1, V // 100) tokens -inf, "neginf_some" a tenth
+# -inf, "zeros" positives, +0.0 and -0.0 (a fifth of the row, at least one of each) and negatives.
+# k: a number, "V", "V+5", "V-1" (k <= 0 and k >= V disable the filter), or one set by the row
+# (sampling_k): "tie" the k-th value inside a tie group, so more than k tokens are kept;
+# "over_finite" more than the finite tokens, so the k-th value is -inf (a probs row: 0);
+# "at_zero" the k-th value a zero, so -0.0 is kept (and written +0.0).
+SAMPLING_CASES = (
+    ("disabled", 1, (("lm", -1), ("lm", "V"), ("lm", "V+5"))),
+    ("tiny", 2, (("lm", 1), ("equal", 1), ("neginf_most", 1), ("zeros", "at_zero"), ("lm", 0),
+                 ("lm", "V"), ("lm", -1))),
+    ("tiny", 5, (("ties", "tie"), ("lm", "V-1"), ("neginf_most", "over_finite"),
+                 ("zeros", "at_zero"), ("equal", 2), ("lm", "V+5"), ("neginf_some", 2))),
+    ("edges", 1000, (("ties", "tie"), ("neginf_most", "over_finite"), ("neginf_some", 50),
+                     ("zeros", "at_zero"), ("equal", 1), ("lm", "V-1"), ("ties", 1))),
+    ("kmix", 1000, (("lm", 0), ("lm", -1), ("lm", "V"), ("lm", "V+5"), ("lm", 1), ("lm", "V-1"),
+                    ("lm", 37))),
+    ("tail", 4099, (("ties", "tie"), ("lm", 1024), ("neginf_some", 300))),
+    ("lm", 32000, (("lm", 50),)),
+    ("lm_ties", 128256, (("ties", "tie"),)),
+)
+TIE_RANK = 50  # "tie": the first tie group reaching past this rank (V // 4 in short rows)
+
+
+def sampling_row(rng: np.random.Generator, kind: str, v: int) -> np.ndarray:
+    """One float32 row [V] of logits of the given kind (SAMPLING_CASES)."""
+    if kind in ("lm", "ties"):
+        return sampling.lm_logits(rng, 1, v, ties=kind == "ties")[0]
+    if kind == "equal":
+        return np.full(v, rng.uniform(0.5, 4.0) * rng.choice([-1, 1]), np.float32)
+    if kind == "zeros":
+        z = max(2, v // 5)
+        p = (v - z) // 2
+        signs = np.r_[1.0, -1.0, rng.choice([-1.0, 1.0], z - 2)]
+        row = np.r_[rng.uniform(0.25, 8.0, p), signs * 0.0, -rng.uniform(0.25, 8.0, v - p - z)]
+        return rng.permutation(row).astype(np.float32)
+    x = sampling.lm_logits(rng, 1, v)[0]
+    if kind == "neginf_most":
+        out = np.full(v, -np.inf, np.float32)
+        finite = rng.choice(v, max(1, v // 100), replace=False)
+        out[finite] = x[finite]
+        return out
+    if kind == "neginf_some":
+        x[rng.choice(v, max(1, v // 10), replace=False)] = -np.inf
+        return x
+    raise ValueError(f"unknown row kind {kind!r}")
+
+
+def sampling_k(spec, row: np.ndarray) -> int:
+    """A row's top_k from its SAMPLING_CASES spec."""
+    v = row.size
+    if isinstance(spec, int):
+        return spec
+    if spec in ("V", "V+5", "V-1"):
+        return {"V": v, "V+5": v + 5, "V-1": v - 1}[spec]
+    if spec == "over_finite":
+        return min(int(np.isfinite(row).sum()) + 3, v - 1)
+    if spec == "at_zero":  # the positives, then into the zeros: the k-th value is a zero
+        return int((row > 0).sum()) + max(1, int((row == 0).sum()) // 2)
+    if spec == "tie":  # the k-th largest inside a run of equal values [s, e): e > k tokens kept
+        desc = -np.sort(-row)
+        starts = np.flatnonzero(np.r_[True, desc[1:] != desc[:-1]])
+        runs = [(s, e) for s, e in zip(starts, np.r_[starts[1:], v]) if e - s >= 2]
+        target = min(TIE_RANK, v // 4)
+        s, e = next((r for r in runs if r[1] > target), runs[0])  # "ties" rows: the max twice
+        return int(s + (e - s) // 2)
+    raise ValueError(f"unknown k {spec!r}")
+
+
+def sampling_inputs(rng: np.random.Generator, op: str, v: int, rows) -> list[np.ndarray]:
+    """[x [B, V] float32, top_k [B] int32]: the logits of the rows, or for top_k_renorm_probs
+    their float32 softmax (lkw.sampling.softmax: exact zeros where the logits are -inf, half of
+    them -0.0 in the "neginf_most" rows), and each row's k. Rows of one token, whose softmax is 1
+    whatever the logit, are scaled by a random factor in [1/2, 1) (probs need not sum to 1)."""
+    logits = np.stack([sampling_row(rng, kind, v) for kind, _ in rows])  # (B,V)
+    top_k = np.array([sampling_k(spec, row) for (_, spec), row in zip(rows, logits)], np.int32)
+    if op == "top_k_mask_logits":
+        return [logits, top_k]
+    probs = sampling.softmax(logits)  # (B,V)
+    if v == 1:
+        probs = (probs * rng.uniform(0.5, 1.0, (len(rows), 1))).astype(np.float32)
+    for (kind, _), row in zip(rows, probs):
+        if kind == "neginf_most":
+            row[np.flatnonzero(row == 0)[::2]] = -0.0
+    return [probs, top_k]
+
+
+def sampling_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op in SAMPLING_OPS:
+        for tag, v, rows in SAMPLING_CASES:
+            inputs = sampling_inputs(rng, op, v, rows)
+            case_id = f"{op}_{tag}_b{len(rows)}_v{v}"
+            cases.append(Case(case_id, op, SAMPLING_TOLERANCES[op], inputs))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
 
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
@@ -1622,6 +1746,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "07_w4a16_gemm": w4a16_gemm_cases,
     "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": moe_cases,
+    "10_sampling": sampling_cases,
 }
 
 

@@ -965,3 +965,31 @@ def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
         return PeerCall(call, reset=reset)
 
     return {f"vllm {kernel}": factory}
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 10: sampling. top_k_mask_logits: inputs [logits f32 [B, V], top_k int32 [B]] -> masked
+# logits f32 [B, V]; top_k_renorm_probs: [probs f32 [B, V], top_k int32 [B]] -> renormalized
+# probs. vLLM has no kernel of this form in its _C: its sampler filters in torch (a sort and a
+# gather, or torch.topk) and hands the filtering and sampling to FlashInfer where installed, so
+# FlashInfer's kernels are the production peers and vLLM has none here.
+
+
+def sampling_peers(op: str) -> dict[str, Callable]:
+    """FlashInfer's top_k_mask_logits(logits, top_k) and top_k_renorm_probs(probs, top_k) ->
+    a new [B, V] tensor, with top_k the op's int32 [B] tensor (each row its own k, as ours; a
+    Python int would be one k for every row). Both radix-select the k-th value of each row (one
+    or several CTAs a row) and keep every token >= it, ties included, as the contract does; k >= V
+    keeps the row (the renormalization still divides by its sum); FlashInfer asks for k in
+    (0, V), which the bench's k are. The renormalization multiplies by an approximate reciprocal
+    of a float32 sum: far inside 2^-14. Both come from FlashInfer's "sampling" module, which the
+    peer kit prebuilds. A 1 MB row-state buffer is allocated and zeroed on the first call, which
+    is the bench's untimed verifying call."""
+
+    def factory(torch, ins):
+        fn = getattr(library("flashinfer").sampling, op)
+        _flashinfer_prebuilt("sampling")
+        x, top_k = ins
+        return PeerCall(lambda: (fn(x, top_k),))
+
+    return {f"flashinfer {op}": factory} if op in ("top_k_mask_logits", "top_k_renorm_probs") else {}

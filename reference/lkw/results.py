@@ -1081,6 +1081,28 @@ def example(chapter: str) -> dict:
                                              "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
                               for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
                               and p["shape"] == r["shape"]}
+    elif chapter == "10_sampling":
+        rows = []
+        # (version, kind, share of the ceiling at B = 256, µs of fixed cost): the sort-based v0 and
+        # the sort peer move the row several times, v1 and FlashInfer about once.
+        ladder = [("v0_sort_cub", "version", 0.12, 12.0), ("v1_radix_select", "version", 0.55, 4.0),
+                  ("torch_eager", "peer", 0.08, 25.0), ("torch_sort", "peer", 0.05, 30.0)]
+        for op in ("top_k_mask_logits", "top_k_renorm_probs"):
+            entries = [*ladder, (f"flashinfer {op}", "peer", 0.60, 5.0)]
+            for b, v, k in ((1, 128256, 50), (256, 128256, 50), (256, 128256, 1024), (256, 152064, 50)):
+                model = b * (8 * v + 16)  # lkw.sampling.renorm_bytes
+                for version, kind, share, fixed in entries:
+                    time_us = model / (share * ceiling * 1e3) + fixed
+                    rows.append(row(op, version, kind, "example row", f"b={b},v={v},k={k}", time_us,
+                                    model, dram_ratio=None if kind == "peer" else 1.01))
+        for r in rows:
+            r["graph_us"] = r["back_to_back_us"] = r["time_us"]
+        for r in rows:
+            if r["kind"] == "version":
+                r["peers"] = {p["version"]: {"time_us": p["time_us"], "ratio": p["time_us"] / r["time_us"],
+                                             "graph_us": p["graph_us"], "graph_ratio": p["graph_us"] / r["graph_us"]}
+                              for p in rows if p["kind"] == "peer" and p["op"] == r["op"]
+                              and p["shape"] == r["shape"]}
     else:
         raise KeyError(f"no example for chapter {chapter}")
     return {

@@ -988,3 +988,121 @@ def test_elementwise_cases_make_what_their_references_and_torch_peers_expect(mon
         if call.reset is not None:  # it wrote copies: the initial contents it was given are intact
             assert bench._check_peer(case, call, outs, inputs, expected)["pass"]
             assert all(torch.equal(a, b) for a, b in zip(initial, bench._raw(typed_out)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 10: the top-k ops' bench cases (inputs made on the GPU; here their list, what the shape
+# strings select, the references on host bits, and, where torch is installed, the torch peers'
+# math and the cases' make() on the CPU).
+
+SAMPLING_OPS = ("top_k_mask_logits", "top_k_renorm_probs")
+
+
+def test_sampling_cases_are_the_issue_s_shapes_and_the_shape_strings_select_them():
+    cases = bench.cases_of("10_sampling")
+    runs = {(b, v, 50) for b in (1, 16, 64, 256) for v in (32000, 128256, 152064)}
+    runs |= {(b, 128256, 1024) for b in (1, 16, 64, 256)} | {(64, 128256, 1)}
+    want = {(op, f"b={b},v={v},k={k}") for op in SAMPLING_OPS for b, v, k in runs}
+    assert {(c.op, c.shape) for c in cases} == want and len(cases) == len(want) == 34
+    assert len(bench.cases_of("10_sampling", shape=r",v=128256,k=1024$")) == 8
+    assert [c.shape for c in bench.cases_of("10_sampling", shape=r",k=1$")] == ["b=64,v=128256,k=1"] * 2
+    picked = bench.cases_of("10_sampling", ops=["top_k_renorm_probs"], shape=r"^b=256,v=152064,")
+    assert [(c.op, c.shape) for c in picked] == [("top_k_renorm_probs", "b=256,v=152064,k=50")]
+    assert len(bench.cases_of("10_sampling", shape="v=32000")) == 8
+
+
+def test_sampling_cases_name_their_tensors_tolerances_peers_and_bytes():
+    from lkw import golden, sampling
+
+    for c in bench.cases_of("10_sampling"):
+        b, v, _ = (int(f.split("=")[1]) for f in c.shape.split(","))
+        assert c.dtypes == ["float32", "int32", "float32"] and c.params == {}
+        assert c.tolerance == golden.SAMPLING_TOLERANCES[c.op] and c.peer_tolerance is None
+        assert c.sample_rows is None and not c.reference_sees_all and c.shared_inputs == ()
+        assert c.model_bytes == sampling.renorm_bytes(b, v) == b * (8 * v + 16)
+        compiled = {"torch_compile"} if b >= bench.SAMPLING_COMPILE_B else set()
+        assert set(c.torch_peers) == {"torch_eager", "torch_sort"} | compiled
+        assert set(c.library_peers) == {f"flashinfer {c.op}"}
+
+
+@pytest.mark.parametrize("op", SAMPLING_OPS)
+def test_sampling_references_read_the_host_bits(rng, op):
+    from lkw import sampling
+
+    x = sampling.lm_logits(rng, 3, 300, ties=True)
+    if op == "top_k_renorm_probs":
+        x = sampling.softmax(x)
+    k = np.array([7, 0, 300], np.int32)
+    (case,) = bench.cases_of("10_sampling", ops=[op], shape="^b=1,v=32000,k=50$")
+    (got,) = bench._reference(case, [x.view(np.uint32), k.view(np.uint32)])
+    fn = sampling.top_k_mask_logits if op == "top_k_mask_logits" else sampling.top_k_renorm_probs
+    assert np.array_equal(got.view(np.uint32), fn(x, k).view(np.uint32))
+
+
+def _matches(op: str, got: np.ndarray, want: np.ndarray) -> bool:
+    from lkw import sampling
+
+    if op == "top_k_mask_logits":
+        return np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    return bool(np.all(np.abs(got.astype(np.float64) - want) <= sampling.PROB_RTOL * np.abs(want)))
+
+
+@pytest.mark.parametrize("op", SAMPLING_OPS)
+def test_the_sampling_torch_peers_compute_the_contract_on_the_cpu(rng, op):
+    """torch.topk's k-th value and the sort's gathered k-th value as thresholds: ties at the k-th
+    value kept (rows on a grid of 1/4, the maximum twice), disabled k (sort peer: per row) kept
+    whole; the mask exact, the renormalization within PROB_RTOL. (masked_fill keeps a -0.0 that
+    the contract writes +0.0: the grid's zeros are made +0.0 here, the bench's logits have none.)"""
+    torch = pytest.importorskip("torch")
+    from lkw import sampling
+
+    b, v = 4, 500
+    x = sampling.lm_logits(rng, b, v, ties=True) + np.float32(0)
+    if op == "top_k_renorm_probs":
+        x = sampling.softmax(x)
+    fn = sampling.top_k_mask_logits if op == "top_k_mask_logits" else sampling.top_k_renorm_probs
+    for k in (1, 37, 499, 500):
+        peer = bench._sampling_torch_peers(op, k, b)["torch_eager"]
+        ks = np.full(b, k, np.int32)
+        got = peer(torch, [torch.from_numpy(x), torch.from_numpy(ks)])()
+        assert _matches(op, got.numpy(), fn(x, ks)), f"torch.topk peer, k = {k}"
+    ks = np.array([1, 0, 37, v + 5], np.int32)
+    got = bench._sampling_torch_peers(op, 50, b)["torch_sort"](torch, [torch.from_numpy(x), torch.from_numpy(ks)])()
+    assert _matches(op, got.numpy(), fn(x, ks)), "the sort peer, a k per row"
+    kept = (got.numpy() != (-np.inf if op == "top_k_mask_logits" else 0)).sum(axis=1)
+    assert kept[0] >= 2 and kept[1] == kept[3] == v, "the maximum twice: k = 1 keeps both"
+
+
+def test_sampling_cases_make_what_their_references_and_torch_peers_expect(monkeypatch):
+    """Each B = 1 case's make() on the CPU: float32 [B, V] and int32 [B] of the case's k, probs
+    that are a softmax, an output of the input's shape; the torch peers agree with the reference."""
+    torch = pytest.importorskip("torch")
+    fake, gen = _CpuTorch(torch), torch.Generator()
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == ("cuda",) else to(self, *a, **k))
+    cases = bench.cases_of("10_sampling", shape=r"^b=1,")
+    assert len(cases) == 8
+    for case in cases:
+        gen.manual_seed(case.seed)
+        (x, top_k), (out,) = case.make(fake, gen)
+        b, v, k = (int(f.split("=")[1]) for f in case.shape.split(","))
+        assert x.dtype == torch.float32 and tuple(x.shape) == (b, v) and out.shape == x.shape
+        assert top_k.dtype == torch.int32 and top_k.tolist() == [k] * b
+        if case.op == "top_k_renorm_probs":
+            assert float(x.min()) >= 0 and abs(float(x.double().sum()) - b) < 1e-4
+        (want,) = bench._reference(case, [bench._host_bits(x), bench._host_bits(top_k)])
+        for name, peer in case.torch_peers.items():
+            if name == "torch_compile":
+                continue
+            got = peer(torch, [x, top_k])()
+            assert _matches(case.op, got.numpy(), want), f"{case.op} {case.shape} {name}"
+
+
+def test_the_chapter_10_example_run_has_the_schema_and_the_bench_s_ops_and_shapes():
+    run = results.example("10_sampling")
+    check_results_schema(run, "10_sampling example")
+    bench_shapes = {(c.op, c.shape) for c in bench.cases_of("10_sampling")}
+    assert {(r["op"], r["shape"]) for r in run["rows"]} <= bench_shapes
+    assert {r["op"] for r in run["rows"]} == set(SAMPLING_OPS)
+    assert {r["version"] for r in run["rows"] if r["kind"] == "version"} == {"v0_sort_cub", "v1_radix_select"}
+    assert len(results.text_table(run).splitlines()) > len(run["rows"])

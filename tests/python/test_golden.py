@@ -252,7 +252,7 @@ def test_files_have_the_declared_dtypes_and_shapes(manifests, chapter):
             assert outputs[0].shape == inputs[0].shape, case["id"]
 
 
-@pytest.mark.parametrize("chapter", [*EXPECTED_CASES, "05_elementwise"])
+@pytest.mark.parametrize("chapter", [*EXPECTED_CASES, "05_elementwise", "10_sampling"])
 def test_expected_outputs_are_the_references(manifests, chapter):
     for case in manifests[chapter][1]:
         inputs = [load(f) for _, f in case["in"]]

@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 import tarfile
+import types
 
 import numpy as np
 import pytest
@@ -203,3 +204,31 @@ def test_flashinfer_modules_the_kit_does_not_prebuild_are_skipped_not_compiled(f
         peers._flashinfer_prebuilt("gelu_tanh_and_mul")
     monkeypatch.delenv(peers.KIT_ENV)
     peers._flashinfer_prebuilt("gelu_tanh_and_mul")
+
+
+def test_chapter_10_peers_are_flashinfer_s_skipped_when_absent_or_not_prebuilt(fresh, monkeypatch):
+    """FlashInfer's top_k_mask_logits and top_k_renorm_probs, one per op (vLLM has no kernel of
+    this form): an absent FlashInfer raises Absent before the inputs are touched, and so does, with
+    the kit, a FlashInfer whose "sampling" module is not prebuilt (it would compile on the GPU);
+    a prebuilt one is called as fn(x, top_k), the op's per-row k tensor."""
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    for op in ("top_k_mask_logits", "top_k_renorm_probs"):
+        factories = peers.sampling_peers(op)
+        assert set(factories) == {f"flashinfer {op}"}
+        with pytest.raises(peers.Absent, match="flashinfer"):
+            factories[f"flashinfer {op}"](None, None)  # torch and the inputs are never reached
+    assert peers.sampling_peers("top_p_renorm_probs") == {}
+    site = fresh / "site"
+    (site / "flashinfer" / "data" / "aot" / "norm").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "flashinfer")
+    monkeypatch.setenv(peers.KIT_ENV, str(fresh / "kit"))
+    stub = types.SimpleNamespace(sampling=types.SimpleNamespace(top_k_renorm_probs=lambda *a: a))
+    monkeypatch.setattr(peers, "library", lambda name, log=print: stub)
+    factory = peers.sampling_peers("top_k_renorm_probs")["flashinfer top_k_renorm_probs"]
+    with pytest.raises(peers.Absent, match="sampling.*JIT"):
+        factory(None, None)
+    (site / "flashinfer" / "data" / "aot" / "sampling").mkdir()
+    assert factory(None, ["probs", "top_k"])() == (("probs", "top_k"),)
