@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <const FilterOp& kOp>
 Status top_k_v1(const TopKArgs& a, cudaStream_t stream) {
-  Status s = validate_top_k(kOp, a);
+  Status s = validate_top_k(a);
   if (!s.ok()) return s;
   radix_select_kernel<kOp.renorm><<<unsigned(a.b), kThreads, 0, stream>>>(a.x, a.top_k, a.out, a.v);
   return last_launch_status(kOp.name);

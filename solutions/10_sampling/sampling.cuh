@@ -50,8 +50,7 @@ struct TopKArgs {
 
 using TopKLaunch = Status (*)(const TopKArgs& a, cudaStream_t stream);
 
-inline Status validate_top_k(const FilterOp& op, const TopKArgs& a) {
-  (void)op;
+inline Status validate_top_k(const TopKArgs& a) {
   const int64_t n = a.b * a.v;
   Status s = Check()
                  .not_null(a.x, "x")
@@ -96,13 +95,6 @@ inline Status top_k_args(const FilterOp& op, const Args& a, TopKArgs* out) {
   return {};
 }
 
-inline double tensor_bytes(const Args& a) {
-  double b = 0;
-  for (const TensorRef& t : a.inputs) b += double(t.bytes());
-  for (const TensorRef& t : a.outputs) b += double(t.bytes());
-  return b;
-}
-
 inline Version top_k_version(const FilterOp& op, const char* id, const char* summary,
                              TopKLaunch launch, std::vector<SassFact> sass = {},
                              Kind kind = Kind::kVersion) {
@@ -112,7 +104,7 @@ inline Version top_k_version(const FilterOp& op, const char* id, const char* sum
     Status s = top_k_args(op, a, &ta);
     return s.ok() ? launch(ta, stream) : s;
   };
-  v.bytes = tensor_bytes;
+  v.bytes = io_bytes;
   // A compare per element, and the renormalization's sum and division.
   v.flops = [op](const Args& a) { return (op.renorm ? 3.0 : 1.0) * double(a.inputs[0].numel()); };
   return v;

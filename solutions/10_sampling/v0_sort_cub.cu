@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <const FilterOp& kOp>
 Status top_k_v0(const TopKArgs& a, cudaStream_t stream) {
-  Status s = validate_top_k(kOp, a);
+  Status s = validate_top_k(a);
   if (!s.ok()) return s;
   s = Check()
           .that(a.b * a.v <= std::numeric_limits<int32_t>::max(),
