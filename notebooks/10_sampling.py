@@ -14,11 +14,13 @@
 # ---
 
 # %% [markdown]
-# # 10 · Sampling: top-k without sorting
+# # 10 · Sampling: filters without sorting, draws without the kept set
 #
 # Part 1 needs neither a GPU nor a measurement: how a radix select finds the k-th largest logit
-# of a 128K row by counting, pass by pass, with the chapter's reference (`lkw.sampling`). Part 2
-# shows the measured versions and peers against the row's bytes.
+# of a 128K row by counting, pass by pass; what a sampler's draws look like against the exact
+# filtered distribution; how many rounds the pivot rejection takes. All with the chapter's
+# reference (`lkw.sampling`), drawing the same Philox numbers the kernels draw. Part 2 shows the
+# measured versions and peers against the row's bytes.
 #
 # - **Replay** (the default without a GPU, or with `LKW_REPLAY=1`): the recorded run
 #   `results/h200/10_sampling.json` (the folder can be changed with `LKW_RESULTS_DIR`).
@@ -74,6 +76,55 @@ print(f"the {k}th largest logit: {threshold!r}; tokens kept (ties included): "
 # next versions remove.
 
 # %% [markdown]
+# ### Sampled against exact
+#
+# 100,000 draws from one row of a small vocabulary (V = 64) with temperature 0.7, top-k 20 and
+# top-p 0.9, each draw the fused sampler's computation (`lkw.sampling.sample`: an inverse CDF at
+# u_0 of row b's Philox stream), against the exact renormalized distribution; Pearson's
+# chi-square at the chapter's significance. A sampler that forgets the temperature is drawn the
+# same way, and fails.
+
+# %%
+V, N = 64, 100_000
+logits = np.repeat(sampling.lm_logits(np.random.default_rng(seed), 1, V), N, axis=0)
+u = sampling.philox_uniforms(int(seed), 0, N, 1)[:, 0]
+filters = dict(top_k=20, top_p=0.9)
+keys, mass = sampling.from_logits(logits[:1], 0.7)
+exact = sampling.renorm(mass, sampling.filter_keep(keys, mass, **filters))[0]
+fig, ax = plt.subplots(figsize=(11, 3))
+for name, t, shift in (("T = 0.7", 0.7, -0.2), ("T ignored", 1.0, 0.2)):
+    tokens = sampling.sample(logits, u, temperature=np.full(N, t, np.float32), **filters)
+    counts = np.bincount(tokens, minlength=V)
+    stat, df, pvalue = sampling.chi_square(counts, exact)
+    ax.bar(np.arange(V) + shift, counts / N, width=0.4,
+           label=f"{name}: chi-square {stat:.0f} on {df} df, p = {pvalue:.2g}")
+ax.plot(np.arange(V), exact, "k_", markersize=9, label="exact")
+ax.set_xlabel("token")
+ax.set_ylabel("frequency")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# ### Rounds of the pivot rejection
+#
+# `v3_pivot_rejection` draws a token, tests it against the filters, and moves a pivot until a draw
+# survives. On 128K rows with top-k 50 (the draw from the whole row almost always lands in the
+# bulk, far below the 50th value) the pivots climb fast; the histogram counts the rounds per row.
+
+# %%
+rows = sampling.lm_logits(np.random.default_rng(seed), 64, 128256)
+keys, mass = sampling.from_logits(rows)
+keep = sampling.filter_keep(keys, mass, top_k=50)
+uniforms = sampling.philox_uniforms(int(seed), 0, 64, 65)
+tokens, rounds, trace = sampling.pivot_rejection_sample(keys, mass, keep, uniforms)
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.hist(rounds, bins=np.arange(rounds.max() + 2) - 0.5, color="tab:gray")
+ax.set_xlabel("rounds until a draw is kept")
+ax.set_ylabel("rows")
+plt.show()
+print(f"mean {rounds.mean():.1f} rounds, at most {rounds.max()}: about two reads of the row each")
+
+# %% [markdown]
 # ## Part 2 · The measured versions
 
 # %%
@@ -114,10 +165,34 @@ if data:
     plt.show()
 
 # %% [markdown]
+# ### The sampler against the batch
+#
+# `sample` at V = 128,256 with top-k 50 and top-p 0.9: microseconds per launch against B for each
+# version and peer (the headline mode), beside the time the row's bytes take at the copy ceiling.
+
+# %%
+if data:
+    runs = [r for r in data["rows"] if r["op"] == "sample" and "v=128256,k=50,p=0.9" in r["shape"]
+            and r.get(results.mkey(H, "us")) and r["kind"] in ("version", "peer")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in dict.fromkeys(r["version"] for r in runs):
+        pts = sorted((int(r["shape"].split(",")[0][2:]), r[results.mkey(H, "us")])
+                     for r in runs if r["version"] == name)
+        ax.plot(*zip(*pts), "o-", label=name[:34])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("B (rows)")
+    ax.set_ylabel(f"µs, {results.MODE_WORDS[H]}")
+    ax.legend(fontsize=7)
+    plt.show()
+
+# %% [markdown]
 # ## Try
 #
 # - In Part 1, take k = 1024 and k = 1. How many candidates does pass 2 see in each case, and why
 #   is it the same kind of number?
+# - In "Sampled against exact", drop the top-p filter from `filters` but keep it in `exact`: how
+#   many draws does the chi-square need before it notices?
 # - Make a row where the 50th largest logit is tied with 100 others (`lm_logits(..., ties=True)`)
 #   and count the kept tokens. Which rule keeps them all, and why is it the one a threshold test
 #   can apply?

@@ -9,6 +9,7 @@
 //   setmaxnreg                                  a warpgroup hands registers to another (sm_90a)
 //   mbarrier (init, arrive.expect_tx, wait)    a shared-memory barrier that counts bytes in flight
 //   cp.async.bulk.tensor (TMA, 2D)             a whole tile copied by the copy engine, swizzled
+//   cp.async.bulk (1D)                          a contiguous run of bytes copied by the copy engine
 //   griddepcontrol                             programmatic dependent launch (sm_90)
 //   discard.global.L2                          drop dead lines without writing them back
 #pragma once
@@ -469,6 +470,19 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar_sh, unsigned parity)
       "@!done bra wait_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
+// copy engine, counted on the mbarrier like a TMA box: one thread moves a whole row slice, and no
+// register of any thread holds it on the way (chapter 10's fused sampler loads its row so).
+__device__ __forceinline__ void bulk_load(void* dst_sh, const void* src_gl, unsigned bytes,
+                                          uint64_t* bar_sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src_gl), "r"(bytes), "r"(bar)
+               : "memory");
 #endif
 }
 // The box at (c0, c1) (innermost coordinate first, in elements) of `map` into dst_sh; rows and

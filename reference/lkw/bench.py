@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,13 +76,15 @@ class Case:
     output for the registry (narrow floats travel as integer views); `expected(host_inputs)`
     returns the reference outputs as host arrays of the same bits, and `rows` optionally limits
     the comparison to some leading-dimension rows (a 8192^3 GEMM is checked on sampled rows).
+    An op whose outputs no reference can give bit for bit (a sampled token) has `check` instead
+    of `expected` (None) and a tolerance.
     """
 
     op: str
     shape: str
     dtypes: list[str]
     make: Callable
-    expected: Callable
+    expected: Callable | None
     tolerance: str = "exact"  # one for every output, or one per output joined by "/"
     sample_rows: int | None = None
     seed: int = 0
@@ -93,6 +96,15 @@ class Case:
     # peers.PeerCall, or raising peers.Absent when its library is not here (skipped, said why).
     library_peers: dict[str, Callable] = field(default_factory=dict)
     peer_tolerance: str | None = None  # for every peer (default: `tolerance`)
+    # check(host_inputs, host_outputs) -> problems (empty: correct), used instead of `expected` and
+    # the tolerances where the outputs are judged by a rule rather than compared with reference
+    # outputs: a sampled token is admissible or not, a kernel's float32 sums may legitimately
+    # decide a token within lkw.sampling.MARGIN of a threshold either way. Host arrays hold the
+    # raw bits (_host_bits); every row is checked (no sample_rows); an output a peer does not
+    # produce is None. `peer_check` (default: `check`) judges the peers, whose random numbers are
+    # not the versions' Philox stream.
+    check: Callable[[list[np.ndarray], list[np.ndarray | None]], list[str]] | None = None
+    peer_check: Callable[[list[np.ndarray], list[np.ndarray | None]], list[str]] | None = None
     # How output i is cut to the sampled rows (default: its leading rows), e.g. column-major scales.
     cut: dict[int, Callable] = field(default_factory=dict)
     # The reference gets every row (an op whose result depends on the whole tensor) and cuts itself.
@@ -124,6 +136,14 @@ class Case:
     # The bytes one launch touches, for the rotation rule, where they are fewer than its tensors'
     # (a cache written at T slots is mostly untouched): the sets must exceed twice the L2 in these.
     rotation_bytes: int | None = None
+
+    def __post_init__(self):
+        if self.expected is not None and self.check is not None:
+            raise ValueError(f"{self.op} {self.shape}: a case has `expected` or `check`, not both")
+        if self.check is not None and self.sample_rows:
+            raise ValueError(f"{self.op} {self.shape}: a check reads every row (no sample_rows)")
+        if self.peer_check is not None and self.check is None:
+            raise ValueError(f"{self.op} {self.shape}: peer_check without check")
 
 
 def _raw(tensors) -> list:
@@ -1953,6 +1973,7 @@ def _block_torch_peers(ids: np.ndarray, num_experts: int, k: int, d_ff: int) -> 
 # greedy-like k = 1 once. One k for every row of a case (the top_k tensor holds it B times): the
 # torch.topk peers take it as a number, as a PyTorch sampler with one k per batch does.
 
+SAMPLING_TOP_K_OPS = ("top_k_mask_logits", "top_k_renorm_probs")
 SAMPLING_B = (1, 16, 64, 256)
 SAMPLING_V = (32000, 128256, 152064)
 SAMPLING_RUNS = (
@@ -2023,7 +2044,7 @@ def sampling_cases() -> list[Case]:
     from lkw import golden, sampling
 
     cases = []
-    for op in golden.SAMPLING_OPS:
+    for op in SAMPLING_TOP_K_OPS:
         probs = op == "top_k_renorm_probs"
         for b, v, k in SAMPLING_RUNS:
 
@@ -2047,6 +2068,375 @@ def sampling_cases() -> list[Case]:
     return cases
 
 
+# ------------------------------------------------------------------------------------------------
+# Chapter 10, the other ops: top_p_renorm_probs, sample and rejection_sample. None of them is
+# compared bit for bit with a reference: a kernel's float32 sums may decide a token within
+# lkw.sampling.MARGIN of a threshold either way, and a sampled token depends on random numbers
+# that only the versions share with the reference (Philox). Their cases judge the outputs by a
+# rule instead (Case.check).
+
+# top_p_renorm_probs: p = 0.9 and 0.95 on Llama-3's vocabulary, p = 0.9 on the other two, every B;
+# one p for every row (the top_p tensor holds it B times).
+TOP_P_RUNS = (
+    [(b, 128256, p) for p in (0.9, 0.95) for b in SAMPLING_B]
+    + [(b, v, 0.9) for v in (32000, 152064) for b in SAMPLING_B]
+)
+# sample: filter set (as it reads in the shape) -> (top_k, top_p, min_p, T), the same for every row;
+# top_k 0, top_p 1 and min_p 0 are the contract's "off". "k=50,p=0.9" at T = 0.7 is the headline
+# case (top-k then top-p, as engines chain them); "" is pure sampling from the softmax, T = 1.
+SAMPLE_FILTERS = {
+    "k=50,p=0.9": (50, 0.9, 0.0, 0.7),
+    "p=0.95": (0, 0.95, 0.0, 0.7),
+    "k=1024": (1024, 1.0, 0.0, 0.7),
+    "min_p=0.1": (0, 1.0, 0.1, 0.7),
+    "": (0, 1.0, 0.0, 1.0),
+}
+SAMPLE_RUNS = (
+    [(b, 128256, f) for f in SAMPLE_FILTERS for b in SAMPLING_B]
+    + [(64, v, "k=50,p=0.9") for v in (32000, 152064)]
+)
+SAMPLE_DTYPES = ["float32", "float32", "int32", "float32", "float32", "int64", "int32"]
+REJECTION_S = 4  # draft tokens per request
+REJECTION_RUNS = [(b, 128256) for b in SAMPLING_B] + [(64, 32000)]
+REJECTION_DTYPES = ["float32", "int32", "float32", "int64", "int32", "int32"]
+
+
+def _once_per_inputs(fn: Callable) -> Callable:
+    """fn(host_inputs), computed again only for other host inputs. Every check of a case reads
+    the one host copy measure_case made, and what a check derives from the inputs alone (the
+    top-p thresholds sort every row: seconds at B = 256) is the same for every rotated set,
+    timing mode and peer. The inputs are recognized by a weak reference to the first array (an
+    id could be reused); the results are a few [B] arrays."""
+    last: dict = {}
+
+    def cached(host_inputs):
+        ref = last.get("inputs")
+        if ref is None or ref() is not host_inputs[0]:
+            last.clear()
+            last.update(inputs=weakref.ref(host_inputs[0]), value=fn(host_inputs))
+        return last["value"]
+
+    return cached
+
+
+def _threshold(keep: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """float32 [B]: the smallest key each row keeps (+inf where it keeps none). Every filter of the
+    contract keeps an upper set of the keys, so keep == (keys >= threshold)."""
+    return np.where(keep, keys, np.float32(np.inf)).min(axis=1)
+
+
+def _top_p_thresholds(host) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of a top_p_renorm_probs case: the contract's threshold and the band [wide, narrow)
+    of its uncertain tokens (lkw.sampling.uncertain_tokens: p moved by +-MARGIN), float32 [B]."""
+    from lkw import sampling
+
+    keys, mass = sampling.from_probs(host[0].view(np.float32))
+    wide, keep, narrow = sampling._filter_keeps(keys, mass, None, host[1].view(np.float32), None,
+                                                "top_k_first", (+1, 0, -1))
+    return _threshold(keep, keys), _threshold(wide, keys), _threshold(narrow, keys)
+
+
+def _top_p_renorm_check() -> Callable:
+    """The check of top_p_renorm_probs: the kept set (the output's positive entries) is the
+    contract's on every token of positive probability but the uncertain ones (the rule of
+    lkw.sampling.keep_mismatches), and the values are the renormalization of that kept set within
+    PROB_RTOL, dropped tokens exactly 0. Where the kept set is the contract's, that is
+    lkw.sampling.top_p_renorm_probs itself; where a kernel decided an uncertain token the other
+    way, its row is renormalized over what it kept."""
+    thresholds = _once_per_inputs(_top_p_thresholds)
+
+    def check(host, outs):
+        from lkw import sampling
+
+        if outs[0] is None:
+            return ["no output"]
+        tau, wide, narrow = thresholds(host)
+        probs = host[0].view(np.float32)  # (B,V)
+        got = outs[0].view(np.float32).reshape(probs.shape)
+        kept = (got > 0) & (probs > 0)  # NaN is not > 0: compared as dropped, then fails below
+        ref = probs >= tau[:, None]
+        exempt = (probs >= wide[:, None]) & (probs < narrow[:, None])
+        wrong = (kept != ref) & ~exempt & (probs > 0)  # (B,V)
+        empty = ~kept.any(axis=1)
+        want = sampling.renorm(probs.astype(np.float64), np.where(empty[:, None], ref, kept))
+        off = ~(np.abs(got.astype(np.float64) - want) <= sampling.PROB_RTOL * want)  # (B,V)
+        problems = []
+        for r in np.flatnonzero(wrong.any(axis=1) | off.any(axis=1)):
+            if wrong[r].any():
+                tokens = np.flatnonzero(wrong[r])
+                problems.append(f"row {r}: {tokens.size} tokens kept or dropped against the rule "
+                                f"(first {tokens[0]}: {float(got[r, tokens[0]]):.9g})")
+            else:
+                i = np.flatnonzero(off[r])[0]
+                problems.append(f"row {r}: token {i} is {float(got[r, i]):.9g}, want {float(want[r, i]):.9g}")
+        return problems
+
+    return check
+
+
+def _sample_support(host) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a `sample` case: the smallest key of an admissible token, float32 [B] (kept by the
+    widest reading of the filters, slack +1, and of positive mass: lkw.sampling.filter_keep, an
+    upper set of the keys), and the greedy token (the lowest index of max x, for rows with T = 0)."""
+    from lkw import sampling
+
+    x = host[0].view(np.float32)
+    t, top_k = host[1].view(np.float32), host[2].view(np.int32)
+    top_p, min_p = host[3].view(np.float32), host[4].view(np.float32)
+    keys, mass = sampling.from_logits(x, t)
+    # A filter that is off in every row is left out: the top-p reading sorts every row.
+    wide = sampling.filter_keep(
+        keys, mass, top_k if np.any((top_k > 0) & (top_k < x.shape[1])) else None,
+        top_p if np.any(top_p < 1) else None, min_p if np.any(min_p > 0) else None, slack=+1)
+    return _threshold(wide & (mass > 0), keys), np.argmax(x, axis=1)
+
+
+def _sample_check() -> Callable:
+    """The check of `sample`, for the versions and the peers alike (their random numbers differ):
+    every token in the support of its row (_sample_support: the key fp32(x / T) of the token at
+    least the row's threshold), greedy rows (T = 0) exactly the greedy token. Which admissible
+    token a version picks for its Philox uniform is the golden tests' to check."""
+    support = _once_per_inputs(_sample_support)
+
+    def check(host, outs):
+        x, t = host[0].view(np.float32), host[1].view(np.float32)
+        b, v = x.shape
+        if outs[0] is None or outs[0].size != b:
+            return [f"want {b} tokens, got {None if outs[0] is None else outs[0].size}"]
+        tau, greedy = support(host)
+        tok = outs[0].view(np.int32).reshape(b).astype(np.int64)
+        inside = (tok >= 0) & (tok < v)
+        z = x[np.arange(b), np.where(inside, tok, 0)] / np.where(t > 0, t, np.float32(1))  # fp32
+        problems = [f"row {r}: token {tok[r]} outside 0..{v - 1}" for r in np.flatnonzero(~inside)]
+        problems += [f"row {r}: greedy, token {tok[r]}, want {greedy[r]}"
+                     for r in np.flatnonzero(inside & (t == 0) & (tok != greedy))]
+        problems += [f"row {r}: token {tok[r]} outside the filters' support (key {float(z[r]):.9g} < {float(tau[r]):.9g})"
+                     for r in np.flatnonzero(inside & (t > 0) & ~(z >= tau))]
+        return problems
+
+    return check
+
+
+def _rejection_reference(host):
+    """lkw.sampling.rejection_sample of a case's host inputs with the kernels' uniforms: row b's
+    Philox stream from seed_offset, accept_u = u_0..u_{S-1}, sample_u = u_S; with its rows whose
+    last token is uncertain."""
+    from lkw import sampling
+
+    q, drafts, p = host[0].view(np.float32), host[1].view(np.int32), host[2].view(np.float32)
+    seed, offset = (int(a) for a in host[3].view(np.int64))
+    b, s, _ = q.shape
+    u = sampling.philox_uniforms(seed, offset, b, s + 1)  # (B,S+1)
+    return sampling.rejection_sample(q, drafts, p, u[:, :s], u[:, s], with_uncertain=True)
+
+
+def _rejection_structure(host, outs) -> list[str]:
+    """What every rejection_sample must output, whatever its random numbers (the peers' check):
+    num_accepted in 0..S, the first num_accepted tokens the drafts, then one token in 0..V-1, then
+    PLACEHOLDER to the end of the row."""
+    from lkw import sampling
+
+    drafts = host[1].view(np.int32)
+    b, s = drafts.shape
+    v = host[0].shape[2]
+    if outs[0] is None or outs[1] is None or outs[0].size != b * (s + 1) or outs[1].size != b:
+        return [f"want tokens [{b}, {s + 1}] and num_accepted [{b}]"]
+    tokens = outs[0].view(np.int32).reshape(b, s + 1)
+    n = outs[1].view(np.int32).reshape(b)
+    problems = []
+    for r in range(b):
+        k = int(n[r])
+        if not 0 <= k <= s:
+            problems.append(f"row {r}: num_accepted {k} outside 0..{s}")
+        elif not np.array_equal(tokens[r, :k], drafts[r, :k]):
+            problems.append(f"row {r}: accepted {tokens[r, :k].tolist()}, drafts {drafts[r, :k].tolist()}")
+        elif not 0 <= tokens[r, k] < v:
+            problems.append(f"row {r}: token {tokens[r, k]} after the accepted drafts outside 0..{v - 1}")
+        elif np.any(tokens[r, k + 1:] != sampling.PLACEHOLDER):
+            problems.append(f"row {r}: {tokens[r, k + 1:].tolist()} after the last token, "
+                            f"want {sampling.PLACEHOLDER}")
+    return problems
+
+
+def _rejection_check() -> Callable:
+    """The versions' check of rejection_sample: the structure, num_accepted (hence the accepted
+    drafts) equal to _rejection_reference's, bit-exact (a float32 product and a comparison per
+    draft), and the last token equal to it except in a row where u * total lies within MARGIN of
+    a CDF boundary (the kernel's float32 prefix sums may pick the neighbour)."""
+    reference = _once_per_inputs(_rejection_reference)
+
+    def check(host, outs):
+        problems = _rejection_structure(host, outs)
+        if problems:
+            return problems
+        want, n_want, unsure = reference(host)
+        b, width = want.shape
+        tokens = outs[0].view(np.int32).reshape(b, width)
+        n = outs[1].view(np.int32).reshape(b).astype(np.int64)
+        problems = [f"row {r}: num_accepted {n[r]}, want {n_want[r]}" for r in np.flatnonzero(n != n_want)]
+        rows = np.arange(b)
+        last, last_want = tokens[rows, n], want[rows, np.minimum(n, width - 1)]
+        problems += [f"row {r}: token {last[r]} after {n[r]} accepted drafts, want {last_want[r]}"
+                     for r in np.flatnonzero((n == n_want) & ~unsure & (last != last_want))]
+        return problems
+
+    return check
+
+
+def _torch_top_p(torch, probs, top_p):
+    """probs [B, V] with every token outside its row's top-p set [B] to 0, as an engine computes it
+    in torch: a descending sort, a cumulative sum, a token dropped once the mass sorted before it
+    (the exclusive sum) reaches p times the row's total, scattered back. A tie group at the
+    boundary may be split in sort order (the contract keeps or drops it whole)."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    through = sorted_probs.cumsum(dim=-1)  # (B,V) inclusive sums
+    drop = through - sorted_probs >= top_p[:, None] * through[:, -1:]
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0))
+
+
+def _torch_top_p_renorm(torch, probs, top_p):
+    kept = _torch_top_p(torch, probs, top_p)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _torch_sample(torch, logits, temperature, top_p, min_p, k: int, top_p_on: bool, min_p_on: bool):
+    """[B] int32 tokens as an engine's torch sampler draws them: logits / T, the top-k mask at
+    torch.topk's k-th value (one k for the batch), softmax, the sorted top-p mask (_torch_top_p),
+    the min-p mask relative to each row's largest prob, torch.multinomial. A filter off for the
+    whole batch is skipped, as engines skip it; T = 0 is not handled (the cases have no greedy row)."""
+    z = logits / temperature[:, None]
+    if 0 < k < z.shape[1]:
+        z = _torch_mask(torch, z, _torch_top_k_threshold(torch, z, k))
+    probs = torch.softmax(z, dim=-1)
+    if top_p_on:
+        probs = _torch_top_p(torch, probs, top_p)
+    if min_p_on:
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    return torch.multinomial(probs, 1)[:, 0].to(torch.int32)
+
+
+def _compiled_from(peers_: dict[str, Callable], b: int) -> dict[str, Callable]:
+    """torch.compile only from SAMPLING_COMPILE_B rows on, as the top-k cases."""
+    return {k: f for k, f in peers_.items() if k != "torch_compile" or b >= SAMPLING_COMPILE_B}
+
+
+def _torch_rejection_sample(torch, draft_probs, draft_tokens, target_probs, seed_offset):
+    """rejection_sample in torch ops over the whole batch, as an engine without a fused kernel
+    runs it: q and p gathered at the drafts, a draft accepted while u * q < p (torch.rand from the
+    global generator: seed_offset is not read), the count by a cumulative product, then
+    torch.multinomial over the residual max(p - q, 0) at the first rejection (p itself where that
+    sums to 0) or over p[S] for the bonus token, placeholders after it."""
+    from lkw import sampling
+
+    b, s, _ = draft_probs.shape
+    dev = draft_probs.device
+    x = draft_tokens.long()[..., None]  # (B,S,1)
+    q_x = draft_probs.gather(2, x)[..., 0]  # (B,S)
+    p_x = target_probs[:, :s].gather(2, x)[..., 0]  # (B,S)
+    accepted = torch.rand(b, s, device=dev) * q_x < p_x
+    n = accepted.long().cumprod(dim=1).sum(dim=1)  # (B,) drafts accepted
+    rows = torch.arange(b, device=dev)
+    p_n = target_probs[rows, n]  # (B,V) the target row at the stop
+    residual = (p_n - draft_probs[rows, n.clamp(max=s - 1)]).clamp_min(0.0)
+    dist = torch.where((n == s)[:, None], p_n, residual)
+    dist = torch.where(dist.sum(dim=1, keepdim=True) == 0, p_n, dist)
+    last = torch.multinomial(dist, 1)  # (B,1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[:, :1], sampling.PLACEHOLDER)], dim=1)
+    slots = torch.arange(s + 1, device=dev)
+    tokens = torch.where(slots < n[:, None], padded, torch.full_like(padded, sampling.PLACEHOLDER))
+    return tokens.scatter(1, n[:, None], last.to(tokens.dtype)), n.to(torch.int32)
+
+
+def top_p_renorm_cases() -> list[Case]:
+    """top_p_renorm_probs at TOP_P_RUNS (shape "b=B,v=V,p=P"): probs the float32 softmax (torch, on
+    the GPU) of lkw.sampling.lm_logits drawn from the case's seed, judged by _top_p_renorm_check.
+    Peers: the engines' torch path (_torch_top_p_renorm, eager, and compiled from
+    SAMPLING_COMPILE_B rows on) and FlashInfer's top_p_renorm_probs (lkw.peers.sampling_peers)."""
+    from lkw import sampling
+
+    cases = []
+    for b, v, p in TOP_P_RUNS:
+
+        def make(torch, gen, b=b, v=v, p=p):
+            rng = np.random.default_rng([gen.initial_seed(), b, v, round(1000 * p)])
+            probs = torch.softmax(torch.from_numpy(sampling.lm_logits(rng, b, v)).to("cuda"), dim=-1)
+            top_p = torch.full((b,), p, dtype=torch.float32, device="cuda")
+            return [probs, top_p], [torch.empty_like(probs)]
+
+        cases.append(Case(
+            "top_p_renorm_probs", f"b={b},v={v},p={p}", ["float32"] * 3, make, None,
+            check=_top_p_renorm_check(), torch_peers=_compiled_from(_eager_and_compiled(_torch_top_p_renorm), b),
+            library_peers=peers.sampling_peers("top_p_renorm_probs"), model_bytes=sampling.renorm_bytes(b, v)))
+    return cases
+
+
+def sample_cases() -> list[Case]:
+    """`sample` at SAMPLE_RUNS (shape "b=B,v=V[,filters],T=T", SAMPLE_FILTERS): logits from
+    lkw.sampling.lm_logits, the row parameters the same for every row, seed_offset (a seed drawn
+    from the case's seed, offset 0) fixed, so every launch of a case draws the same tokens; judged
+    by _sample_check. Peers: the engines' torch sampler (_torch_sample, eager, and compiled from
+    SAMPLING_COMPILE_B rows on) and FlashInfer's sampling kernels for the case's filters."""
+    from lkw import sampling
+
+    cases = []
+    for b, v, filters in SAMPLE_RUNS:
+        k, p, min_p, t = SAMPLE_FILTERS[filters]
+        which = list(SAMPLE_FILTERS).index(filters)  # each filter set its own logits
+
+        def make(torch, gen, b=b, v=v, k=k, p=p, min_p=min_p, t=t, which=which):
+            rng = np.random.default_rng([gen.initial_seed(), b, v, which])
+            x = torch.from_numpy(sampling.lm_logits(rng, b, v)).to("cuda")
+            seed_offset = torch.from_numpy(np.array([rng.integers(2**63), 0], np.int64)).to("cuda")
+            rows = [torch.full((b,), value, dtype=dtype, device="cuda")
+                    for value, dtype in ((t, torch.float32), (k, torch.int32), (p, torch.float32),
+                                         (min_p, torch.float32))]
+            return [x, *rows, seed_offset], [torch.empty(b, dtype=torch.int32, device="cuda")]
+
+        def body(torch, x, t, top_k, top_p, mp, seed_offset, k=k, p=p, min_p=min_p):
+            return _torch_sample(torch, x, t, top_p, mp, k, p < 1, min_p > 0)
+
+        on = tuple(f for f, used in (("top_k", k > 0), ("top_p", p < 1), ("min_p", min_p > 0)) if used)
+        cases.append(Case(
+            "sample", ",".join([f"b={b}", f"v={v}", *([filters] if filters else []), f"T={t:g}"]),
+            SAMPLE_DTYPES, make, None, check=_sample_check(),
+            torch_peers=_compiled_from(_eager_and_compiled(body), b),
+            library_peers=peers.sampling_peers("sample", on), model_bytes=sampling.sample_bytes(b, v)))
+    return cases
+
+
+def rejection_sample_cases() -> list[Case]:
+    """rejection_sample at REJECTION_RUNS (shape "b=B,s=S,v=V", S = REJECTION_S drafts per
+    request): draft and target probs and the drafts from lkw.sampling.speculative_inputs, drawn on
+    the host from the case's seed (at B = 256 the target probs alone are 657 MB), seed_offset fixed.
+    The versions are checked against the reference with their own Philox uniforms
+    (_rejection_check), the peers, whose random numbers differ, by the structure of the output
+    (_rejection_structure). Peers: the algorithm in torch ops (eager) and FlashInfer's
+    chain_speculative_sampling. model_bytes: lkw.sampling.rejection_bytes' worst case (every row
+    tests every draft)."""
+    from lkw import sampling
+
+    s = REJECTION_S
+    cases = []
+    for b, v in REJECTION_RUNS:
+
+        def make(torch, gen, b=b, v=v):
+            rng = np.random.default_rng([gen.initial_seed(), b, v, s])
+            q, drafts, p = sampling.speculative_inputs(rng, b, s, v)
+            seed_offset = np.array([rng.integers(2**63), 0], np.int64)
+            inputs = [torch.from_numpy(a).to("cuda") for a in (q, drafts, p, seed_offset)]
+            return inputs, [torch.empty((b, s + 1), dtype=torch.int32, device="cuda"),
+                            torch.empty(b, dtype=torch.int32, device="cuda")]
+
+        def torch_eager(torch, inputs):
+            return lambda: _torch_rejection_sample(torch, *inputs)
+
+        cases.append(Case(
+            "rejection_sample", f"b={b},s={s},v={v}", REJECTION_DTYPES, make, None,
+            check=_rejection_check(), peer_check=_rejection_structure, torch_peers={"torch_eager": torch_eager},
+            library_peers=peers.sampling_peers("rejection_sample"), model_bytes=sampling.rejection_bytes(b, s, v)))
+    return cases
+
+
 CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
@@ -2059,7 +2449,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_gemm_sum_cases() + moe_w4a16_cases()
     + moe_block_cases(),
-    "10_sampling": sampling_cases,
+    "10_sampling": lambda: sampling_cases() + top_p_renorm_cases() + sample_cases() + rejection_sample_cases(),
 }
 
 # A chapter's full measurement matrix where it is larger than one run should be (--extended):
@@ -2103,10 +2493,38 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str, tolerance: str = "exac
                          key=key.ctypes.data, keys=key.size)
 
 
+@dataclass
+class Checked:
+    """What `_reference` gives for a case with a check (Case.check): the host inputs (then the
+    initial outputs) the check reads, in place of reference outputs."""
+
+    host_inputs: list[np.ndarray]
+
+
+CHECK_SHOWN = 3  # problems a failed check prints (then how many more)
+
+
+def _run_check(case: Case, outputs, expected: Checked, peer: bool,
+               only: tuple[int, ...] | None = None) -> dict:
+    """A launch's outputs (host bits; None for one not produced, or not in `only`) judged by the
+    case's check, or its peer_check for a peer."""
+    check = (case.peer_check or case.check) if peer else case.check
+    host = [None if out is None or (only is not None and i not in only) else _host_bits(out)
+            for i, out in enumerate(outputs)]
+    problems = check(expected.host_inputs, host)
+    if not problems:
+        return {"pass": True, "text": f"{'peer ' if peer and case.peer_check else ''}check passed"}
+    more = f"; {len(problems) - CHECK_SHOWN} more" if len(problems) > CHECK_SHOWN else ""
+    return {"pass": False, "text": "; ".join(problems[:CHECK_SHOWN]) + more}
+
+
 def _verify(case: Case, inputs, outputs, expected, tolerance: str | None = None,
-            only: tuple[int, ...] | None = None) -> dict:
+            only: tuple[int, ...] | None = None, peer: bool = False) -> dict:
     """Compare every output of a launch (or those in `only`) with the reference (on sampled rows
-    where set)."""
+    where set), or judge them by the case's check (`expected` is then Checked; `peer` picks the
+    peer check)."""
+    if isinstance(expected, Checked):
+        return _run_check(case, outputs, expected, peer, only)
     reports = []
     for i, (out, ref) in enumerate(zip(outputs, expected)):
         if out is None or (only is not None and i not in only):
@@ -2128,9 +2546,12 @@ def tolerance_of(tolerance: str, output: int) -> str:
     return parts[0] if len(parts) == 1 else parts[output]
 
 
-def _reference(case: Case, host_inputs: list[np.ndarray], host_initial=()) -> list[np.ndarray]:
+def _reference(case: Case, host_inputs: list[np.ndarray], host_initial=()) -> list[np.ndarray] | Checked:
     """The case's reference outputs from the host inputs (cut to the sampled rows where the case
-    samples), then the outputs' initial contents where it updates them in place."""
+    samples), then the outputs' initial contents where it updates them in place; for a case with
+    a check, what the check reads (Checked)."""
+    if case.check is not None:
+        return Checked([*host_inputs, *host_initial])
     if case.sample_rows and not case.reference_sees_all:
         # The sampled rows of every input that has the first input's rows (x, a residual), not
         # of the others (a weight vector, even one as long as T).
@@ -2315,7 +2736,7 @@ def _check_peer(case: Case, fn: peers.PeerCall, outs, inputs, expected) -> dict:
         fn.reset()
         outs = _outs(fn())
         torch.cuda.synchronize()
-    check = _verify(case, inputs, outs, expected, case.peer_tolerance, only=fn.checked)
+    check = _verify(case, inputs, outs, expected, case.peer_tolerance, only=fn.checked, peer=True)
     if fn.extra_check is not None:
         ok, text = fn.extra_check(outs)
         check = {"pass": check["pass"] and ok, "text": f"{check['text']}; {text}"}
@@ -2351,7 +2772,7 @@ def measure_peer(case: Case, chapter: str, peer: str, factory: Callable, typed_s
         log(f"  {name}: does not run here: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         row.update(correct=False, time_us=None, gbps=None, tflops=None, check=f"does not run: {type(e).__name__}")
         return row
-    check = _verify(case, inputs, outs, expected, case.peer_tolerance, only=fns[0].checked)
+    check = _verify(case, inputs, outs, expected, case.peer_tolerance, only=fns[0].checked, peer=True)
     if fns[0].extra_check is not None:
         ok, text = fns[0].extra_check(outs)
         check = {"pass": check["pass"] and ok, "text": f"{check['text']}; {text}"}

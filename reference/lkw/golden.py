@@ -78,6 +78,8 @@ class Op:
     """A reference function on stored arrays, with the manifest dtypes of its inputs and outputs."""
 
     fn: Callable[..., np.ndarray]
+    # Manifest dtypes; "float32|bfloat16": an input the op takes in either dtype, each case's
+    # array in one of them (record_dtypes), so the alternatives must be stored differently.
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     params: tuple[str, ...] = ()  # case params passed to fn as keyword arguments (if present)
@@ -258,9 +260,25 @@ OPS = {
         ("topk", "renormalize"),
     ),
     # 10_sampling (lkw.sampling: x [B, V] float32, top_k [B] int32 -> [B, V] float32; a row's k
-    # <= 0 or >= V keeps the whole row)
+    # <= 0 or >= V keeps the whole row. top_p_renorm_probs: probs [B, V], top_p [B] float32 in
+    # (0, 1], 1 keeps the whole row)
     "top_k_mask_logits": Op(sampling.top_k_mask_logits, ("float32", "int32"), ("float32",)),
     "top_k_renorm_probs": Op(sampling.top_k_renorm_probs, ("float32", "int32"), ("float32",)),
+    "top_p_renorm_probs": Op(sampling.top_p_renorm_probs, ("float32", "float32"), ("float32",)),
+    # sample: logits [B, V], temperature, top_k, top_p, min_p [B], seed_offset int64 [2] -> tokens
+    # [B] int32, for rows that admit one token only (sample_determined). rejection_sample: q
+    # [B, S, V], draft tokens [B, S], p [B, S + 1, V], seed_offset -> tokens [B, S + 1],
+    # num_accepted [B], with the uniforms the kernel draws from seed_offset (rejection_expected).
+    "sample": Op(
+        lambda *a: sample_expected(*a),
+        ("float32|bfloat16", "float32", "int32", "float32", "float32", "int64"),
+        ("int32",),
+    ),
+    "rejection_sample": Op(
+        lambda *a: rejection_expected(*a),
+        ("float32", "int32", "float32", "int64"),
+        ("int32", "int32"),
+    ),
 }
 
 
@@ -329,16 +347,32 @@ def check_case(case: Case, outputs: list[np.ndarray]) -> None:
             raise ValueError(
                 f"{case.id}: init {index} has shape {np.shape(start)}, its output {np.shape(end)}"
             )
-    for dtype, array in zip(op.inputs, case.inputs, strict=True):
+    for dtype, array in zip(record_dtypes(op.inputs, case.inputs), case.inputs, strict=True):
         if not np.any(values(dtype, array) != 0):
             raise ValueError(f"{case.id}: an input is all zeros")
+
+
+def record_dtypes(names: tuple[str, ...], arrays) -> tuple[str, ...]:
+    """The manifest dtype of each array: its name in `names`, or where the op takes either of two
+    ("float32|bfloat16") the one the array is stored as. Arrays that do not match in number, or
+    are stored as none of the alternatives, keep the first name: check_case refuses them."""
+    if len(names) != len(arrays):
+        return tuple(names)
+    out = []
+    for name, array in zip(names, arrays, strict=True):
+        options = name.split("|")
+        stored = [o for o in options if np.asarray(array).dtype == DTYPES[o][0]]
+        if len(stored) > 1:
+            raise ValueError(f"{name}: alternatives stored alike cannot be told apart")
+        out.append(stored[0] if stored else options[0])
+    return tuple(out)
 
 
 def _records(op: Op, inputs, init, outputs) -> tuple[tuple[str, tuple[str, ...], list], ...]:
     """(kind, dtypes, arrays) of a case's tensor records in manifest order: in, init, out. The
     init records are the first op.init outputs' (their dtypes)."""
     return (
-        ("in", op.inputs, list(inputs)),
+        ("in", record_dtypes(op.inputs, inputs), list(inputs)),
         ("init", op.outputs[: op.init], list(init)),
         ("out", op.outputs, list(outputs)),
     )
@@ -1628,12 +1662,21 @@ def moe_cases(rng: np.random.Generator) -> list[Case]:
 # ---------------------------------------------------------------------------------------------
 # 10_sampling
 
-SAMPLING_OPS = ("top_k_mask_logits", "top_k_renorm_probs")
+SAMPLING_OPS = (
+    "top_k_mask_logits", "top_k_renorm_probs", "top_p_renorm_probs", "sample", "rejection_sample"
+)
+TOP_K_OPS = SAMPLING_OPS[:2]  # the ops of SAMPLING_CASES; the others have a table each
 # The mask is bit-exact (float32 comparisons only); renormalized probs within lkw.sampling's
-# PROB_RTOL (2^-14) relative, ATOL 0: a dropped token must be exactly 0.
+# PROB_RTOL (2^-14) relative, ATOL 0: a dropped token must be exactly 0. (Top-p's kept set is
+# exact too: its cases hold no token a float32 sum could misjudge, lkw.sampling.uncertain_tokens.)
+# Tokens and counts are exact: sample's rows admit one token only, and rejection_sample's cases
+# draw seeds until no row's last token lies within MARGIN of a CDF boundary.
 SAMPLING_TOLERANCES = {
     "top_k_mask_logits": "exact",
     "top_k_renorm_probs": f"close:{sampling.PROB_RTOL!r}:0",
+    "top_p_renorm_probs": f"close:{sampling.PROB_RTOL!r}:0",
+    "sample": "exact",
+    "rejection_sample": "exact/exact",
 }
 # (tag, V, rows), one (kind, k) per row, B = len(rows). Kinds (sampling_row): "lm" an LM head's
 # row (lkw.sampling.lm_logits), "ties" the same on a grid of 1/4 with its maximum twice, "equal"
@@ -1723,13 +1766,317 @@ def sampling_inputs(rng: np.random.Generator, op: str, v: int, rows) -> list[np.
     return [probs, top_k]
 
 
+# (tag, V, rows) of top_p_renorm_probs, one (kind, p) per row, B = len(rows). Kinds: sampling_row's
+# (their float32 softmax, every other exact zero made -0.0) and "scaled", an "lm" row's probs times
+# a factor in [1/4, 4), so the row does not sum to 1. p: 1.0 (disabled), "top" (only the top tie
+# group kept), "tie" (the cut after a tie group of >= 2 tokens), or a number q (the cut nearest
+# the mass fraction q). top_p_of puts every p in the middle of a gap between two consecutive
+# cumulative masses of the row's tie groups, so that no token is uncertain.
+TOP_P_CASES = (
+    ("disabled", 1, (("scaled", 1.0), ("scaled", "top"), ("scaled", 0.5))),
+    ("tiny", 2, (("lm", 1.0), ("lm", "top"), ("equal", "top"), ("scaled", 0.9),
+                 ("neginf_most", 0.5))),
+    ("tiny", 5, (("ties", "tie"), ("lm", 0.5), ("neginf_some", 0.9), ("equal", 0.5),
+                 ("scaled", 0.9), ("lm", 1.0), ("ties", "top"))),
+    ("edges", 1000, (("ties", "tie"), ("ties", "top"), ("neginf_most", 0.9),
+                     ("neginf_some", 0.5), ("scaled", 0.7), ("neginf_most", 1.0), ("lm", "top"))),
+    ("pmix", 1000, (("lm", 0.1), ("lm", 0.3), ("lm", 0.5), ("lm", 0.7), ("lm", 0.9),
+                    ("lm", 0.95), ("lm", 0.99))),
+    ("tail", 4099, (("ties", "tie"), ("lm", 0.9), ("neginf_some", 0.95), ("scaled", 0.8))),
+    ("lm", 32000, (("lm", 0.9), ("scaled", 0.95))),
+    ("lm_ties", 128256, (("ties", "tie"),)),
+)
+# p's gap between two cumulative masses, at least this wide (relative to the row's mass): its
+# middle then lies 2 MARGIN from either edge, where the float32 rounding of p (2^-24) and of a
+# kernel's sums (within MARGIN) cannot move a token across.
+TOP_P_GAP = 4 * sampling.MARGIN
+TOP_P_TIE_TARGET = 0.9  # "tie": the tie group whose cut lies nearest this mass fraction
+# Dyadic rows, ((value, count), ...) and p, scattered over TOP_P_DYADIC_V tokens of zeros: every
+# float32 sum of them and p * M are exact in any order, so a kernel must decide a token lying
+# exactly on the boundary (M_gt = p * M) by the rule itself: dropped. Rows: the boundary on one
+# token (p = 3/4, then 1/2), on a tie group of 3 and one of 256, in a row summing to 2, just past
+# the boundary (p = 513/1024: the token carrying the sum across p is kept), p = 2^-24 (only the
+# top tie group).
+TOP_P_DYADIC = (
+    (((1 / 2, 1), (1 / 4, 1), (1 / 8, 1), (1 / 16, 1), (1 / 32, 2)), 3 / 4),
+    (((1 / 2, 1), (1 / 4, 1), (1 / 8, 1), (1 / 16, 1), (1 / 32, 2)), 1 / 2),
+    (((1 / 4, 2), (1 / 8, 3), (1 / 16, 2)), 1 / 2),
+    (((1 / 4, 1), (1 / 8, 1), (1 / 16, 2), (2.0**-9, 256)), 1 / 2),
+    (((1, 1), (1 / 2, 1), (1 / 4, 1), (1 / 8, 2)), 3 / 4),
+    (((1 / 2, 1), (1 / 4, 1), (1 / 8, 2)), 513 / 1024),
+    (((1 / 4, 2), (1 / 8, 2), (1 / 16, 4)), 2.0**-24),
+)
+TOP_P_DYADIC_V = 301
+
+
+def tie_groups(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A probs row's tie groups, largest first: (value float32 [G], size [G], C / M float64 [G]),
+    C_j the float64 mass of groups 0..j and M the row's. A p in (C_{j-1}, C_j] / M keeps exactly
+    groups 0..j (M_gt < p M; a tie group is kept or dropped whole). -0.0 groups with +0.0."""
+    keys, mass = sampling.from_probs(row[None])
+    neg, group, sizes = np.unique(-keys[0], return_inverse=True, return_counts=True)
+    group_mass = np.bincount(group, weights=mass[0])  # (G,) descending by value
+    return -neg, sizes, np.cumsum(group_mass) / mass.sum()
+
+
+def top_p_of(spec, row: np.ndarray) -> np.float32:
+    """A row's top_p from its TOP_P_CASES spec: 1, or the middle (float64, rounded to float32) of
+    the interval of p that keeps groups 0..j, for the group j the spec picks among those whose
+    interval is at least TOP_P_GAP wide."""
+    if spec == 1.0:
+        return np.float32(1)
+    _, sizes, cum = tie_groups(row)
+    lower = np.r_[0.0, cum[:-1]]  # (G,) C_{j-1} / M
+    candidates = cum - lower >= TOP_P_GAP  # (G,) wide enough
+    if spec == "top":
+        candidates &= np.arange(cum.size) == 0
+    elif spec == "tie":
+        candidates &= sizes >= 2
+    target = TOP_P_TIE_TARGET if spec in ("top", "tie") else float(spec)
+    distance = np.where(candidates, np.maximum(lower - target, target - cum), np.inf)
+    if not candidates.any():
+        raise ValueError(f"no tie group fits p spec {spec!r} (V = {row.size})")
+    j = int(np.argmin(distance))  # the interval holding the target if it is wide, else the nearest
+    return np.float32((lower[j] + cum[j]) / 2)
+
+
+def top_p_row(rng: np.random.Generator, kind: str, v: int) -> np.ndarray:
+    """One float32 probs row [V] of a TOP_P_CASES kind."""
+    if kind == "scaled":
+        # a factor in [1/4, 1/sqrt(2)] or [sqrt(2), 4]: the row's sum is never close to 1
+        factor = 2.0 ** (rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 2.0))
+        probs = sampling.softmax(sampling.lm_logits(rng, 1, v)) * factor
+        return probs[0].astype(np.float32)
+    row = sampling.softmax(sampling_row(rng, kind, v)[None])[0]
+    row[np.flatnonzero(row == 0)[::2]] = -0.0
+    return row
+
+
+def top_p_inputs(rng: np.random.Generator, v: int, rows) -> list[np.ndarray]:
+    """[probs [B, V] float32, top_p [B] float32] of TOP_P_CASES rows; refuses an uncertain token."""
+    probs = np.stack([top_p_row(rng, kind, v) for kind, _ in rows])  # (B,V)
+    top_p = np.array([top_p_of(spec, row) for (_, spec), row in zip(rows, probs)], np.float32)
+    if sampling.uncertain_tokens(*sampling.from_probs(probs), top_p=top_p).any():
+        raise ValueError(f"a top-p row of V = {v} holds a token within MARGIN of its cut")
+    return [probs, top_p]
+
+
+def top_p_dyadic_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    """[probs [B, TOP_P_DYADIC_V] float32, top_p [B] float32] of the TOP_P_DYADIC rows, their
+    values at random positions, every other zero -0.0."""
+    probs = np.zeros((len(TOP_P_DYADIC), TOP_P_DYADIC_V), np.float32)
+    for row, (groups, _) in zip(probs, TOP_P_DYADIC):
+        values = np.concatenate([np.full(n, x) for x, n in groups])
+        row[rng.choice(TOP_P_DYADIC_V, values.size, replace=False)] = values
+        row[np.flatnonzero(row == 0)[::2]] = -0.0
+    return [probs, np.array([p for _, p in TOP_P_DYADIC], np.float32)]
+
+
+def draw_seed_offset(rng: np.random.Generator) -> np.ndarray:
+    """seed_offset int64 [2]: a Philox seed (any int64: the kernels read its bits as unsigned)
+    and an offset below 2^40 (so its block index, offset >> 2, spills into the counter's second
+    word)."""
+    seed = rng.integers(-(2**63), 2**63 - 1, dtype=np.int64, endpoint=True)
+    return np.array([seed, rng.integers(0, 2**40)], np.int64)
+
+
+def read_seed_offset(seed_offset) -> tuple[int, int]:
+    """(seed, offset) of a seed_offset input: int64 [2] with offset >= 0."""
+    a = np.asarray(seed_offset)
+    if a.dtype != np.int64 or a.shape != (2,) or a[1] < 0:
+        raise ValueError(f"seed_offset must be int64 [2] with offset >= 0, got {a.dtype} {a}")
+    return int(a[0]), int(a[1])
+
+
+# (tag, V, logits dtype, rows) of `sample`, one rule per row, B = len(rows). v3 spends a uniform
+# per rejection round and v4 one on an inverse CDF, so they share no sampled token: every row
+# admits exactly one token whatever the uniforms (sample_determined). Rules (sample_row):
+# "greedy" T = 0, no filter; "greedy_filtered" T = 0 with every filter set (ignored); "greedy_tie"
+# T = 0, the maximum at two places or more (the lowest index wins); "greedy_neginf" T = 0, a tenth
+# of the row -inf; "top_k1" k = 1; "top_k1_neginf" the same with -inf; "min_p1" min_p = 1 (the
+# tokens of the maximum's mass); "top_p_top" p half the top token's share of the row; "all_filters"
+# k = min(50, V - 1), p half the top token's share of the top k, min_p = 1/2; "one_finite" one
+# finite logit, no filter. Filters off are spelled at random (k in {0, -1, V, V + 5}, p = 1,
+# min_p = 0); T > 0 rows have T in SAMPLE_TEMPERATURE and their maximum SAMPLE_LEAD above the rest.
+SAMPLE_CASES = (
+    ("tiny", 1, "float32", ("greedy", "greedy_filtered", "top_k1", "min_p1", "top_p_top",
+                            "one_finite")),
+    ("tiny", 2, "float32", ("greedy_tie", "greedy_neginf", "top_k1", "min_p1", "top_p_top",
+                            "all_filters", "one_finite")),
+    ("tiny", 5, "float32", ("greedy_tie", "greedy_filtered", "top_k1", "top_k1_neginf", "min_p1",
+                            "top_p_top", "all_filters", "one_finite")),
+    ("edges", 1000, "float32", ("greedy", "greedy_filtered", "greedy_tie", "greedy_neginf",
+                                "top_k1", "top_k1_neginf", "min_p1", "top_p_top", "all_filters",
+                                "one_finite")),
+    ("tail", 4099, "float32", ("greedy_tie", "top_k1", "min_p1", "top_p_top", "one_finite")),
+    ("lm", 32000, "float32", ("greedy_filtered", "top_p_top")),
+    ("lm", 128256, "float32", ("all_filters",)),
+    ("bf16", 4099, "bfloat16", ("greedy", "greedy_tie", "top_k1", "min_p1", "top_p_top",
+                                "all_filters")),
+)
+SAMPLE_TEMPERATURE = (0.1, 2.0)
+# The unique maximum's lead over the next logit: z = x / T keeps it (no two logits round to one
+# z), and min_p = 1 or a p of half the top share stay far from their thresholds.
+SAMPLE_LEAD = (0.5, 2.0)
+
+
+def sample_row(rng: np.random.Generator, rule: str, v: int, dtype: str = "float32"):
+    """One row of a SAMPLE_CASES rule: (logits float32 [V], holding values of dtype, temperature,
+    top_k, top_p, min_p)."""
+    off_k = int(rng.choice([0, -1, v, v + 5]))
+    if rule.startswith("greedy"):
+        kind = {"greedy_tie": "ties", "greedy_neginf": "neginf_some"}.get(rule, "lm")
+        x = sampling_row(rng, kind, v).astype(DTYPES[dtype][1]).astype(np.float32)
+        if rule == "greedy_filtered":  # set, and ignored: T = 0 returns the maximum
+            return x, 0.0, max(1, v // 3), 0.9, 0.01
+        return x, 0.0, off_k, 1.0, 0.0
+    t = float(rng.uniform(*SAMPLE_TEMPERATURE))
+    if rule == "one_finite":
+        x = np.full(v, -np.inf, np.float32)
+        x[rng.integers(v)] = rng.normal(0.0, 4.0)
+        return x.astype(DTYPES[dtype][1]).astype(np.float32), t, off_k, 1.0, 0.0
+    x = sampling_row(rng, "neginf_some" if rule == "top_k1_neginf" else "lm", v)
+    if v > 1:  # the maximum SAMPLE_LEAD above every other logit
+        top = int(np.argmax(x))
+        x[top] = max(x[top], np.delete(x, top).max() + rng.uniform(*SAMPLE_LEAD))
+    x = x.astype(DTYPES[dtype][1]).astype(np.float32)
+    if rule in ("top_k1", "top_k1_neginf"):
+        return x, t, 1, 1.0, 0.0
+    if rule == "min_p1":
+        return x, t, off_k, 1.0, 1.0
+    k = min(50, v - 1) if rule == "all_filters" else off_k
+    keys, mass = sampling.from_logits(x[None], np.float32(t))  # the top token's mass is 1
+    share = 1.0 / mass[sampling.top_k_keep(keys, k)].sum()
+    return x, t, k, share / 2, 0.5 if rule == "all_filters" else 0.0
+
+
+def sample_inputs(rng: np.random.Generator, v: int, dtype: str, rules) -> list[np.ndarray]:
+    """[logits [B, V] float32 or bfloat16 bits, temperature, top_k, top_p, min_p [B], seed_offset
+    int64 [2]] of SAMPLE_CASES rows."""
+    x, temperature, top_k, top_p, min_p = zip(*(sample_row(rng, r, v, dtype) for r in rules))
+    logits = np.stack(x)  # (B,V)
+    if dtype == "bfloat16":
+        logits = logits.astype(ml_dtypes.bfloat16).view(np.uint16)  # exact: bfloat16 values
+    return [
+        logits,
+        np.array(temperature, np.float32),
+        np.array(top_k, np.int32),
+        np.array(top_p, np.float32),
+        np.array(min_p, np.float32),
+        draw_seed_offset(rng),
+    ]
+
+
+def sample_determined(logits, temperature, top_k, top_p, min_p) -> np.ndarray:
+    """[B] bool: the rows whose token no uniform and no float32 sum can change: greedy (T = 0),
+    or the filters keep exactly one token of positive mass and no token lies within MARGIN of a
+    threshold (lkw.sampling.uncertain_tokens)."""
+    keys, mass = sampling.from_logits(logits, temperature)
+    filters = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    keep = sampling.filter_keep(keys, mass, **filters)
+    unsure = sampling.uncertain_tokens(keys, mass, **filters).any(axis=1)
+    one = np.sum(keep & (mass > 0), axis=1) == 1
+    return (np.asarray(temperature) == 0) | (one & ~unsure)
+
+
+def sample_expected(logits, temperature, top_k, top_p, min_p, seed_offset) -> np.ndarray:
+    """`sample`'s golden tokens int32 [B]: lkw.sampling.sample with u = 0 (any u gives the same
+    token: every row must be sample_determined). logits float32 or bfloat16 bits (uint16);
+    seed_offset is checked, and not needed."""
+    read_seed_offset(seed_offset)
+    x = logits.view(ml_dtypes.bfloat16) if logits.dtype == np.uint16 else logits
+    determined = sample_determined(x, temperature, top_k, top_p, min_p)
+    if not determined.all():
+        raise ValueError(f"sample rows {np.flatnonzero(~determined)} admit more than one token")
+    u = np.zeros(x.shape[0], np.float32)
+    return sampling.sample(x, u, temperature, top_k, top_p, min_p)
+
+
+# (tag, S, V, rows) of rejection_sample, one kind per request, B = len(rows). Kinds
+# (rejection_row): "spec" lkw.sampling.speculative_inputs' (a draft model that mostly agrees);
+# "equal" q = p at every draft (all accepted, then the bonus token from p[S]); "q_zero" q = 0 at
+# every draft token, p > 0 there (all accepted: u q < p); "p_zero" the drafts before a random s0
+# with q = p (accepted) and p = 0 at draft s0 (rejected there: the last token from (p - q)+);
+# "residual_empty" the same with q >= p over row s0 (no residual: the last token from p[s0]).
+REJECTION_CASES = (
+    ("tiny", 1, 5, ("equal", "p_zero", "q_zero", "residual_empty", "spec", "spec")),
+    ("tiny", 7, 5, ("equal", "p_zero", "q_zero", "residual_empty", "spec", "spec", "spec",
+                    "spec")),
+    ("edges", 4, 1000, ("equal", "p_zero", "q_zero", "residual_empty", "spec", "spec")),
+    ("tail", 1, 4099, ("p_zero", "residual_empty", "spec")),
+    ("lm", 1, 32000, ("spec",)),
+)
+# Seeds a case tries for uniforms under which no request's last token lies within MARGIN of a CDF
+# boundary (where a kernel's float32 prefix sum may pick the neighbour): most seeds do.
+REJECTION_SEEDS = 100
+
+
+def rejection_row(rng: np.random.Generator, kind: str, s: int, v: int):
+    """One request of a REJECTION_CASES kind: (q [S, V], draft tokens [S] int32, p [S + 1, V])."""
+    q, drafts, p = (a[0] for a in sampling.speculative_inputs(rng, 1, s, v))
+    if kind == "equal":
+        q = p[:s].copy()
+    elif kind == "q_zero":
+        q[np.arange(s), drafts] = 0
+    elif kind in ("p_zero", "residual_empty"):
+        stop = int(rng.integers(s))
+        q[:stop] = p[:stop]
+        p[stop, drafts[stop]] = 0
+        if kind == "residual_empty":
+            q[stop] = np.maximum(q[stop], p[stop])
+    elif kind != "spec":
+        raise ValueError(f"unknown request kind {kind!r}")
+    return q, drafts.astype(np.int32), p
+
+
+def rejection_expected(draft_probs, draft_tokens, target_probs, seed_offset, with_uncertain=False):
+    """`rejection_sample`'s golden (tokens [B, S + 1], num_accepted [B]) int32: lkw.sampling's
+    with the uniforms the kernel draws, u = philox_uniforms(seed, offset, B, S + 1) (request b
+    reads subsequence b): accept_u = u[:, :S], sample_u = u[:, S]. with_uncertain: also the [B]
+    bool of requests whose last token a float32 prefix sum may move."""
+    seed, offset = read_seed_offset(seed_offset)
+    b, s = np.shape(draft_tokens)
+    u = sampling.philox_uniforms(seed, offset, b, s + 1)  # (B,S+1)
+    return sampling.rejection_sample(
+        draft_probs, draft_tokens, target_probs, u[:, :s], u[:, s], with_uncertain
+    )
+
+
+def rejection_inputs(rng: np.random.Generator, s: int, v: int, kinds) -> list[np.ndarray]:
+    """[q [B, S, V], draft tokens [B, S] int32, p [B, S + 1, V], seed_offset int64 [2]] of
+    REJECTION_CASES requests, the seed drawn again until no request is uncertain."""
+    q, drafts, p = (np.stack(a) for a in zip(*(rejection_row(rng, k, s, v) for k in kinds)))
+    for _ in range(REJECTION_SEEDS):
+        seed_offset = draw_seed_offset(rng)
+        if not rejection_expected(q, drafts, p, seed_offset, with_uncertain=True)[2].any():
+            return [q, drafts, p, seed_offset]
+    raise ValueError(f"no seed of {REJECTION_SEEDS} left every request of S = {s}, V = {v} certain")
+
+
 def sampling_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
-    for op in SAMPLING_OPS:
+    for op in TOP_K_OPS:
         for tag, v, rows in SAMPLING_CASES:
             inputs = sampling_inputs(rng, op, v, rows)
             case_id = f"{op}_{tag}_b{len(rows)}_v{v}"
             cases.append(Case(case_id, op, SAMPLING_TOLERANCES[op], inputs))
+    # Top-p after the top-k cases, so that adding it left their draws from rng unchanged.
+    op = "top_p_renorm_probs"
+    for tag, v, rows in TOP_P_CASES:
+        case_id = f"{op}_{tag}_b{len(rows)}_v{v}"
+        cases.append(Case(case_id, op, SAMPLING_TOLERANCES[op], top_p_inputs(rng, v, rows)))
+    dyadic = top_p_dyadic_inputs(rng)
+    case_id = f"{op}_dyadic_b{len(TOP_P_DYADIC)}_v{TOP_P_DYADIC_V}"
+    cases.append(Case(case_id, op, SAMPLING_TOLERANCES[op], dyadic))
+    # The sampled ops after top-p, for the same reason.
+    for tag, v, dtype, rules in SAMPLE_CASES:
+        case_id = f"sample_{tag}_b{len(rules)}_v{v}"
+        inputs = sample_inputs(rng, v, dtype, rules)
+        cases.append(Case(case_id, "sample", SAMPLING_TOLERANCES["sample"], inputs))
+    op = "rejection_sample"
+    for tag, s, v, kinds in REJECTION_CASES:
+        case_id = f"{op}_{tag}_b{len(kinds)}_s{s}_v{v}"
+        cases.append(Case(case_id, op, SAMPLING_TOLERANCES[op], rejection_inputs(rng, s, v, kinds)))
     return cases
 
 

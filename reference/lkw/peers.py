@@ -970,26 +970,123 @@ def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
 # ------------------------------------------------------------------------------------------------
 # Chapter 10: sampling. top_k_mask_logits: inputs [logits f32 [B, V], top_k int32 [B]] -> masked
 # logits f32 [B, V]; top_k_renorm_probs: [probs f32 [B, V], top_k int32 [B]] -> renormalized
-# probs. vLLM has no kernel of this form in its _C: its sampler filters in torch (a sort and a
-# gather, or torch.topk) and hands the filtering and sampling to FlashInfer where installed, so
-# FlashInfer's kernels are the production peers and vLLM has none here.
+# probs; top_p_renorm_probs: [probs, top_p f32 [B]] -> renormalized probs; sample: [logits,
+# temperature f32 [B], top_k int32 [B], top_p f32 [B], min_p f32 [B], seed_offset int64 [2]] ->
+# tokens int32 [B]; rejection_sample: [draft_probs f32 [B, S, V], draft_tokens int32 [B, S],
+# target_probs f32 [B, S + 1, V], seed_offset] -> tokens int32 [B, S + 1], num_accepted int32 [B].
+# vLLM has no kernel of these forms in its _C: its sampler filters in torch (a sort and a gather,
+# or torch.topk) and hands the filtering and sampling to FlashInfer where installed (its rejection
+# sampler is Triton, outside the kit), so FlashInfer's kernels are the production peers and vLLM
+# has none here.
+
+SAMPLE_FILTERS = ("top_k", "top_p", "min_p")
 
 
-def sampling_peers(op: str) -> dict[str, Callable]:
-    """FlashInfer's top_k_mask_logits(logits, top_k) and top_k_renorm_probs(probs, top_k) ->
-    a new [B, V] tensor, with top_k the op's int32 [B] tensor (each row its own k, as ours; a
-    Python int would be one k for every row). Both radix-select the k-th value of each row (one
-    or several CTAs a row) and keep every token >= it, ties included, as the contract does; k >= V
-    keeps the row (the renormalization still divides by its sum); FlashInfer asks for k in
-    (0, V), which the bench's k are. The renormalization multiplies by an approximate reciprocal
-    of a float32 sum: far inside 2^-14. Both come from FlashInfer's "sampling" module, which the
-    peer kit prebuilds. A 1 MB row-state buffer is allocated and zeroed on the first call, which
-    is the bench's untimed verifying call."""
+def _flashinfer_sampling(name: str):
+    """FlashInfer's sampling.<name>, or Absent (no FlashInfer, a FlashInfer without that function,
+    or, with the kit, no prebuilt "sampling" module), before any input is touched."""
+    fn = getattr(library("flashinfer").sampling, name, None)
+    if fn is None:
+        raise Absent(f"{status_of('flashinfer')} has no sampling.{name}")
+    _flashinfer_prebuilt("sampling")
+    return fn
 
-    def factory(torch, ins):
-        fn = getattr(library("flashinfer").sampling, op)
-        _flashinfer_prebuilt("sampling")
-        x, top_k = ins
-        return PeerCall(lambda: (fn(x, top_k),))
 
-    return {f"flashinfer {op}": factory} if op in ("top_k_mask_logits", "top_k_renorm_probs") else {}
+def _seed_offset(seed_offset) -> dict:
+    """FlashInfer's seed and offset as int64 tensors of one element, views of the op's seed_offset:
+    tensors, not Python ints, because FlashInfer reads them on the device, so a CUDA graph replays
+    them (FlashInfer's own advice) and no host value is read between launches."""
+    return {"seed": seed_offset[:1], "offset": seed_offset[1:]}
+
+
+def sampling_peers(op: str, filters: Sequence[str] = ()) -> dict[str, Callable]:
+    """FlashInfer's kernel(s) for one of chapter 10's ops, each row's parameters the op's [B]
+    tensors (a Python number would be one value for every row, and changes some paths).
+
+    - top_k_mask_logits(logits, top_k), top_k_renorm_probs(probs, top_k) -> a new [B, V] tensor:
+      both radix-select the k-th value of each row (one or several CTAs a row) and keep every
+      token >= it, ties included, as the contract does; k >= V keeps the row (the renormalization
+      still divides by its sum); FlashInfer asks for k in (0, V), which the bench's k are. The
+      renormalization multiplies by an approximate reciprocal of a float32 sum: far inside 2^-14.
+      A 1 MB row-state buffer is allocated and zeroed on the first call, which is the bench's
+      untimed verifying call.
+    - top_p_renorm_probs(probs, top_p): AIR top-p (radix passes over the probs for the threshold,
+      no sort); it allocates its workspace on every call, which is timed with it.
+    - sample, by the case's `filters` (those of SAMPLE_FILTERS on in its rows): top-k and top-p:
+      top_k_top_p_sampling_from_logits(logits / T, top_k, top_p, filter_apply_order=
+      "top_k_first"), which with a per-row top_k tensor masks the logits (top_k_mask_logits), takes
+      torch.softmax and samples by top-p rejection (an int k <= 256 would take another path, a
+      radix top-k first); top-p, top-k or min-p alone: top_p_sampling_from_probs,
+      top_k_sampling_from_probs or min_p_sampling_from_probs of FlashInfer's softmax(logits,
+      temperature=T) (its fused online softmax; the softmax is timed with the sampling); no filter:
+      sampling_from_logits(logits / T) and sampling_from_probs of that softmax. The division by T
+      is torch's, timed with the call. Any other combination (min-p with another filter) has no
+      FlashInfer kernel: none. The sampling kernels draw from curand's Philox with the op's
+      seed_offset (_seed_offset), but consume it in their own order: their tokens are checked for
+      admissibility only (lkw.bench's check), never against ours.
+    - rejection_sample: chain_speculative_sampling(draft_probs, draft_tokens, target_probs) ->
+      (tokens [B, S + 1] with -1 after the emitted tokens, the op's layout; accepted [B], the
+      drafts that WOULD pass each judged alone, not ours; emitted [B], the drafts accepted before
+      the first rejection, which is our num_accepted): the peer returns (tokens, emitted). The two
+      counters are allocated zeroed by FlashInfer on every call (it adds to them), timed with it.
+
+    Every one comes from FlashInfer's "sampling" module, which the peer kit prebuilds."""
+    if set(filters) - set(SAMPLE_FILTERS):
+        raise ValueError(f"filters must be among {SAMPLE_FILTERS}, got {tuple(filters)}")
+    filters = tuple(f for f in SAMPLE_FILTERS if f in filters)  # the table's order
+
+    def renorm(torch, ins):
+        fn = _flashinfer_sampling(op)
+        x, param = ins
+        return PeerCall(lambda: (fn(x, param),))
+
+    def top_k_top_p(torch, ins):
+        fn = _flashinfer_sampling("top_k_top_p_sampling_from_logits")
+        x, t, top_k, top_p, _, seed_offset = ins
+        seeds = _seed_offset(seed_offset)
+        return PeerCall(lambda: (fn(x / t[:, None], top_k, top_p, filter_apply_order="top_k_first", **seeds),))
+
+    def from_probs(name: str, param: int | None):
+        """name(softmax(logits, temperature=T), the op's input `param` where given)."""
+
+        def factory(torch, ins):
+            fn, softmax = _flashinfer_sampling(name), _flashinfer_sampling("softmax")
+            x, t, seed_offset = ins[0], ins[1], ins[5]
+            args = () if param is None else (ins[param],)
+            seeds = _seed_offset(seed_offset)
+            return PeerCall(lambda: (fn(softmax(x, temperature=t), *args, **seeds),))
+
+        return factory
+
+    def from_logits(torch, ins):
+        fn = _flashinfer_sampling("sampling_from_logits")
+        x, t, seed_offset = ins[0], ins[1], ins[5]
+        seeds = _seed_offset(seed_offset)
+        return PeerCall(lambda: (fn(x / t[:, None], **seeds),))
+
+    def chain(torch, ins):
+        fn = _flashinfer_sampling("chain_speculative_sampling")
+        q, drafts, p, seed_offset = ins
+        seeds = _seed_offset(seed_offset)
+
+        def call():
+            tokens, _accepted_alone, emitted = fn(q, drafts, p, **seeds)
+            return tokens, emitted
+
+        return PeerCall(call)
+
+    if op in ("top_k_mask_logits", "top_k_renorm_probs", "top_p_renorm_probs"):
+        return {f"flashinfer {op}": renorm}
+    if op == "rejection_sample":
+        return {"flashinfer chain_speculative_sampling": chain}
+    if op != "sample":
+        return {}
+    table = {
+        ("top_k", "top_p"): {"flashinfer top_k_top_p_sampling_from_logits": top_k_top_p},
+        ("top_p",): {"flashinfer softmax + top_p_sampling_from_probs": from_probs("top_p_sampling_from_probs", 3)},
+        ("top_k",): {"flashinfer softmax + top_k_sampling_from_probs": from_probs("top_k_sampling_from_probs", 2)},
+        ("min_p",): {"flashinfer softmax + min_p_sampling_from_probs": from_probs("min_p_sampling_from_probs", 4)},
+        (): {"flashinfer sampling_from_logits": from_logits,
+             "flashinfer softmax + sampling_from_probs": from_probs("sampling_from_probs", None)},
+    }
+    return table.get(filters, {})

@@ -1,7 +1,8 @@
 """Chapter 10 reference: choosing the next token from logits [B, V], and speculative decoding's
 rejection sampling. No randomness is drawn here: every op takes its uniforms as an input (the
-kernels draw the same numbers from Philox and can hand them out), so each output is a function
-of its arguments and a kernel can be compared with it token for token.
+kernels draw them from curand's Philox4_32_10, which `philox_uniforms` reproduces bit for bit),
+so each output is a function of its arguments and a kernel can be compared with it token for
+token.
 
 The pipeline of `sample`, per row b (every filter optional and per row):
 
@@ -66,6 +67,15 @@ a kernel may pick a neighbour only across a boundary it can honestly misjudge). 
 whose tail carries real mass, tail tokens are narrower than MARGIN, so a tail sample is often
 uncertain; the interval rule still pins the kernel's token to within MARGIN of the target.
 Renormalized probabilities agree within PROB_RTOL.
+
+The kernels' uniforms. Row b of a sampling kernel calls curand_init(seed, subsequence = b,
+offset) and then curand() for raw 32-bit words x_0, x_1, ...; round r uses u_r = (x_r >> 8) *
+2^-24, the top 24 bits, which a float32 holds exactly: u_r lies in [0, 1), so inverse_cdf's
+search ends inside the row. `philox4x32_10` is curand's block function, `philox_draws` the x_r of
+rows 0..B-1 (draw n = philox4x32_10(counter = ((offset + n) >> 2, b), key = seed)[(offset + n)
+& 3]) and `philox_uniforms` the u_r, so a test knows every uniform a kernel drew: u_r is
+pivot_rejection_sample's uniforms[:, r], u_0 sample's u, u_s rejection_sample's accept_u[:, s]
+(s < S) and u_S its sample_u.
 
 Also here: the threshold search without sorting (`radix_select`: the k-th largest key, or the
 top-p threshold, by histograms of 8-bit digits of an order-preserving uint32 key, pass by pass,
@@ -256,15 +266,18 @@ def top_p_keep(keys, mass, top_p, within=None, slack: int = 0, greater=None) -> 
 
 
 def min_p_keep(mass, min_p, slack: int = 0) -> np.ndarray:
-    """keep i iff mass_i >= min_p * max mass (slack +1 / -1 scales min_p by 1 -+ MARGIN)."""
+    """keep i iff mass_i >= min_p * max mass (slack +1 / -1 scales min_p by 1 -+ MARGIN). The
+    tokens of the maximum mass are kept at every slack: their mass is exp(0) = 1 exactly in any
+    arithmetic and min_p <= 1, so no kernel can drop them (min_p = 1 keeps exactly them)."""
     mass = np.asarray(mass, np.float64)
     mp = _per_row(min_p, mass.shape[0], np.float32, "min_p")
     if mp is None:
         return np.ones(mass.shape, bool)
     if not np.all((mp >= 0) & (mp <= 1)):
         raise ValueError("min_p must lie in [0, 1]")
-    limit = mp.astype(np.float64) * (1 - slack * MARGIN) * mass.max(axis=1)  # (B,)
-    return (mass >= limit[:, None]) | (mp <= 0)[:, None]
+    top = mass.max(axis=1)  # (B,)
+    limit = mp.astype(np.float64) * (1 - slack * MARGIN) * top  # (B,)
+    return (mass >= limit[:, None]) | (mass == top[:, None]) | (mp <= 0)[:, None]
 
 
 def _filter_keeps(keys, mass, top_k, top_p, min_p, order, slacks) -> list[np.ndarray]:
@@ -655,6 +668,82 @@ def rejection_sample(
     tokens[rows, n] = last
     out = tokens.astype(np.int32), n.astype(np.int32)
     return (*out, uncertain_samples(dist, ones, us)) if with_uncertain else out
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels' random numbers: curand's Philox4_32_10, so a test knows every uniform drawn
+
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # round multipliers: M0 on counter word x, M1 on word z
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # Weyl constants added to the key words between rounds
+PHILOX_ROUNDS = 10
+UNIFORM_BITS = 24  # u = (x >> 8) * 2^-24: a float32 holds 24 bits exactly, so u is never 1
+
+
+def _words(a, n: int, name: str) -> np.ndarray:
+    """Integers [..., n] in 0..2^32 - 1 as uint64 (room for the 32 x 32-bit products)."""
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.integer) or a.ndim == 0 or a.shape[-1] != n:
+        raise ValueError(f"{name} must be integers [..., {n}], got {a.dtype} {a.shape}")
+    if np.any((a < 0) | (a > 0xFFFFFFFF)):
+        raise ValueError(f"{name} words must lie in 0..2^32 - 1")
+    return a.astype(np.uint64)
+
+
+def philox4x32_10(counter, key) -> np.ndarray:
+    """curand_Philox4x32_10 (curand_philox4x32_x.h; Random123's philox4x32 with 10 rounds):
+    counter [..., 4] words (x, y, z, w), key [..., 2] (leading shapes broadcast) -> uint32
+    [..., 4]. Each round multiplies x by M0 and z by M1 into 64-bit products (hi, lo) and returns
+    (hi1 ^ y ^ key.x, lo1, hi0 ^ w ^ key.y, lo0); the key advances by PHILOX_W between rounds."""
+    c = _words(counter, 4, "counter")
+    k = _words(key, 2, "key")
+    lead = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
+    x, y, z, w = (np.broadcast_to(c[..., i], lead) for i in range(4))
+    kx, ky = (np.broadcast_to(k[..., i], lead) for i in range(2))
+    low, shift = np.uint64(0xFFFFFFFF), np.uint64(32)
+    m0, m1 = (np.uint64(m) for m in PHILOX_M)
+    w0, w1 = (np.uint64(m) for m in PHILOX_W)
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            kx, ky = (kx + w0) & low, (ky + w1) & low  # uint32 wrap-around
+        p0, p1 = m0 * x, m1 * z  # exact in uint64: both factors < 2^32
+        hi0, lo0, hi1, lo1 = p0 >> shift, p0 & low, p1 >> shift, p1 & low
+        x, y, z, w = hi1 ^ y ^ kx, lo1, hi0 ^ w ^ ky, lo0
+    return np.stack([x, y, z, w], axis=-1).astype(np.uint32)
+
+
+def philox_draws(seed: int, offset: int, b: int, draws: int) -> np.ndarray:
+    """uint32 [B, draws]: what row b = 0..B-1 of a kernel gets from curand_init(seed,
+    subsequence = b, offset, &state) and `draws` calls of curand(&state).
+
+    curand_init sets counter = (0, 0, b lo, b hi) (skipahead_sequence adds the subsequence to the
+    upper 64 bits) and key = (seed lo, seed hi), then skipahead(offset) adds offset >> 2 to the
+    lower 64 bits and starts inside that block at word offset & 3; curand returns the block's
+    words in order and moves to the next counter after the fourth. So draw n of row b is
+        philox4x32_10(((offset + n) >> 2 lo, hi, b lo, b hi), (seed lo, seed hi))[(offset + n) & 3].
+    seed: 0..2^64 - 1, or a negative int64 (the cast to unsigned long long keeps its bits);
+    offset: 0..2^63 - 1, the int64 of seed_offset (its block index never carries into the
+    subsequence words)."""
+    seed, offset, b, draws = int(seed), int(offset), int(b), int(draws)
+    if not -(2**63) <= seed < 2**64 or not 0 <= offset < 2**63 or b < 0 or draws < 0:
+        raise ValueError(f"seed {seed}, offset {offset}, B {b} or draws {draws} out of range")
+    seed %= 2**64
+    first = offset >> 2
+    blocks = 0 if draws == 0 else ((offset + draws - 1) >> 2) - first + 1
+    block = np.arange(blocks, dtype=np.uint64) + np.uint64(first)  # (N,) lower 64 counter bits
+    row = np.arange(b, dtype=np.uint64)  # (B,) the subsequence
+    counter = np.empty((b, blocks, 4), np.uint64)  # (B,N,4)
+    counter[..., 0], counter[..., 1] = block & np.uint64(0xFFFFFFFF), block >> np.uint64(32)
+    counter[..., 2] = (row & np.uint64(0xFFFFFFFF))[:, None]
+    counter[..., 3] = (row >> np.uint64(32))[:, None]
+    words = philox4x32_10(counter, [seed & 0xFFFFFFFF, seed >> 32]).reshape(b, 4 * blocks)
+    start = offset & 3  # the stream of block `first` begins `start` words early
+    return words[:, start : start + draws]
+
+
+def philox_uniforms(seed: int, offset: int, b: int, draws: int) -> np.ndarray:
+    """float32 [B, draws] in [0, 1): u_r = (x_r >> 8) * 2^-24 of philox_draws, exact."""
+    x = philox_draws(seed, offset, b, draws)
+    return (x >> np.uint32(32 - UNIFORM_BITS)).astype(np.float32) * np.float32(2.0**-UNIFORM_BITS)
 
 
 # ---------------------------------------------------------------------------------------------

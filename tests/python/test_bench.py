@@ -999,7 +999,7 @@ SAMPLING_OPS = ("top_k_mask_logits", "top_k_renorm_probs")
 
 
 def test_sampling_cases_are_the_issue_s_shapes_and_the_shape_strings_select_them():
-    cases = bench.cases_of("10_sampling")
+    cases = bench.cases_of("10_sampling", ops=list(SAMPLING_OPS))
     runs = {(b, v, 50) for b in (1, 16, 64, 256) for v in (32000, 128256, 152064)}
     runs |= {(b, 128256, 1024) for b in (1, 16, 64, 256)} | {(64, 128256, 1)}
     want = {(op, f"b={b},v={v},k={k}") for op in SAMPLING_OPS for b, v, k in runs}
@@ -1008,13 +1008,13 @@ def test_sampling_cases_are_the_issue_s_shapes_and_the_shape_strings_select_them
     assert [c.shape for c in bench.cases_of("10_sampling", shape=r",k=1$")] == ["b=64,v=128256,k=1"] * 2
     picked = bench.cases_of("10_sampling", ops=["top_k_renorm_probs"], shape=r"^b=256,v=152064,")
     assert [(c.op, c.shape) for c in picked] == [("top_k_renorm_probs", "b=256,v=152064,k=50")]
-    assert len(bench.cases_of("10_sampling", shape="v=32000")) == 8
+    assert len(bench.cases_of("10_sampling", ops=list(SAMPLING_OPS), shape="v=32000")) == 8
 
 
 def test_sampling_cases_name_their_tensors_tolerances_peers_and_bytes():
     from lkw import golden, sampling
 
-    for c in bench.cases_of("10_sampling"):
+    for c in bench.cases_of("10_sampling", ops=list(SAMPLING_OPS)):
         b, v, _ = (int(f.split("=")[1]) for f in c.shape.split(","))
         assert c.dtypes == ["float32", "int32", "float32"] and c.params == {}
         assert c.tolerance == golden.SAMPLING_TOLERANCES[c.op] and c.peer_tolerance is None
@@ -1080,7 +1080,7 @@ def test_sampling_cases_make_what_their_references_and_torch_peers_expect(monkey
     fake, gen = _CpuTorch(torch), torch.Generator()
     to = torch.Tensor.to
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == ("cuda",) else to(self, *a, **k))
-    cases = bench.cases_of("10_sampling", shape=r"^b=1,")
+    cases = bench.cases_of("10_sampling", ops=list(SAMPLING_OPS), shape=r"^b=1,")
     assert len(cases) == 8
     for case in cases:
         gen.manual_seed(case.seed)
@@ -1106,3 +1106,317 @@ def test_the_chapter_10_example_run_has_the_schema_and_the_bench_s_ops_and_shape
     assert {r["op"] for r in run["rows"]} == set(SAMPLING_OPS)
     assert {r["version"] for r in run["rows"] if r["kind"] == "version"} == {"v0_sort_cub", "v1_radix_select"}
     assert len(results.text_table(run).splitlines()) > len(run["rows"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 10: top_p_renorm_probs, sample and rejection_sample, judged by checks (Case.check): their
+# cases, the checks on host bits (the reference's outputs pass, a wrong token, value or count is
+# caught, uncertain tokens are exempt), the bench's routing of versions and peers to the checks,
+# and, where torch is installed, the torch peers on the CPU.
+
+CHECKED_OPS = ("top_p_renorm_probs", "sample", "rejection_sample")
+
+
+def _fields(shape: str) -> dict[str, str]:
+    return dict(f.split("=") for f in shape.split(","))
+
+
+def test_the_checked_sampling_cases_are_the_brief_s_shapes():
+    by_op = {op: [c.shape for c in bench.cases_of("10_sampling", ops=[op])] for op in CHECKED_OPS}
+    bs = (1, 16, 64, 256)
+    top_p = [f"b={b},v=128256,p={p}" for p in (0.9, 0.95) for b in bs]
+    top_p += [f"b={b},v={v},p=0.9" for v in (32000, 152064) for b in bs]
+    assert by_op["top_p_renorm_probs"] == top_p
+    sets = ("k=50,p=0.9,T=0.7", "p=0.95,T=0.7", "k=1024,T=0.7", "min_p=0.1,T=0.7", "T=1")
+    sample = [f"b={b},v=128256,{f}" for f in sets for b in bs]
+    sample += [f"b=64,v={v},k=50,p=0.9,T=0.7" for v in (32000, 152064)]
+    assert by_op["sample"] == sample
+    assert by_op["rejection_sample"] == [f"b={b},s=4,v=128256" for b in bs] + ["b=64,s=4,v=32000"]
+    assert len(bench.cases_of("10_sampling")) == 34 + 16 + 22 + 5
+    assert [c.shape for c in bench.cases_of("10_sampling", ops=["sample"], shape=r"^b=256,v=128256,T=")] == [
+        "b=256,v=128256,T=1"]
+
+
+def test_the_checked_sampling_cases_name_their_tensors_checks_peers_and_bytes():
+    from lkw import sampling
+
+    dtypes = {"top_p_renorm_probs": ["float32"] * 3,
+              "sample": ["float32", "float32", "int32", "float32", "float32", "int64", "int32"],
+              "rejection_sample": ["float32", "int32", "float32", "int64", "int32", "int32"]}
+    for c in bench.cases_of("10_sampling", ops=list(CHECKED_OPS)):
+        f = _fields(c.shape)
+        b, v = int(f["b"]), int(f["v"])
+        assert c.dtypes == dtypes[c.op] and c.expected is None and callable(c.check)
+        assert c.sample_rows is None and c.params == {}
+        compiled = {"torch_compile"} if b >= bench.SAMPLING_COMPILE_B and c.op != "rejection_sample" else set()
+        assert set(c.torch_peers) == {"torch_eager"} | compiled, c.shape
+        assert c.library_peers and all(p.startswith("flashinfer ") for p in c.library_peers)
+        if c.op == "top_p_renorm_probs":
+            assert c.model_bytes == sampling.renorm_bytes(b, v) and c.peer_check is None
+        elif c.op == "sample":
+            assert c.model_bytes == sampling.sample_bytes(b, v) and c.peer_check is None
+        else:
+            assert c.model_bytes == sampling.rejection_bytes(b, int(f["s"]), v)
+            assert c.peer_check is bench._rejection_structure
+    fi = {c.shape.split(",", 2)[2]: set(c.library_peers) for c in bench.cases_of("10_sampling", ops=["sample"])}
+    assert fi["k=50,p=0.9,T=0.7"] == {"flashinfer top_k_top_p_sampling_from_logits"}
+    assert fi["k=1024,T=0.7"] == {"flashinfer softmax + top_k_sampling_from_probs"}
+    assert fi["T=1"] == {"flashinfer sampling_from_logits", "flashinfer softmax + sampling_from_probs"}
+
+
+def test_a_case_has_a_reference_or_a_check_not_both():
+    def case(**kw):
+        return bench.Case("op", "n=1", ["float32"], lambda torch, gen: None, **kw)
+
+    assert case(expected=lambda host: host).check is None
+    assert case(expected=None, check=lambda host, outs: []).expected is None
+    for kw in ({"expected": lambda host: host, "check": lambda host, outs: []},
+               {"expected": None, "check": lambda host, outs: [], "sample_rows": 4},
+               {"expected": lambda host: host, "peer_check": lambda host, outs: []}):
+        with pytest.raises(ValueError):
+            case(**kw)
+
+
+def _sample_host(rng, b=6, v=2000, t=0.7, k=50, p=0.9, min_p=0.0, seed=12345):
+    from lkw import sampling
+
+    x = sampling.lm_logits(rng, b, v)
+    row = [np.full(b, value, dtype) for value, dtype in
+           ((t, np.float32), (k, np.int32), (p, np.float32), (min_p, np.float32))]
+    row[0][1] = 0  # a greedy row
+    host = [x, *row, np.array([seed, 0], np.int64)]
+    return [a.view({4: np.uint32, 8: np.uint64}[a.itemsize]) for a in host]
+
+
+@pytest.mark.parametrize("filters", ["k=50,p=0.9,T=0.7", "p=0.95,T=0.7", "k=1024,T=0.7", "min_p=0.1,T=0.7", "T=1"])
+def test_the_sample_check_admits_the_reference_s_tokens_and_catches_wrong_ones(rng, filters):
+    """The versions' rule (lkw.sampling.sample with the kernels' Philox u_0) passes, on rows of
+    2000 tokens with the case's filters and one greedy row; a token outside the support, another
+    token in the greedy row, the poisoned output (-1) and a token past V are each caught."""
+    from lkw import sampling
+
+    (case,) = bench.cases_of("10_sampling", ops=["sample"], shape=f"^b=1,v=128256,{filters}$")
+    f = _fields(filters)
+    k, p, min_p = int(f.get("k", 0)), float(f.get("p", 1)), float(f.get("min_p", 0))
+    host = _sample_host(rng, t=float(f["T"]), k=k, p=p, min_p=min_p)
+    x, t = host[0].view(np.float32), host[1].view(np.float32)
+    u = sampling.philox_uniforms(12345, 0, x.shape[0], 1)[:, 0]
+    tokens = sampling.sample(x, u, t, k, p if p < 1 else None, min_p if min_p > 0 else None)
+    assert case.check(host, [tokens.view(np.uint32)]) == []
+    assert case.check(host, [tokens.view(np.uint32)]) == []  # again, from the cached support
+    bad = tokens.copy()
+    bad[0] = np.argmin(x[0])  # the least likely token: outside every filter but "none"
+    bad[1] = (tokens[1] + 1) % x.shape[1]  # not greedy's
+    bad[2], bad[3] = -1, x.shape[1]
+    problems = case.check(host, [bad.view(np.uint32)])
+    rows = sorted(int(p.split(":")[0].split()[1]) for p in problems)
+    assert rows == ([0, 1, 2, 3] if k or p < 1 or min_p else [1, 2, 3]), problems
+    assert any("greedy" in p for p in problems) and any("outside 0..1999" in p for p in problems)
+
+
+def test_the_sample_check_draws_the_support_s_boundary_where_the_widest_reading_does(rng):
+    """Top-p at 0.9 (T = 1) on 1000-token rows: the last token the widest reading (p + MARGIN)
+    keeps passes, the first one it drops (the largest key outside it) is caught."""
+    from lkw import sampling
+
+    host = _sample_host(rng, b=4, v=1000, t=1.0, k=0, p=0.9)
+    x = host[0].view(np.float32)
+    keys, mass = sampling.from_logits(x, np.ones(4, np.float32))
+    wide = sampling.filter_keep(keys, mass, top_p=np.full(4, 0.9, np.float32), slack=+1)
+    last_in = np.where(wide, keys, np.inf).argmin(axis=1)
+    first_out = np.where(wide, -np.inf, keys).argmax(axis=1)
+    (case,) = bench.cases_of("10_sampling", ops=["sample"], shape="^b=1,v=128256,p=0.95")
+    greedy = np.argmax(x, axis=1)  # row 1 is greedy (T = 0)
+    for tokens, bad_rows in ((last_in, []), (first_out, [0, 2, 3])):
+        tokens = np.where(np.arange(4) == 1, greedy, tokens).astype(np.int32)
+        problems = case.check(host, [tokens.view(np.uint32)])
+        assert sorted(int(p.split(":")[0].split()[1]) for p in problems) == bad_rows, problems
+
+
+def test_the_top_p_renorm_check_exempts_uncertain_tokens_and_nothing_else(rng):
+    """Row 0: probs (1/4, 1/5, 1/20) at p = 0.9: the last token's greater mass is p times the
+    row's within MARGIN, so it is uncertain: dropping it (the contract) or keeping it (a float32
+    sum) both pass if the row is renormalized over what was kept; keeping it without renormalizing
+    (the row sums to 1/2) fails. Rows 1..: LM rows, where a token moved across the threshold, a value off by 1e-3
+    relative, a NaN and an empty row are each caught."""
+    from lkw import sampling
+
+    (case,) = bench.cases_of("10_sampling", ops=["top_p_renorm_probs"], shape="^b=1,v=128256,p=0.9$")
+    v = 3000
+    probs = np.zeros((5, v), np.float32)
+    probs[0, :3] = (0.25, 0.2, 0.05)
+    probs[1:] = sampling.softmax(sampling.lm_logits(rng, 4, v))
+    top_p = np.full(5, 0.9, np.float32)
+    host = [probs.view(np.uint32), top_p.view(np.uint32)]
+    keys, mass = sampling.from_probs(probs)
+    assert sampling.uncertain_tokens(keys, mass, top_p=top_p)[0, 2]
+    want = sampling.top_p_renorm_probs(probs, top_p)
+    assert case.check(host, [want.view(np.uint32)]) == []
+    kept_too = want.copy()
+    kept_too[0] = sampling.renorm(mass[:1], probs[:1] > 0)[0]
+    assert case.check(host, [kept_too.view(np.uint32)]) == []
+    kept_too[0, :3] = probs[0, :3]
+    assert case.check(host, [kept_too.view(np.uint32)])[0].startswith("row 0: token 0")
+    bad = want.copy()
+    first_dropped = np.flatnonzero(want[1] == 0)[np.argmax(probs[1][want[1] == 0])]
+    bad[1, first_dropped] = probs[1, first_dropped]  # the largest dropped token kept
+    bad[2] *= np.float32(1 + 1e-3)
+    bad[3, np.argmax(probs[3])] = np.nan
+    bad[4] = 0
+    problems = case.check(host, [bad.view(np.uint32)])
+    assert [p.split(":")[0] for p in problems] == ["row 1", "row 2", "row 3", "row 4"], problems
+    assert "against the rule" in problems[0] and "nan" in problems[2]
+
+
+def _rejection_host(rng, b=6, s=4, v=1500, seed=777, offset=8):
+    from lkw import sampling
+
+    q, drafts, p = sampling.speculative_inputs(rng, b, s, v)
+    host = [q.view(np.uint32), drafts.view(np.uint32), p.view(np.uint32),
+            np.array([seed, offset], np.int64).view(np.uint64)]
+    u = sampling.philox_uniforms(seed, offset, b, s + 1)
+    tokens, n = sampling.rejection_sample(q, drafts, p, u[:, :s], u[:, s])
+    return host, tokens, n
+
+
+def test_the_rejection_check_holds_versions_to_the_philox_reference_and_peers_to_the_structure(rng):
+    """The reference with the kernels' uniforms passes both checks. A wrong num_accepted (with
+    tokens that keep the structure), another last token, and each structural fault (a changed
+    accepted draft, a count past S, no placeholder after the last token) are caught by the
+    versions' check; the peers' check accepts any well-formed output and rejects the faults."""
+    (case,) = bench.cases_of("10_sampling", ops=["rejection_sample"], shape="^b=1,")
+    host, tokens, n = _rejection_host(rng)
+    s, v = tokens.shape[1] - 1, host[0].shape[2]
+    assert 0 < n.sum() < n.size * s, "some drafts accepted, some rejected"
+
+    def outs(t, c):
+        return [t.astype(np.int32).view(np.uint32), c.astype(np.int32).view(np.uint32)]
+
+    assert case.check(host, outs(tokens, n)) == [] == case.peer_check(host, outs(tokens, n))
+    r = int(np.argmax(n < s))  # a row that rejected a draft
+    other = tokens.copy()
+    other[r, n[r]] = (tokens[r, n[r]] + 1) % v  # another resampled token: well-formed
+    want = f"row {r}: token {other[r, n[r]]} after {n[r]} accepted drafts, want {tokens[r, n[r]]}"
+    assert case.check(host, outs(other, n)) == [want]
+    assert case.peer_check(host, outs(other, n)) == []
+    fewer, count = tokens.copy(), n.copy()  # row r accepts nothing: its first draft resampled
+    j = int(np.argmax(n > 0))
+    count[j], fewer[j, 1:] = 0, -1
+    assert case.check(host, outs(fewer, count))[0] == f"row {j}: num_accepted 0, want {n[j]}"
+    assert case.peer_check(host, outs(fewer, count)) == []
+    drafts = host[1].view(np.int32)
+    for fault in ("draft", "count", "placeholder"):
+        bad, count = tokens.copy(), n.copy()
+        if fault == "draft":
+            bad[j, 0] = (drafts[j, 0] + 1) % v
+        elif fault == "count":
+            count[r] = s + 1
+        else:
+            bad[r, s] = 0 if n[r] < s - 1 else -1
+            count[r] = n[r] if n[r] < s - 1 else s
+            if n[r] >= s - 1:
+                bad[r, :s], bad[r, s] = drafts[r], v  # a last token past V instead
+        for check in (case.check, case.peer_check):
+            assert check(host, outs(bad, count)), fault
+
+
+def test_the_bench_routes_versions_and_peers_of_a_checked_case_to_their_checks(monkeypatch):
+    """_reference gives the host inputs (Checked); _verify runs the case's check on a version's
+    outputs and peer_check on a peer's, an output a peer leaves out (`only`) reaching it as None;
+    a failed check's text shows CHECK_SHOWN problems and how many more."""
+    monkeypatch.setattr(bench, "_host_bits", lambda t: t)  # host arrays stand in for tensors
+    seen = []
+
+    def check(host, outs):
+        seen.append(("version", outs))
+        return [f"p{i}" for i in range(5)]
+
+    def peer_check(host, outs):
+        seen.append(("peer", outs))
+        return []
+
+    case = bench.Case("op", "n=2", ["int32", "int32", "int32"], None, None, check=check, peer_check=peer_check)
+    host = [np.arange(2)]
+    expected = bench._reference(case, host, [np.zeros(2)])
+    assert isinstance(expected, bench.Checked) and len(expected.host_inputs) == 2
+    outs = [np.ones(2), np.full(2, 7)]
+    got = bench._verify(case, [None], outs, expected)
+    assert got == {"pass": False, "text": "p0; p1; p2; 2 more"}
+    assert bench._verify(case, [None], outs, expected, peer=True, only=(1,))["pass"]
+    assert seen[0][0] == "version" and seen[1][0] == "peer" and seen[1][1][0] is None
+    assert np.array_equal(seen[1][1][1], outs[1])
+
+
+def test_checks_compute_what_depends_on_the_inputs_once_per_host_copy():
+    calls = []
+    cached = bench._once_per_inputs(lambda host: calls.append(1) or len(calls))
+    a, b = [np.zeros(3)], [np.zeros(3)]
+    assert [cached(a), cached(a), cached(b), cached(b), cached(a)] == [1, 1, 2, 2, 3]
+
+
+def _cpu_cases(torch, monkeypatch, op: str, shape: str):
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == ("cuda",) else to(self, *a, **k))
+    return _CpuTorch(torch), torch.Generator(), bench.cases_of("10_sampling", ops=[op], shape=shape)
+
+
+def _peer_check(case, torch, typed_inputs, name):
+    outs = bench._outs(case.torch_peers[name](torch, typed_inputs)())
+    host = [bench._host_bits(t) for t in typed_inputs]
+    return (case.peer_check or case.check)(host, [bench._host_bits(o) for o in outs])
+
+
+@pytest.mark.parametrize("op", CHECKED_OPS)
+def test_the_checked_sampling_cases_make_what_their_checks_and_torch_peers_expect(monkeypatch, op):
+    """The B = 1 cases' make() on the CPU (V = 32000 where there is one: the shapes are what is
+    checked, not the size): tensors of the case's dtypes and shapes, and the eager torch peer's
+    outputs pass the case's (peer) check."""
+    torch = pytest.importorskip("torch")
+    names = {torch.float32: "float32", torch.int32: "int32", torch.int64: "int64"}
+    fake, gen, cases = _cpu_cases(torch, monkeypatch, op, r"^b=1,")
+    assert cases
+    for case in cases:
+        gen.manual_seed(case.seed)
+        ins, outs = case.make(fake, gen)
+        assert [names[t.dtype] for t in ins + outs] == case.dtypes, case.shape
+        f = _fields(case.shape)
+        assert tuple(ins[0].shape[::2]) == (int(f["b"]), int(f["v"])) or tuple(ins[0].shape) == (
+            int(f["b"]), int(f["v"]))
+        if op == "sample":
+            assert ins[5].tolist()[1] == 0 and tuple(outs[0].shape) == (1,)
+            assert [float(t) for t in ins[1:5]] == pytest.approx(
+                [float(f["T"]), int(f.get("k", 0)), float(f.get("p", 1)), float(f.get("min_p", 0))])
+        assert _peer_check(case, torch, ins, "torch_eager") == [], case.shape
+
+
+def test_the_sampling_torch_peers_follow_the_contract_on_the_cpu(rng):
+    """The engines' torch paths on 500-token rows: top-p renormalization passes the check of
+    top_p_renorm_probs (p = 0.5, 0.9, 0.95), `sample` draws admissible tokens with every filter
+    set (200 draws a row: a wrong support would show), rejection sampling is well-formed and
+    accepts every draft where q = p (u * q < p with u < 1)."""
+    torch = pytest.importorskip("torch")
+    from lkw import sampling
+
+    b, v = 4, 500
+    x = sampling.lm_logits(rng, b, v)
+    probs = sampling.softmax(x)
+    for p in (0.5, 0.9, 0.95):
+        (case,) = bench.cases_of("10_sampling", ops=["top_p_renorm_probs"], shape="^b=1,v=128256,p=0.9$")
+        top_p = np.full(b, p, np.float32)
+        got = bench._torch_top_p_renorm(torch, torch.from_numpy(probs), torch.from_numpy(top_p))
+        assert case.check([probs.view(np.uint32), top_p.view(np.uint32)], [got.numpy().view(np.uint32)]) == []
+    for filters, (k, p, min_p, t) in bench.SAMPLE_FILTERS.items():
+        (case,) = bench.cases_of("10_sampling", ops=["sample"], shape=f"^b=1,v=128256,{filters},?T=")
+        host = _sample_host(rng, b=b, v=v, t=t, k=k, p=p, min_p=min_p)
+        host[1].view(np.float32)[:] = t  # no greedy row: engines route those elsewhere
+        typed = [torch.from_numpy(a.view(d)) for a, d in zip(host, (np.float32, np.float32, np.int32,
+                                                                      np.float32, np.float32, np.int64))]
+        for _ in range(200):
+            assert _peer_check(case, torch, typed, "torch_eager") == [], filters
+    (case,) = bench.cases_of("10_sampling", ops=["rejection_sample"], shape="^b=1,")
+    host, _, _ = _rejection_host(rng, b=b, v=v)
+    typed = [torch.from_numpy(a.view(d)) for a, d in zip(host, (np.float32, np.int32, np.float32, np.int64))]
+    assert _peer_check(case, torch, typed, "torch_eager") == []
+    q = typed[2][:, :4].clone()
+    tokens, n = bench._torch_rejection_sample(torch, q, typed[1], typed[2], typed[3])
+    assert n.tolist() == [4] * b and torch.equal(tokens[:, :4], typed[1])

@@ -22,9 +22,9 @@ CHAPTERS = [
 ]
 # Figures a notebook draws without a measurement: chapter 02's instruction mix, chapter 05's FP32
 # angle error, chapter 08's promotion model, chapter 09's padding waste and imbalance (computed on
-# the host); chapter 10's radix-select passes.
+# the host); chapter 10's radix-select passes, sampled against exact, and the pivot rounds.
 STATIC_FIGURES = {"02_int4_dequant": 1, "03_dynamic_quant": 1, "05_elementwise": 1, "08_fp8_gemm": 1,
-                  "09_moe": 2, "10_sampling": 1}
+                  "09_moe": 2, "10_sampling": 3}
 # Figures it draws on a recorded run: the static ones, then the measured ones.
 RECORDED_FIGURES = {
     "02_int4_dequant": 3,  # mix, versions side by side, mix against time
@@ -34,7 +34,7 @@ RECORDED_FIGURES = {
     "07_w4a16_gemm": 2,  # speed-up over cuBLAS against M, TFLOP/s against M
     "08_fp8_gemm": 2,  # the promotion model, TFLOP/s per shape
     "09_moe": 4,  # waste against BLOCK_M, waste and imbalance against T, align and top-k against T
-    "10_sampling": 2,  # the radix-select passes, time per shape
+    "10_sampling": 5,  # passes, sampled vs exact, pivot rounds, time per shape, time vs B
 }
 # A cell prints at most this many lines: one screen. Longer tables belong to the book or to
 # `print(results.text_table(data))`, which a reader asks for.

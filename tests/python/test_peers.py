@@ -218,7 +218,7 @@ def test_chapter_10_peers_are_flashinfer_s_skipped_when_absent_or_not_prebuilt(f
         assert set(factories) == {f"flashinfer {op}"}
         with pytest.raises(peers.Absent, match="flashinfer"):
             factories[f"flashinfer {op}"](None, None)  # torch and the inputs are never reached
-    assert peers.sampling_peers("top_p_renorm_probs") == {}
+    assert peers.sampling_peers("no_such_op") == {}
     site = fresh / "site"
     (site / "flashinfer" / "data" / "aot" / "norm").mkdir(parents=True)
     (site / "flashinfer" / "__init__.py").write_text("")
@@ -232,3 +232,104 @@ def test_chapter_10_peers_are_flashinfer_s_skipped_when_absent_or_not_prebuilt(f
         factory(None, None)
     (site / "flashinfer" / "data" / "aot" / "sampling").mkdir()
     assert factory(None, ["probs", "top_k"])() == (("probs", "top_k"),)
+
+
+def _recording_flashinfer(monkeypatch, *missing):
+    """A stand-in FlashInfer whose sampling functions record their arguments (numpy arrays stand in
+    for the tensors: the factories only slice and divide them) and return their name."""
+    calls = []
+
+    def fn(name):
+        def call(*args, **kwargs):
+            calls.append((name, args, kwargs))
+            if name == "chain_speculative_sampling":
+                return "tokens", "accepted alone", "emitted"
+            return name if name != "softmax" else "probs"
+
+        return call
+
+    names = ("top_p_renorm_probs", "top_k_top_p_sampling_from_logits", "top_p_sampling_from_probs",
+             "top_k_sampling_from_probs", "min_p_sampling_from_probs", "sampling_from_probs",
+             "sampling_from_logits", "softmax", "chain_speculative_sampling")
+    sampling = types.SimpleNamespace(**{n: fn(n) for n in names if n not in missing})
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    monkeypatch.setattr(peers, "library", lambda name, log=print: types.SimpleNamespace(sampling=sampling))
+    return calls
+
+
+def test_chapter_10_s_other_ops_have_flashinfer_s_kernels_by_filter_set(fresh, monkeypatch):
+    """top_p_renorm_probs and rejection_sample one kernel each; sample one per filter set (FlashInfer
+    has none for min-p with another filter), an unknown filter refused. All skip when FlashInfer is
+    absent, or lacks the function (saying which), before the inputs are touched."""
+    monkeypatch.delenv(peers.KIT_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    table = {
+        ("top_k", "top_p"): {"flashinfer top_k_top_p_sampling_from_logits"},
+        ("top_p",): {"flashinfer softmax + top_p_sampling_from_probs"},
+        ("top_k",): {"flashinfer softmax + top_k_sampling_from_probs"},
+        ("min_p",): {"flashinfer softmax + min_p_sampling_from_probs"},
+        (): {"flashinfer sampling_from_logits", "flashinfer softmax + sampling_from_probs"},
+        ("min_p", "top_k"): set(),
+    }
+    for filters, names in table.items():
+        assert set(peers.sampling_peers("sample", filters)) == names, filters
+    assert set(peers.sampling_peers("sample", ("top_p", "top_k"))) == table[("top_k", "top_p")]
+    assert set(peers.sampling_peers("top_p_renorm_probs")) == {"flashinfer top_p_renorm_probs"}
+    assert set(peers.sampling_peers("rejection_sample")) == {"flashinfer chain_speculative_sampling"}
+    with pytest.raises(ValueError, match="filters"):
+        peers.sampling_peers("sample", ("top_a",))
+    for op, filters in (("top_p_renorm_probs", ()), ("rejection_sample", ()), ("sample", ("top_p",))):
+        for factory in peers.sampling_peers(op, filters).values():
+            with pytest.raises(peers.Absent, match="flashinfer"):
+                factory(None, None)
+    _recording_flashinfer(monkeypatch, "min_p_sampling_from_probs")
+    with pytest.raises(peers.Absent, match="no sampling.min_p_sampling_from_probs"):
+        peers.sampling_peers("sample", ("min_p",))["flashinfer softmax + min_p_sampling_from_probs"](None, None)
+
+
+def test_chapter_10_s_flashinfer_calls_take_the_op_s_tensors_and_seed_offset(fresh, monkeypatch):
+    """Each FlashInfer call as the docstring says: logits divided by the per-row T (or FlashInfer's
+    softmax with temperature=T), the op's per-row parameter tensors, seed and offset as one-element
+    views of seed_offset, top-k before top-p; chain_speculative_sampling's (tokens, accepted alone,
+    emitted) returned as the op's (tokens, num_accepted = emitted)."""
+    calls = _recording_flashinfer(monkeypatch)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = np.array([0.5, 2.0], np.float32)
+    top_k, top_p, min_p = np.array([2, 2], np.int32), np.array([0.9, 0.9], np.float32), np.zeros(2, np.float32)
+    seed_offset = np.array([123, 68], np.int64)
+    ins = [x, t, top_k, top_p, min_p, seed_offset]
+
+    def seeded(kwargs):
+        return (kwargs["seed"].tolist() == [123] and kwargs["offset"].tolist() == [68]
+                and np.shares_memory(kwargs["seed"], seed_offset)
+                and np.shares_memory(kwargs["offset"], seed_offset))
+
+    (factory,) = peers.sampling_peers("sample", ("top_k", "top_p")).values()
+    assert factory(None, ins)() == ("top_k_top_p_sampling_from_logits",)
+    ((_, args, kwargs),) = calls
+    assert np.array_equal(args[0], x / t[:, None]) and args[1] is top_k and args[2] is top_p
+    assert kwargs.pop("filter_apply_order") == "top_k_first" and seeded(kwargs)
+    for filters, param in ((("top_p",), top_p), (("top_k",), top_k), (("min_p",), min_p)):
+        calls.clear()
+        (factory,) = peers.sampling_peers("sample", filters).values()
+        name = f"{filters[0]}_sampling_from_probs"
+        assert factory(None, ins)() == (name,)
+        (softmax, sampled) = calls
+        assert softmax[0] == "softmax" and softmax[1][0] is x and softmax[2] == {"temperature": t}
+        assert sampled[0] == name and sampled[1][0] == "probs" and sampled[1][1] is param and seeded(sampled[2])
+    calls.clear()
+    for factory in peers.sampling_peers("sample", ()).values():
+        factory(None, ins)()
+    assert [c[0] for c in calls] == ["sampling_from_logits", "softmax", "sampling_from_probs"]
+    assert np.array_equal(calls[0][1][0], x / t[:, None]) and calls[2][1] == ("probs",)
+    assert seeded(calls[0][2]) and seeded(calls[2][2])
+    calls.clear()
+    probs = np.full((2, 3), 1 / 3, np.float32)
+    assert peers.sampling_peers("top_p_renorm_probs")["flashinfer top_p_renorm_probs"](None, [probs, top_p])() == (
+        "top_p_renorm_probs",)
+    assert calls[0][1][0] is probs and calls[0][1][1] is top_p
+    q, drafts, p = np.zeros((2, 4, 3), np.float32), np.zeros((2, 4), np.int32), np.zeros((2, 5, 3), np.float32)
+    chain = peers.sampling_peers("rejection_sample")["flashinfer chain_speculative_sampling"]
+    assert chain(None, [q, drafts, p, seed_offset])() == ("tokens", "emitted")
+    assert all(a is b for a, b in zip(calls[-1][1], (q, drafts, p), strict=True)) and seeded(calls[-1][2])
+

@@ -4,10 +4,15 @@ CDF search on the same u, the radix select with sorting, the speculative rejecti
 a slow loop written from its docstring; the samplers' output distributions pass a fixed-seed
 chi-square test that the mutants (renormalization skipped, top-p one token off, q and p swapped)
 fail; keep_mismatches catches the boundary and tie mutants; a float32 emulation of a kernel's
-CDF agrees wherever the reference calls the row certain."""
+CDF agrees wherever the reference calls the row certain; the Philox model gives Random123's known
+answers and curand_init's offset and subsequence bookkeeping, and, where libcurand is installed,
+the words of curand's own host generator."""
 
+import ctypes
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -629,6 +634,142 @@ def test_rejection_sample_outputs_the_target_distribution():
     tokens, _ = sampling.rejection_sample(p[:, :s], draft, swapped_p, accept_u, sample_u)
     counts = np.bincount(tokens[:, 0], minlength=v)
     assert sampling.chi_square(counts, p_rows[0])[2] < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# Philox: the uniforms the kernels draw
+
+# Random123's known answers for philox4x32 with 10 rounds (its kat_vectors): (counter, key, out).
+PHILOX_KAT = (
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+)
+PHILOX_SEED = 0x0123456789ABCDEF  # both key words non-zero
+
+
+def test_philox_matches_random123_known_answers():
+    for counter, key, want in PHILOX_KAT:
+        got = sampling.philox4x32_10(np.array(counter, np.uint32), np.array(key, np.uint32))
+        assert got.dtype == np.uint32 and got.tolist() == list(want)
+    counters, keys, wants = (np.array(a, np.uint32) for a in zip(*PHILOX_KAT))
+    assert np.array_equal(sampling.philox4x32_10(counters, keys), wants)  # vectorized [3, 4]
+    shared = sampling.philox4x32_10(counters, keys[2])  # one key broadcast over the counters
+    assert np.array_equal(shared[2], wants[2])
+    with pytest.raises(ValueError, match="0..2"):
+        sampling.philox4x32_10([2**32, 0, 0, 0], [0, 0])
+
+
+def one_draw(seed: int, subsequence: int, position: int) -> int:
+    """curand's word at `position` of a subsequence, one block at a time from the formula."""
+    block = position >> 2
+    counter = [block & 0xFFFFFFFF, block >> 32, subsequence & 0xFFFFFFFF, subsequence >> 32]
+    words = sampling.philox4x32_10(np.array(counter, np.uint64), [seed & 0xFFFFFFFF, seed >> 32])
+    return int(words[position & 3])
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3, 4, 70, 4 * (2**32 - 1) + 2, 2**62 + 5])
+def test_philox_draws_are_curand_init_then_curand(offset):
+    """Draw n of row b is the block at counter ((offset + n) >> 2, b), word (offset + n) & 3:
+    across blocks, across the carry from counter word x into y, per row."""
+    draws = sampling.philox_draws(PHILOX_SEED, offset, 3, 9)
+    assert draws.dtype == np.uint32 and draws.shape == (3, 9)
+    for b, n in itertools.product(range(3), range(9)):
+        assert draws[b, n] == one_draw(PHILOX_SEED, b, offset + n), (b, n)
+
+
+def test_philox_offset_shifts_the_stream_and_rows_are_independent():
+    base = sampling.philox_draws(PHILOX_SEED, 0, 5, 80)
+    for offset in (1, 2, 3, 4, 5, 68):
+        assert np.array_equal(
+            sampling.philox_draws(PHILOX_SEED, offset, 5, 80 - offset), base[:, offset:]
+        )
+    carry = 4 * (2**32 - 1)  # the last block before counter word x wraps
+    across = sampling.philox_draws(PHILOX_SEED, carry, 2, 8)
+    assert np.array_equal(sampling.philox_draws(PHILOX_SEED, carry + 3, 2, 5), across[:, 3:])
+    assert across[0, 4] == one_draw(PHILOX_SEED, 0, 2**34), "word x wrapped, word y carried"
+    # A row's stream does not depend on how many rows there are; rows and seeds differ.
+    assert np.array_equal(
+        sampling.philox_draws(PHILOX_SEED, 7, 2, 80),
+        sampling.philox_draws(PHILOX_SEED, 7, 5, 80)[:2],
+    )
+    assert len({row.tobytes() for row in base}) == 5
+    assert not np.array_equal(sampling.philox_draws(PHILOX_SEED + 1, 0, 5, 80), base)
+    # An int64 seed_offset's negative seed is its 64 bits, as the cast to unsigned long long.
+    assert np.array_equal(
+        sampling.philox_draws(-1, 0, 2, 6), sampling.philox_draws(2**64 - 1, 0, 2, 6)
+    )
+    assert sampling.philox_draws(PHILOX_SEED, 5, 3, 0).shape == (3, 0)
+    for bad in ((2**64, 0), (PHILOX_SEED, -1), (PHILOX_SEED, 2**63)):
+        with pytest.raises(ValueError, match="out of range"):
+            sampling.philox_draws(*bad, 1, 1)
+
+
+def test_philox_uniforms_are_the_top_24_bits():
+    x = sampling.philox_draws(PHILOX_SEED, 12, 4, 1000)
+    u = sampling.philox_uniforms(PHILOX_SEED, 12, 4, 1000)
+    assert u.dtype == np.float32 and u.shape == (4, 1000)
+    assert np.array_equal(u.astype(np.float64) * 2.0**24, (x >> 8).astype(np.float64))  # exact
+    assert np.all((u >= 0) & (u < 1))
+    assert abs(u.mean() - 0.5) < 0.02  # 4000 uniforms: the mean's sd is 0.0046
+
+
+def libcurand():
+    """ctypes handle on libcurand (the CUDA toolkit's or a pip nvidia-curand's), else None."""
+    places = sorted(Path("/usr/local").glob("cuda*/lib64/libcurand.so*"))
+    places += sorted(Path(sys.prefix).glob("lib/python*/site-packages/nvidia/*/lib/libcurand.so*"))
+    for place in places:
+        try:
+            return ctypes.CDLL(str(place))
+        except OSError:
+            continue
+    return None
+
+
+def curand_host_generate(lib, seed: int, offset: int, n: int) -> np.ndarray:
+    """n words of curand's host Philox4_32_10 generator (no GPU needed) at a global offset."""
+    philox = 161  # CURAND_RNG_PSEUDO_PHILOX4_32_10
+    gen = ctypes.c_void_p()
+    out = np.zeros(n, np.uint32)
+    assert lib.curandCreateGeneratorHost(ctypes.byref(gen), philox) == 0
+    try:
+        assert lib.curandSetPseudoRandomGeneratorSeed(gen, ctypes.c_ulonglong(seed)) == 0
+        assert lib.curandSetGeneratorOffset(gen, ctypes.c_ulonglong(offset)) == 0
+        assert lib.curandGenerate(gen, out.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(n)) == 0
+    finally:
+        lib.curandDestroyGenerator(gen)
+    return out
+
+
+def test_philox_draws_are_libcurand_s():
+    """curandGenerate lays the subsequences out interleaved (its default, legacy ordering): the
+    4 words of block 0 of subsequence 0, of subsequence 1, ... of subsequence T - 1, then block 1
+    of each; the generator's offset counts words of that layout. T is the library's choice, so it
+    is read off the output: where subsequence 0's block 1 lands."""
+    lib = libcurand()
+    if lib is None:
+        pytest.skip("libcurand not found (no CUDA toolkit under /usr/local, no nvidia-curand)")
+    out = curand_host_generate(lib, PHILOX_SEED, 0, 2**20)
+    block1 = sampling.philox_draws(PHILOX_SEED, 4, 1, 4)[0]
+    starts = [i for i in np.flatnonzero(out == block1[0]) if np.array_equal(out[i : i + 4], block1)]
+    assert starts and starts[0] % 4 == 0, "subsequence 0's second block is in the output"
+    t = starts[0] // 4
+    want = (
+        sampling.philox_draws(PHILOX_SEED, 0, t, 8).reshape(t, 2, 4).transpose(1, 0, 2)
+    )  # (2,T,4)
+    assert np.array_equal(out[: 8 * t], want.reshape(-1)), f"{t} subsequences, 2 blocks each"
+    # Subsequence 0 alone: a global offset of j rounds of T blocks plus w words starts inside its
+    # block j at word w, across the carry from counter word x into y.
+    for j, w in ((1, 3), (2**32 - 1, 2), (2**32, 0), (2**40 + 3, 1)):
+        got = curand_host_generate(lib, PHILOX_SEED, 4 * t * j + w, 4 - w)
+        assert np.array_equal(got, sampling.philox_draws(PHILOX_SEED, 4 * j + w, 1, 4 - w)[0]), (
+            j,
+            w,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 //   HostOrderKey/*     order_key maps FP32 to uint32 in the same order (−0.0 and +0.0 to one key,
 //                      −inf lowest), key_value inverts it: on the host, where CI runs
 //   HostTopKRules/*    bad arguments refused before any launch
-//   TopKVersions/*     v0 (sort) and v1 (radix select) find the same threshold, so their outputs
-//                      are equal bit for bit, on fresh random rows with ties, −inf, ±0 and every
+//   TopKVersions/*     v0 (sort), v1 (radix select) and v2 (the aggregated select) find the same
+//                      threshold, so their outputs are equal bit for bit, on fresh random rows with ties, −inf, ±0 and every
 //                      kind of k (GPU; skipped, visibly, without one)
 #include <gtest/gtest.h>
 
@@ -43,7 +43,7 @@ void* at(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
 TEST(HostTopKRules, RefusesBadArguments) {
   for (const char* op : {"top_k_mask_logits", "top_k_renorm_probs"})
-    for (const char* id : {"v0_sort_cub", "v1_radix_select"}) {
+    for (const char* id : {"v0_sort_cub", "v1_radix_select", "v2_threshold_search"}) {
       const Version* v = Registry::get().find(std::string(kChapter) + "/" + op + "/" + id);
       ASSERT_NE(v, nullptr) << op << "/" << id;
       auto args = [](std::vector<int64_t> x, std::vector<int64_t> k, DType kd = DType::kI32) {
@@ -107,9 +107,11 @@ TEST(TopKVersions, SortAndSelectAgreeBitForBit) {
       const std::string base = std::string(kChapter) + "/" + op + "/";
       const Outcome sorted = run(*Registry::get().find(base + "v0_sort_cub"), hx, hk);
       const Outcome selected = run(*Registry::get().find(base + "v1_radix_select"), hx, hk);
-      ASSERT_TRUE(sorted.status.ok() && selected.status.ok())
-          << sorted.status.str() << " " << selected.status.str();
-      EXPECT_TRUE(sorted.out == selected.out) << op << " B = " << b << ", V = " << v;
+      const Outcome searched = run(*Registry::get().find(base + "v2_threshold_search"), hx, hk);
+      ASSERT_TRUE(sorted.status.ok() && selected.status.ok() && searched.status.ok())
+          << sorted.status.str() << " " << selected.status.str() << " " << searched.status.str();
+      EXPECT_TRUE(sorted.out == selected.out) << op << " v1, B = " << b << ", V = " << v;
+      EXPECT_TRUE(sorted.out == searched.out) << op << " v2, B = " << b << ", V = " << v;
     }
 }
 
