@@ -297,7 +297,7 @@ inline Status validate_rejection(const RejectionArgs& a) {
                  .not_null(a.tokens, "tokens")
                  .not_null(a.accepted, "num_accepted")
                  .positive(a.b, "B")
-                 .positive(a.s, "S")
+                 .that(a.s >= 0, "S must be >= 0 (0: only the bonus token)")
                  .positive(a.v, "V")
                  .that(a.b <= std::numeric_limits<int32_t>::max(), "B must be below 2^31")
                  .that(a.s <= 64, "S must be at most 64 (a row draws S + 1 numbers)")

@@ -88,7 +88,7 @@ struct NoMerge {
 // The largest key t with W(key >= t) >= target(total), where key(i) is an order_key and weight(i)
 // an integer below 2^kFixedBits (1 for top-k, the fixed mass for top-p), total the whole row's
 // weight. Four passes over the row; every thread of the block calls it and gets t. The target
-// must lie in 1..total (callers clamp it); a row of total weight 0 returns key 0 (keeps all).
+// must lie in 1..total (callers clamp it); a row of total weight 0 returns −inf's key (keeps all).
 // merge(sh, pass) runs once the block's histogram is complete: a cluster that splits the row
 // among its blocks adds the others' histograms there (v4), so every block sees the row's.
 template <class KeyFn, class WeightFn, class TargetFn, class Merge = NoMerge>
@@ -137,7 +137,7 @@ __device__ uint32_t radix_select(RadixShared& sh, int64_t v, KeyFn key, WeightFn
     prefix_mask |= uint32_t(kBuckets - 1) << shift;
     __syncthreads();  // sh.digit is rewritten by the next pass
   }
-  return prefix;
+  return sh.total == 0 ? order_key(-INFINITY) : prefix;
 }
 
 // ---------------------------------------------------------------------------------------------

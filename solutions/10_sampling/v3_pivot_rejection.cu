@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kThreads) pivot_rejection_kernel(SampleArgs a)
   __shared__ RadixShared radix_sh;
   __shared__ typename cub::BlockReduce<ArgMax, kThreads>::TempStorage argmax_sh;
   __shared__ typename cub::BlockReduce<float4, kThreads>::TempStorage sum4_sh;
+  __shared__ typename cub::BlockReduce<float, kThreads>::TempStorage min_sh;
   __shared__ ArgMax best_sh;
   __shared__ float4 above_sh;
   const int64_t row = blockIdx.x, v = a.v;
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) pivot_rejection_kernel(SampleArgs a)
   __syncthreads();
   best = best_sh;
   const float zmax = __fdiv_rn(best.x, t);
-  if (!(t > 0.0f) || zmax == -INFINITY) {  // greedy (or a row with nothing to sample)
+  if (!(t > 0.0f) || !isfinite(zmax)) {  // greedy (or nothing to sample, or x / T overflowed)
     if (threadIdx.x == 0) a.tokens[row] = int32_t(best.i);
     return;
   }
@@ -85,10 +86,25 @@ __global__ void __launch_bounds__(kThreads) pivot_rejection_kernel(SampleArgs a)
       return zi >= kth ? mass(zi) : 0.0f;
     });
   }
+  // Stage (min-p): its threshold as a key, the smallest z whose mass reaches min_p, so a pivot
+  // between two keys is judged as the keys around it are (mass(pivot) >= min_p is not the same
+  // test: the cut can fall inside the gap).
+  float n_key = -INFINITY;
+  if (n_on) {
+    float lowest = INFINITY;
+    for (int64_t i = threadIdx.x; i < v; i += kThreads) {
+      const float zi = z(i);
+      if (mass(zi) >= min_p) lowest = fminf(lowest, zi);
+    }
+    lowest = cub::BlockReduce<float, kThreads>(min_sh).Reduce(lowest, cuda::minimum<>{});
+    if (threadIdx.x == 0) above_sh.x = lowest;  // INFINITY when nothing reaches min_p
+    __syncthreads();
+    n_key = above_sh.x;
+    __syncthreads();
+  }
   // Would a token of key `key`, with `count` tokens and `above` mass above it, be kept?
   auto kept = [&](float key, float count, float above) {
-    return (!k_on || count < float(k)) && (!p_on || above < __fmul_rn(p, mk)) &&
-           (!n_on || mass(key) >= min_p);
+    return (!k_on || count < float(k)) && (!p_on || above < __fmul_rn(p, mk)) && key >= n_key;
   };
 
   // Stage: the rounds.
@@ -107,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) pivot_rejection_kernel(SampleArgs a)
     // STUB: const int64_t j = 0;
     // END SOLUTION
     if (round == 0 && p_on && !k_on) mk = total;  // nothing above −inf dropped: the row's mass
+    if (j < 0) break;  // nothing of positive mass above `low`: cannot happen with a finite zmax
     const float zj = z(j);
     const float pivot = __fmul_rn(__fadd_rn(zj, high), 0.5f);
     // Stage: count and weigh the tokens above z_j and above the pivot, in one pass.
@@ -138,6 +155,7 @@ __global__ void __launch_bounds__(kThreads) pivot_rejection_kernel(SampleArgs a)
     };
     const float total = Search::totals(search_sh, v, w);
     token = Search::search<true>(search_sh, v, __fmul_rn(stream.uniform(), total), w);
+    if (token < 0) token = best.i;  // min_p above 1 keeps nothing: the greedy token
   }
   // Stage: the token.
   if (threadIdx.x == 0) a.tokens[row] = int32_t(token);

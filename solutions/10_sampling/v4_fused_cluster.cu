@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) fused_cluster_kernel(SampleArgs a, i
   best = {-INFINITY, -1};
   for (unsigned r = 0; r < ranks; ++r) best = Better{}(best, *cluster.map_shared_rank(&best_sh, r));
   const float zmax = __fdiv_rn(best.x, t);
-  if (!(t > 0.0f) || zmax == -INFINITY) {  // greedy (or nothing to sample)
+  if (!(t > 0.0f) || !isfinite(zmax)) {  // greedy (or nothing to sample, or x / T overflowed)
     if (rank == 0 && threadIdx.x == 0) a.tokens[row] = int32_t(best.i);
     cluster.sync();  // no CTA leaves while another may still read its shared memory
     return;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) fused_cluster_kernel(SampleArgs a, i
   const float target = __fmul_rn(u, total);
   float before = 0.0f;
   unsigned owner = ranks;  // the first CTA whose running total passes the target
-  int64_t fallback = -1;   // else the row's last token of positive weight
+  int64_t fallback = best.i;  // else the row's last token of positive weight (min_p > 1: greedy)
   for (unsigned r = 0; r < ranks; ++r) {
     const Slice s = *cluster.map_shared_rank(&slice_sh, r);
     const float after = __fadd_rn(before, s.total);

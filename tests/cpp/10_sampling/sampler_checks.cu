@@ -173,11 +173,11 @@ TEST(TopPVersions, SortAndSelectAgreeBitForBitOnExactSums) {
   std::mt19937 rng(lkw::test::random_seed("chapter 10 random inputs") + 2);
   for (const auto& [b, v] : {std::pair<int64_t, int64_t>{8, 1000}, {3, 4099}, {2, 128256}, {4, 1}}) {
     // Probs on a grid of 2^-10 (0..64 of them, a third zeros, many ties): every sum of a row is
-    // exact in FP32, and so is p·M for the dyadic p below, so both versions decide every token
-    // by the rule itself.
+    // exact in FP32 (at most 2^13 in steps of 2^-10: 23 bits), and so is p·M for p a power of
+    // two, so both versions decide every token by the rule itself.
     std::vector<float> x(size_t(b * v));
     for (float& f : x) f = rng() % 3 == 0 ? 0.0f : float(rng() % 65) * 0x1p-10f;
-    const float choices[] = {0.5f, 0.25f, 0.75f, 0.625f, 1.0f, 0.0f, 0x1p-20f, 0.9375f};
+    const float choices[] = {0.5f, 0.25f, 0.125f, 0.0625f, 1.0f, 0.0f, 0x1p-20f, 2.0f};
     std::vector<float> p(static_cast<size_t>(b));
     for (float& f : p) f = choices[rng() % 8];
     x[0] = std::max(x[0], 0x1p-10f);  // no all-zero row
