@@ -1830,8 +1830,10 @@ def top_p_of(spec, row: np.ndarray) -> np.float32:
     candidates = cum - lower >= TOP_P_GAP  # (G,) wide enough
     if spec == "top":
         candidates &= np.arange(cum.size) == 0
-    elif spec == "tie":
+    elif spec == "tie":  # a tie group below the top one where the row has one wide enough
         candidates &= sizes >= 2
+        below_top = candidates & (np.arange(cum.size) > 0)
+        candidates = below_top if below_top.any() else candidates
     target = TOP_P_TIE_TARGET if spec in ("top", "tie") else float(spec)
     distance = np.where(candidates, np.maximum(lower - target, target - cum), np.inf)
     if not candidates.any():
