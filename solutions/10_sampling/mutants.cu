@@ -16,7 +16,7 @@
 namespace lkw::sampling {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;  // radix_select: at most kMaxWarps warps
 
 // v2's top-p, with one slip in the output stage.
 template <bool kOffByOne, bool kNoRenorm>

@@ -34,19 +34,25 @@ constexpr int kFixedBits = 40;
 // Every lane of the warp calls it, converged (the loops round their trip counts up to whole
 // warps). Lanes that hold the same bucket add as one: __match_any_sync groups them, the group's
 // weights are summed by __reduce_add_sync in two 20-bit halves (a 32-lane sum of either half fits
-// 32 bits), and its lowest lane makes the one shared-memory atomic. Without the grouping, a pass
-// over a row whose keys share a few top digits would make V atomics on one address in a row.
-__device__ __forceinline__ void histogram_add(unsigned long long* hist_sh, uint32_t bucket,
+// 32 bits), and its lowest lane adds the sum to the WARP's own histogram with a plain
+// read-modify-write: a bucket has one such lane per warp and step, and no other warp writes there.
+// Shared atomics would be the obvious tool, but a 64-bit shared atomic add is a compare-and-swap
+// loop on this hardware (ATOMS.CAST.SPIN.64), and a row's first digit sends nearly every token to
+// two or three buckets: the loops of sixteen warps spinning on one address serialize the pass.
+__device__ __forceinline__ void histogram_add(unsigned long long* warp_hist_sh, uint32_t bucket,
                                               uint64_t weight) {
   const uint32_t peers = __match_any_sync(0xffffffffu, bucket);
   const uint32_t lo = __reduce_add_sync(peers, uint32_t(weight) & 0xfffffu);
   const uint32_t hi = __reduce_add_sync(peers, uint32_t(weight >> 20));
   const bool leader = (threadIdx.x % 32) == __ffs(peers) - 1;
   if (leader && bucket != kNoBucket)
-    atomicAdd(&hist_sh[bucket], (static_cast<unsigned long long>(hi) << 20) + lo);
+    warp_hist_sh[bucket] += (static_cast<unsigned long long>(hi) << 20) + lo;
 }
 
+constexpr int kMaxWarps = 16;  // radix_select's blocks have at most 512 threads
+
 struct RadixShared {
+  unsigned long long warp_hist[kMaxWarps][kBuckets];  // each warp's own counts, then summed
   unsigned long long hist[kBuckets];
   unsigned long long rank;   // the weight still to find inside the chosen bucket
   unsigned long long total;  // the weight of the whole row (pass 0's histogram)
@@ -97,9 +103,11 @@ __device__ uint32_t radix_select(RadixShared& sh, int64_t v, KeyFn key, WeightFn
   uint32_t prefix = 0, prefix_mask = 0;
   unsigned long long rank = 0;
   const int64_t trips = (v + blockDim.x - 1) / blockDim.x * blockDim.x;  // whole warps
+  const int warps = blockDim.x / 32;
+  unsigned long long* mine = sh.warp_hist[threadIdx.x / 32];
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     // Stage: histogram the digit of the candidates (keys whose higher digits are the prefix).
-    for (int i = threadIdx.x; i < kBuckets; i += blockDim.x) sh.hist[i] = 0;
+    for (int i = threadIdx.x; i < warps * kBuckets; i += blockDim.x) sh.warp_hist[i / kBuckets][i % kBuckets] = 0;
     __syncthreads();
     for (int64_t i = threadIdx.x; i < trips; i += blockDim.x) {
       uint32_t bucket = kNoBucket;
@@ -111,7 +119,14 @@ __device__ uint32_t radix_select(RadixShared& sh, int64_t v, KeyFn key, WeightFn
           w = weight(i);
         }
       }
-      histogram_add(sh.hist, bucket, w);
+      histogram_add(mine, bucket, w);
+    }
+    __syncthreads();
+    // Stage: the warps' histograms summed, warp by warp (integers: any order gives the same).
+    for (int d = threadIdx.x; d < kBuckets; d += blockDim.x) {
+      unsigned long long sum = 0;
+      for (int w = 0; w < warps; ++w) sum += sh.warp_hist[w][d];
+      sh.hist[d] = sum;
     }
     __syncthreads();
     merge(sh, (32 - kDigitBits - shift) / kDigitBits);
@@ -126,6 +141,7 @@ __device__ uint32_t radix_select(RadixShared& sh, int64_t v, KeyFn key, WeightFn
       } else {
         rank = sh.rank;
       }
+      __syncwarp();  // every lane has read sh.rank before choose_digit's lane rewrites it
       if (rank == 0) {
         if (threadIdx.x == 0) sh.digit = 0, sh.rank = 0;  // nothing to select: key 0 keeps all
       } else {

@@ -5,20 +5,21 @@
 // integer: 1 per token for top-k; for top-p an integer image of the mass (2^40 / the row's largest
 // prob, rounded), so a bucket's sum does not depend on the order of the atomics and the threshold
 // is the same on every run. The top-p threshold is the largest key t with W(key >= t) >= p·W: the
-// token that carries the running mass across p is kept, as the contract says. (2) Lanes of a warp
-// that hit one bucket add as one (__match_any_sync, __reduce_add_sync, one atomic): v1's first
-// pass sends most of a row to two or three buckets (the top digit is the sign and high exponent
-// bits), and same-address shared atomics serialize.
+// token that carries the running mass across p is kept, as the contract says. (2) No atomics:
+// lanes of a warp that hit one bucket add as one (__match_any_sync, __reduce_add_sync) into the
+// warp's own histogram, summed after the pass. v1's first pass sends most of a row to two or
+// three buckets (the top digit is the sign and high exponent bits), and same-address shared
+// atomics serialize — a 64-bit one is even a compare-and-swap loop.
 // Expect: top-k like v1 minus the atomic stalls of the first pass; top-p one more read than top-k
 // (the row's largest prob, for the scale). Every version writes through sampling.cuh's write_row,
 // so where v0 and v2 find the same threshold their outputs agree bit for bit.
-// SASS: MATCH.ANY, REDUX.SUM, ATOMS.
+// SASS: MATCH.ANY, REDUX.SUM, no ATOMS.CAST (no compare-and-swap loop).
 #include "select.cuh"
 
 namespace lkw::sampling {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;  // radix_select: at most kMaxWarps warps
 
 template <bool kTopP, bool kRenorm>
 __global__ void __launch_bounds__(kThreads)
@@ -88,8 +89,8 @@ constexpr const char* kSummary =
     "a block per row: top-k and top-p thresholds by one radix select of integer weights, "
     "warp-aggregated";
 std::vector<SassFact> facts(const char* kernel) {
-  return {{kernel, {}, {"MATCH.ANY", "REDUX.SUM", "ATOMS"}, {}, true,
-           "warp-aggregated shared-memory histograms, nothing spilled"}};
+  return {{kernel, {}, {"MATCH.ANY", "REDUX.SUM"}, {"ATOMS.CAST"}, true,
+           "warp-aggregated histograms per warp, no CAS loop, nothing spilled"}};
 }
 const Register kMask{top_k_version(kTopKMask, "v2_threshold_search", kSummary,
                                    top_k_v2<kTopKMask>, facts("threshold_search_kernelILb0ELb0E"))};
