@@ -20,7 +20,7 @@
 namespace lkw::sampling {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;  // every filter version: write_row's block sum, so the same bits
 
 __global__ void row_offsets_kernel(int* offsets, int b, int v) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     top_p_sorted_kernel(const float* __restrict__ x, const float* __restrict__ sorted,
                         const float* __restrict__ top_p, float* __restrict__ out, int64_t v) {
-  using Search = PrefixSearch<kThreads, 8>;
+  using Search = PrefixSearch<kThreads, 16>;
   __shared__ typename Search::Shared sh;
   const int64_t row = blockIdx.x;
   const float* s_row = sorted + row * v;  // (B, V) descending
