@@ -39,14 +39,23 @@ constexpr int kFixedBits = 40;
 // Shared atomics would be the obvious tool, but a 64-bit shared atomic add is a compare-and-swap
 // loop on this hardware (ATOMS.CAST.SPIN.64), and a row's first digit sends nearly every token to
 // two or three buckets: the loops of sixteen warps spinning on one address serialize the pass.
+// The grouping is the expensive part, so it runs only where it adds something: after pass 0 few
+// keys are still candidates, and a warp with none skips it on one vote; a warp whose weights are
+// all 1 (top-k's counts) counts its group instead of summing it.
 __device__ __forceinline__ void histogram_add(unsigned long long* warp_hist_sh, uint32_t bucket,
                                               uint64_t weight) {
+  if (__ballot_sync(0xffffffffu, bucket != kNoBucket) == 0) return;  // no candidate in the warp
   const uint32_t peers = __match_any_sync(0xffffffffu, bucket);
-  const uint32_t lo = __reduce_add_sync(peers, uint32_t(weight) & 0xfffffu);
-  const uint32_t hi = __reduce_add_sync(peers, uint32_t(weight >> 20));
   const bool leader = (threadIdx.x % 32) == __ffs(peers) - 1;
-  if (leader && bucket != kNoBucket)
-    warp_hist_sh[bucket] += (static_cast<unsigned long long>(hi) << 20) + lo;
+  unsigned long long sum;
+  if (__all_sync(0xffffffffu, weight <= 1)) {  // counts: a candidate's weight is 1
+    sum = __popc(peers);
+  } else {
+    const uint32_t lo = __reduce_add_sync(peers, uint32_t(weight) & 0xfffffu);
+    const uint32_t hi = __reduce_add_sync(peers, uint32_t(weight >> 20));
+    sum = (static_cast<unsigned long long>(hi) << 20) + lo;
+  }
+  if (leader && bucket != kNoBucket) warp_hist_sh[bucket] += sum;
 }
 
 constexpr int kMaxWarps = 16;  // radix_select's blocks have at most 512 threads
@@ -115,8 +124,8 @@ __device__ uint32_t radix_select(RadixShared& sh, int64_t v, KeyFn key, WeightFn
       if (i < v) {
         const uint32_t k = key(i);
         if ((k & prefix_mask) == prefix) {
-          bucket = (k >> shift) & (kBuckets - 1);
           w = weight(i);
+          if (w != 0) bucket = (k >> shift) & (kBuckets - 1);  // a weightless key adds nothing
         }
       }
       histogram_add(mine, bucket, w);
