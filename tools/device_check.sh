@@ -68,9 +68,12 @@ if has sanitize; then
       # their own racecheck run below.
       filter="-*Host*:*Validation*:Chapter/Mutant.*"; [ "$tool" = racecheck ] && filter="$filter:*cublas*"
       LKW_GOLDEN_DIR=build/golden timeout "${LKW_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
-        --error-exitcode 9 "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" --gtest_brief=1 >>"$log" 2>&1
+        --error-exitcode 9 "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" >>"$log" 2>&1
       rc=$?
       tail -4 "$log"
+      # Each test's "[ RUN ]" line is in the log (no --gtest_brief), so a run the timeout stops names
+      # the test it stopped in.
+      [ $rc = 124 ] && echo "$tool timed out in: $(grep -a '^\[ RUN' "$log" | tail -1)" | tee -a "$log"
       [ $rc = 0 ] || { echo "$tool FAILED on $t (rc $rc)"; status=1; }
       # A race mutant (tests/cpp/golden_main.cu) must make racecheck report hazards.
       if [ "$tool" = racecheck ] && LKW_GOLDEN_DIR=build/golden "$t" --gtest_list_tests 2>/dev/null | grep -q "mutant_race_"; then

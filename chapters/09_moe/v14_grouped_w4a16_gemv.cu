@@ -2,8 +2,8 @@
 // v14_grouped_w4a16_gemv — the INT4 experts at decode as a GEMV (chapter 07's v8): no tensor cores.
 //
 // Since v10: at decode an expert holds a row or two of a 16-row mma tile, so v10's tensor cores
-// multiply sentinel rows, and each 64-k stage waits on cp.async, an unpack and a barrier: 28 to
-// 46% of the copy ceiling. Chapter 07's v8 answers the same problem for a dense GEMM: stream the
+// multiply sentinel rows, and each 64-k stage waits on cp.async, an unpack and a barrier: far
+// below the copy ceiling (the book has the figures). Chapter 07's v8 answers the same problem for a dense GEMM: stream the
 // repacked words through the lop3 unpack into FP32 FMAs (gemv.cuh). v14 runs its loop on one
 // expert: a block takes one align block and 64 channels, lists the block's live rows first (any
 // order: each row is its own sum) and passes over the expert's words with kRows of them at a time

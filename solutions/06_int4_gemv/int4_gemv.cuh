@@ -27,7 +27,7 @@
 //   v4_persistent_smem_x  one block per SM, x staged once in shared memory, the −8 folded out
 //   v5_balanced_steps   a block's steps shared evenly over its warps
 //   v6_pipelined        a two-stage ring, the whole row of x, a dependent launch, Σx on the mma
-//   v7_tiled_stream     tiled weights, whole 128-byte lines, evict_first, blocks of scales
+//   v7_tiled_stream     tiled weights, consecutive tiles, whole 128-byte lines, evict_first
 // Shared pieces: gemv_plan.h (host scheduling), mma_tile.cuh (A operand, split-K store),
 // persistent.cuh (v4 to v7's stages), lkw/ptx.cuh (the PTX wrappers).
 //

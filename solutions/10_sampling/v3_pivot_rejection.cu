@@ -10,10 +10,9 @@
 // pass weighs the midpoint of z_j and `high`, and the pivot moves to it when it is kept too. The
 // accepted token is distributed as the filtered distribution (a draw from a superset, conditioned
 // on landing in the set). Top-k and top-p together need M(K), the mass top-k keeps (top_k_first):
-// the one row where a radix select (v2's, counting) runs first. lkw.sampling.pivot_rejection_sample
-// is the same loop, token for token.
-// Expect: about two reads of the row a round and a few rounds a row; a block per row, so B = 1
-// uses one SM. SASS: the prefix search's shuffles, MUFU.EX2 (the exponentials).
+// the one row where a radix select (v2's, counting) runs first; lkw.sampling.pivot_rejection_sample
+// is the same loop. Expect: about two reads of the row a round, a few rounds a row; a block per
+// row, so B = 1 uses one SM. SASS: the prefix search's shuffles, MUFU.EX2 (the exponentials).
 #include "select.cuh"
 
 namespace lkw::sampling {
