@@ -1420,3 +1420,9 @@ def test_the_sampling_torch_peers_follow_the_contract_on_the_cpu(rng):
     q = typed[2][:, :4].clone()
     tokens, n = bench._torch_rejection_sample(torch, q, typed[1], typed[2], typed[3])
     assert n.tolist() == [4] * b and torch.equal(tokens[:, :4], typed[1])
+
+
+def test_results_folder_is_the_gpu_model():
+    assert bench._gpu_slug("NVIDIA H200") == "h200"
+    assert bench._gpu_slug("NVIDIA H100 80GB HBM3") == "h100"  # not "hbm3"
+    assert bench._gpu_slug("") == "unknown"
