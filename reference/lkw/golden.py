@@ -1119,6 +1119,7 @@ FP8_GEMM_CASES = (
     ("blockwise", "row_major", 16, 144, 2048, 1, 0.0),
     ("blockwise", "tiles", 128, 256, 512, 0, 0.0),
     ("blockwise", "positive", 65, 144, 2048, 0, 1.0),
+    ("blockwise", "", 4, 48, 16384, 0, 0.0),  # 128 K blocks promoted: the long end of the range
 )
 # Persistent walks (the param max_blocks: at most that many blocks, where the SMs would give each
 # unit a block of its own): every block of v3 to v5 takes several tiles, or several K shares of

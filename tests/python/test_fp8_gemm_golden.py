@@ -115,6 +115,7 @@ def test_cases_cover_the_edges(cases):
     assert {16, 48, 208} <= unblocked and any(k % 128 for k in unblocked)
     assert {128, 384, 2048, 16384} <= {k for *_, k, _ in shapes}
     assert all(k % 128 == 0 for _, _, _, k, _ in by["blockwise"])
+    assert 16384 in {k for *_, k, _ in by["blockwise"]}  # the promoted path over a long K
     assert {r for *_, r in by["blockwise"]} == {0, 1}
     # Row-major A scales as [M, K/128] of the same shape as the column-major [K/128, M].
     assert any(r and m == k // 128 for _, m, _, k, r in by["blockwise"])
