@@ -187,6 +187,48 @@ if data:
     plt.show()
 
 # %% [markdown]
+# ### The sampler against the vocabulary
+#
+# `sample` at B = 64 with top-k 50 and top-p 0.9 over the vocabularies of the run (32,000,
+# 128,256 and 152,064 in the H200 run): microseconds per launch against V for each version and
+# peer (the headline mode), and dashed, the time the batch's bytes take at the copy ceiling.
+
+# %%
+def by_vocab(data):
+    """{name: [(V, µs, row)]}, headline mode, of the sample rows at B = 64, top-k 50 + top-p 0.9."""
+    out = {}
+    for r in data["rows"]:
+        f = dict(kv.split("=", 1) for kv in r["shape"].split(",") if "=" in kv)
+        chosen = (f.get("b"), f.get("k"), f.get("p")) == ("64", "50", "0.9")
+        if (chosen and r["op"] == "sample" and r.get(results.mkey(H, "us"))
+                and r["kind"] in ("version", "peer")):
+            out.setdefault(r["version"], []).append((int(f["v"]), r[results.mkey(H, "us")], r))
+    return {name: sorted(pts, key=lambda p: p[0]) for name, pts in out.items()}
+
+
+if data:
+    series = by_vocab(data)
+    vocabs = sorted({v for pts in series.values() for v, _, _ in pts})
+    if len(vocabs) < 2:
+        print(f"sample rows at B = 64, top-k 50 + top-p 0.9 in this run: V = {vocabs}, no sweep")
+    else:
+        gbps, _ = results.ceiling_of(data, H)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, pts in series.items():
+            ax.plot([v for v, _, _ in pts], [us for _, us, _ in pts], "o-", label=name[:34])
+        if gbps:
+            floor = {v: r["model_bytes"] / gbps / 1e3 for pts in series.values() for v, _, r in pts}
+            ax.plot(vocabs, [floor[v] for v in vocabs], "k--", label="bytes at the copy ceiling")
+        ax.set_yscale("log")
+        ax.set_xticks(vocabs, [f"{v:,}" for v in vocabs])
+        ax.set_xlabel("V (vocabulary)")
+        ax.set_ylabel(f"µs, {results.MODE_WORDS[H]}")
+        ax.set_title("sample, B = 64, top-k 50 + top-p 0.9", fontsize=9)
+        ax.legend(fontsize=7)
+        plt.show()
+
+
+# %% [markdown]
 # ## Try
 #
 # - In Part 1, take k = 1024 and k = 1. How many candidates does pass 2 see in each case, and why
