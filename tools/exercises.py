@@ -526,6 +526,9 @@ def export_plan(root: Path, chosen: list[str]) -> tuple[dict[str, bytes], dict[s
         file(f"notebooks/{chapter}.ipynb")
         file(f"notebooks/{chapter}.py")
         file(f"book/docs/{chapter}.md")
+        notes = f"book/docs/lab_notes_{chapter[:2]}.md"  # the appendix the chapter's page links to
+        if (root / notes).is_file():
+            file(notes)
         for path in (root / "results").rglob(f"*{chapter}*"):
             if path.is_file():
                 file(path.relative_to(root).as_posix())

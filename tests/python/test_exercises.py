@@ -462,6 +462,7 @@ def test_export_file_list(handout):
         "notebooks/04_rmsnorm.ipynb",
         "book/docs/04_rmsnorm.md",
         "book/docs/06_int4_gemv.md",
+        "book/docs/lab_notes_06.md",  # linked from 06's page
         "results/h200/04_rmsnorm.json",
     ):
         assert path in files, path
@@ -470,7 +471,7 @@ def test_export_file_list(handout):
         assert "01_formats" not in path and "__pycache__" not in path, path
     assert "tests/python/test_exercises.py" not in files  # it needs solutions/
     assert "tests/cpp/03_dynamic_quant/host_checks.cu" not in files
-    assert "book/docs/02_int4_dequant.md" not in files
+    assert "book/docs/02_int4_dequant.md" not in files and "book/docs/lab_notes_02.md" not in files
     for script in ("tools/setup.sh", "tools/grade.py"):
         assert (handout / script).stat().st_mode & 0o111 == (REPO / script).stat().st_mode & 0o111
 
