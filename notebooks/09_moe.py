@@ -259,10 +259,11 @@ plt.show()
 # %% [markdown]
 # ## Part 2 · The measured routing kernels
 #
-# The run times `moe_align_block_size` (BLOCK_M = 64, uniform routing at every T; at T = 4096 on
-# DeepSeek-V3 also Zipf and all to one) and `topk_softmax` (FP32 logits, renormalized), each
-# version beside vLLM's kernel and torch (eager, and compiled where it runs). Times are µs per
-# launch in the run's headline mode, launches in a CUDA graph, as a decoder step replays them.
+# The run times `moe_align_block_size` (BLOCK_M = 64, uniform routing at every T; Zipf and all to
+# one at T = 16, 1024 and 4096 on every model) and `topk_softmax` (FP32 logits, renormalized; the
+# run's `topk_softmax_bf16` rows take BF16 logits), each version beside vLLM's kernel and torch
+# (eager, and compiled where it runs). Times are µs per launch in the run's headline mode, launches
+# in a CUDA graph, as a decoder step replays them.
 
 # %%
 data = results.notebook_results(CHAPTER)

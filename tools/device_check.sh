@@ -10,7 +10,8 @@
 # /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
 # finds vLLM, FlashInfer and Liger; without .peers/ the bench skips them and says why.
 # LKW_BENCH_ARGS: more arguments of tools/bench.py (e.g. "--op X --merge"); LKW_BENCH_PARTS:
-# ';'-separated argument sets, each a run of its own merged into $out/results (see the stage).
+# ';'-separated argument sets, each a run of its own merged into $out/results (see the stage; a
+# chapter's own parts: "--part N", listed by tools/bench.py --parts).
 # LKW_CHAPTERS="06_int4_gemv": only these chapters; LKW_SANITIZE_FILTER="*v14*:*V14*": the GPU tests
 # the sanitizers run (a gtest filter; default every GPU test of the chapters).
 set -uo pipefail

@@ -12,6 +12,8 @@
                                                        # a partial run merged into the recorded one
     python tools/bench.py --chapter 07_w4a16_gemm --extended --shape 'n=10240,' --write-results --merge
                                                        # a part of a chapter's full matrix, merged
+    python tools/bench.py --parts                      # the chapters' matrices in parts (BENCH_PARTS)
+    python tools/bench.py --chapter 09_moe --part 3 --write-results --merge   # one of them, merged
 
 For every (op, shape) of a chapter and every version and peer of that op: make inputs on the GPU
 (torch), compute the reference on the host (lkw's numpy references), launch, compare with the
@@ -48,6 +50,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -510,14 +513,18 @@ ELEMENTWISE_MODELS = {  # name -> (d_ff, Hq, Hk, D, RoPE base)
     "llama3_70b": (28672, 64, 8, 128, 500000.0),
     "qwen3_8b": (12288, 32, 8, 128, 1000000.0),
 }
+ELEMENTWISE_ACT_MODELS = ("llama3_8b", "llama3_70b")  # the gated activations' d_ff: 14336, 28672
 ROPE_MAX_POS = 8192  # the cos/sin cache's rows; positions uniform over them
 QK_NORM_EPS = 1e-6
 CACHE_BLOCK = 16
+CACHE_T = (16, 1024, 8192)
 # The caches hold CACHE_SPREAD times the blocks the tokens need, and the tokens take distinct
 # slots drawn over all of them (no padding: every token is written), as a batch of sequences
 # appends to blocks scattered over the cache.
 CACHE_SPREAD = 4
-CACHE_LAYOUTS = ("paged", "nhd")  # the layouts vLLM's reshape_and_cache and _flash write
+# The layouts vLLM's reshape_and_cache (paged) and reshape_and_cache_flash (NHD, and HND through
+# the cache's strides) write.
+CACHE_LAYOUTS = ("paged", "nhd", "hnd")
 CACHE_OPS = {"reshape_and_cache": "bfloat16", "reshape_and_cache_fp8": "float8_e4m3fn"}
 # A torch peer rounds where the contract does not. SiLU-and-mul in torch (and vLLM's and Liger's
 # kernels) rounds silu(gate) to BF16 before the multiply: two roundings of 2^-9 each, so within
@@ -574,7 +581,7 @@ def _torch_act(torch, x, act: str):
     gate, up = _torch_gate_up(torch, x)
     if act == "silu":
         return torch.nn.functional.silu(gate) * up
-    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+    return torch.nn.functional.gelu(gate, approximate="tanh" if act == "gelu_tanh" else "none") * up
 
 
 def _torch_static_fp8(torch, y, scale):
@@ -620,6 +627,11 @@ def _torch_cache_write(torch, key, value, slots, kc, vc, layout: str, scales=Non
         b, o = slots // block, slots % block
         kc[b, :, :, o, :] = key.reshape(t, hk, d // kc.shape[4], kc.shape[4])
         vc[b, :, :, o] = value
+    elif layout == "hnd":  # [blocks, Hk, block, D]
+        block = kc.shape[2]
+        b, o = slots // block, slots % block
+        kc[b, :, o] = key
+        vc[b, :, o] = value
     else:  # nhd: [blocks, block, Hk, D]
         block = kc.shape[1]
         b, o = slots // block, slots % block
@@ -653,14 +665,14 @@ def _tolerance_from_reference(holder: list, tolerance: Callable) -> Callable:
 def elementwise_cases() -> list[Case]:
     """Chapter 05's ops (issue 47's shapes, ELEMENTWISE_MODELS at ELEMENTWISE_T):
 
-    - silu_and_mul on both Llama models at every T; gelu_tanh_and_mul on Llama-3-8B at T 16 and
-      8192; the three fused FP8 forms (per token, per 1 x 128 group, static per tensor) on
-      Llama-3-8B at T 16 and 8192;
+    - silu_and_mul, gelu_and_mul and gelu_tanh_and_mul, and the three fused FP8 forms of
+      silu_and_mul (per token, per 1 x 128 group, static per tensor), on both Llama models at
+      every T (ELEMENTWISE_ACT_MODELS);
     - rope (NEOX, rot_dim 128, a [8192, 128] FP32 cos/sin cache shared by the sets) on both Llama
       models at every T; qk_norm_rope on Qwen3-8B's heads at every T (eps 1e-6);
-    - reshape_and_cache and reshape_and_cache_fp8 (block 16) in the paged and NHD layouts on
-      Llama-3-8B's KV heads at T 16, 1024 and 8192, no padding; the caches start poisoned and are
-      updated in place (Case.initial_outputs).
+    - reshape_and_cache and reshape_and_cache_fp8 (block 16) in the paged, NHD and HND layouts
+      (CACHE_LAYOUTS) on Llama-3-8B's KV heads at CACHE_T, no padding; the caches start poisoned
+      and are updated in place (Case.initial_outputs).
 
     The reference checks 64 sampled tokens where T > 64 (the caches whole). Peers: the same math in
     torch, eager and compiled (compiled at prefill sizes), and lkw.peers' vLLM, FlashInfer and Liger
@@ -692,8 +704,7 @@ def elementwise_cases() -> list[Case]:
 
         return make
 
-    act_runs = [("silu_and_mul", model, t) for model in ("llama3_8b", "llama3_70b") for t in ELEMENTWISE_T]
-    act_runs += [("gelu_tanh_and_mul", "llama3_8b", t) for t in (16, 8192)]
+    act_runs = [(op, model, t) for op in golden.ACT_OPS for model in ELEMENTWISE_ACT_MODELS for t in ELEMENTWISE_T]
     for op, model, t in act_runs:
         d = ELEMENTWISE_MODELS[model][0]
         act = golden.ACT_OPS[op]
@@ -715,21 +726,23 @@ def elementwise_cases() -> list[Case]:
         "per_group": lambda torch, x: _torch_quant(torch, _torch_act(torch, x, "silu"), "fp8", 128),
         "per_tensor": lambda torch, x, s: _torch_static_fp8(torch, _torch_act(torch, x, "silu"), s),
     }
-    for op, kind in golden.FP8_ACT_OPS.items():
-        d = ELEMENTWISE_MODELS["llama3_8b"][0]
-        for t in (16, 8192):
-            def expected(host, op=op):
-                if op == "silu_and_mul_fp8_per_tensor":
-                    return _outputs(ew.silu_and_mul_fp8_per_tensor(host[0], host[1].view(np.float32)))
-                return _outputs(golden.OPS[op].fn(host[0]))
+    fp8_runs = [(op, kind, model, t) for op, kind in golden.FP8_ACT_OPS.items()
+                for model in ELEMENTWISE_ACT_MODELS for t in ELEMENTWISE_T]
+    for op, kind, model, t in fp8_runs:
+        d = ELEMENTWISE_MODELS[model][0]
 
-            peer_tol = FP8_Q_PEER_TOLERANCE + ("" if kind == "per_tensor" else "/" + FP8_SCALE_PEER_TOLERANCE)
-            cases.append(Case(
-                op, f"t={t},d={d},llama3_8b", names(op), make_act(t, d, kind), expected,
-                tolerance=ew.TOLERANCE_FP8[kind], sample_rows=sample(t),
-                cut={1: lambda a, r: a[:, :r]} if kind == "per_group" else {},
-                peer_tolerance=peer_tol, torch_peers=_peers_for(_eager_and_compiled(fp8_bodies[kind]), t),
-                library_peers=peers.act_peers(op), model_bytes=ew.silu_and_mul_fp8_bytes(t, d, kind)))
+        def expected(host, op=op):
+            if op == "silu_and_mul_fp8_per_tensor":
+                return _outputs(ew.silu_and_mul_fp8_per_tensor(host[0], host[1].view(np.float32)))
+            return _outputs(golden.OPS[op].fn(host[0]))
+
+        peer_tol = FP8_Q_PEER_TOLERANCE + ("" if kind == "per_tensor" else "/" + FP8_SCALE_PEER_TOLERANCE)
+        cases.append(Case(
+            op, f"t={t},d={d},{model}", names(op), make_act(t, d, kind), expected,
+            tolerance=ew.TOLERANCE_FP8[kind], sample_rows=sample(t),
+            cut={1: lambda a, r: a[:, :r]} if kind == "per_group" else {},
+            peer_tolerance=peer_tol, torch_peers=_peers_for(_eager_and_compiled(fp8_bodies[kind]), t),
+            library_peers=peers.act_peers(op), model_bytes=ew.silu_and_mul_fp8_bytes(t, d, kind)))
 
     # RoPE and the fused QK norm: positions [T] over the cache, q [T, Hq, D], k [T, Hk, D].
     def make_heads(t, hq, hk, d, base, norm: bool):
@@ -790,7 +803,7 @@ def elementwise_cases() -> list[Case]:
     _, _, hk, d, _ = ELEMENTWISE_MODELS["llama3_8b"]
     for op, kv_dtype in CACHE_OPS.items():
         for layout in CACHE_LAYOUTS:
-            for t in (16, 1024, 8192):
+            for t in CACHE_T:
                 num_blocks = -(-t // CACHE_BLOCK) * CACHE_SPREAD
 
                 def make(torch, gen, t=t, layout=layout, kv_dtype=kv_dtype, num_blocks=num_blocks):
@@ -1005,6 +1018,11 @@ W4A16_SAMPLE_ROWS = 64  # rows of x (of y) the reference computes
 # (about 16 s of timed calls per case), measured up to this M only.
 W4A16_INT4PACK_MAX_M = 1024
 W4A16_OPS = ("w4a16_gemm", "w4a16r_gemm")
+# Chapter 06's final GEMV, measured as a peer at the M it owns (M <= 16) on the same q and scales
+# in its own layout (interleaved nibbles, tiled: lkw.gemv.tile_weights; scales [N, K/G]).
+W4A16_GEMV_PEER = "06_int4_gemv/int4t_gemv/v7_tiled_stream"
+W4A16_GEMV_PEER_NAME = "ch06 int4t_gemv v7_tiled_stream"
+W4A16_GEMV_MAX_M = 16
 W4A16_DTYPES = ["bfloat16", "uint32", "bfloat16", "bfloat16"]  # x, w, scales -> y
 _BLOCK_N, _STEP_K = 64, 16  # lkw.w4a16.BLOCK_N, STEP_K: the repacked layout's block and k step
 _REF_ELEMENTS = 1 << 25  # weights dequantized at a time (float64) by the GPU reference
@@ -1103,6 +1121,45 @@ def _w4a16_int4pack_peer(torch, inputs):
     return _int4pack_mm_call(torch, x, words, False, scales)
 
 
+def _torch_tiled_gemv_words(torch, words):
+    """Natural int32 words [N, K/8] -> chapter 06's int4t_gemv layout on the GPU: each word's
+    nibbles in the interleaved order (lkw.int4.interleave), then tiles of 16 rows by steps of 32
+    words, the padding zero (lkw.gemv.tile_weights)."""
+    from lkw import gemv
+
+    n, kw = words.shape
+    rows, cols = gemv.tiled_shape(n, 8 * kw)
+    padded = torch.zeros(rows, cols, dtype=torch.int32, device=words.device)
+    for r in range(0, n, _PEER_ROWS):
+        q = _torch_nibbles(torch, words[r : r + _PEER_ROWS], interleaved=False)  # (R,K)
+        padded[r : r + q.shape[0], :kw] = _torch_pack(torch, q.reshape(q.shape[0], kw, 8), interleaved=True)
+    tiles, steps = rows // gemv.TILE_ROWS, cols // gemv.STEP_WORDS
+    blocks = padded.view(tiles, gemv.TILE_ROWS, steps, gemv.STEP_WORDS).permute(0, 2, 1, 3)
+    return blocks.contiguous().view(rows, cols)
+
+
+def _w4a16_gemv_peer(torch, inputs):
+    """Chapter 06's final GEMV (W4A16_GEMV_PEER, launched through the registry on the current
+    stream, so a CUDA graph captures it) on the case's q and scales, repacked untimed into its
+    layout (_torch_tiled_gemv_words, scales transposed to [N, K/G]). Absent where the extension
+    was built without chapter 06."""
+    from lkw import golden
+
+    if not any(v["name"] == W4A16_GEMV_PEER for v in ext().versions()):
+        raise peers.Absent(f"{W4A16_GEMV_PEER} is not in this build of lkw._ext (chapter 06 not built)")
+    x, words, scales = inputs
+    tiled, scales_nk = _torch_tiled_gemv_words(torch, words), scales.t().contiguous()
+    y = torch.empty(x.shape[0], scales.shape[1], dtype=torch.bfloat16, device=x.device)
+    ins, outs = _raw([x, tiled, scales_nk]), _raw([y])
+    dtypes = [*golden.OPS["int4t_gemv"].inputs, *golden.OPS["int4t_gemv"].outputs]
+
+    def call():
+        ext().launch(W4A16_GEMV_PEER, ins, outs, dtypes=dtypes, stream=torch.cuda.current_stream().cuda_stream)
+        return (y,)
+
+    return peers.PeerCall(call, summary=f"{W4A16_GEMV_PEER} (the registry), on its tiled layout")
+
+
 def w4a16_model(m: int, n: int, k: int, g: int) -> tuple[int, int]:
     """(bytes, FLOPs) of y = x . W^T: the INT4 weights, their BF16 scales, x and y once each."""
     return n * k // 2 + n * (k // g) * 2 + m * k * 2 + m * n * 2, 2 * m * n * k
@@ -1119,7 +1176,9 @@ def w4a16_gemm_cases(shapes=None, ms=None) -> list[Case]:
     which may equal M, so the reference sees every input and cuts x itself. Peers: cuBLAS on BF16
     weights and torch's INT4 kernel (torch_peers; the latter up to W4A16_INT4PACK_MAX_M), Marlin,
     Machete and humming (lkw.peers.w4a16_peers), each on the same q and scales packed by its own
-    packer."""
+    packer; at M <= W4A16_GEMV_MAX_M also chapter 06's final GEMV (_w4a16_gemv_peer), the kernel
+    that owns those M. With a tensor peak recorded (results.tensor_peak), run_chapter gives every
+    row its % of it."""
     shapes = W4A16_SHAPES if shapes is None else shapes
     ms = W4A16_M if ms is None else ms
     g = W4A16_G
@@ -1154,7 +1213,10 @@ def w4a16_gemm_cases(shapes=None, ms=None) -> list[Case]:
     production = peers.w4a16_peers()
 
     def torch_peers_at(m):
-        return {k: v for k, v in torch_peers.items() if k != "torch_int4pack_mm" or m <= W4A16_INT4PACK_MAX_M}
+        at = {k: v for k, v in torch_peers.items() if k != "torch_int4pack_mm" or m <= W4A16_INT4PACK_MAX_M}
+        if m <= W4A16_GEMV_MAX_M:
+            at[W4A16_GEMV_PEER_NAME] = _w4a16_gemv_peer
+        return at
 
     cases = []
     for n, k in shapes:
@@ -1356,7 +1418,11 @@ def fp8_gemm_cases() -> list[Case]:
 # k 8) and DeepSeek-V3 (E 256, k 8), BLOCK_M 64.
 MOE_MODELS = {"mixtral": (8, 2), "qwen3": (128, 8), "deepseek": (256, 8)}
 MOE_T = (1, 16, 128, 1024, 4096, 16384)
-MOE_ROUTER_T = (1, 128, 4096, 16384)
+MOE_ROUTER_T = (1, 16, 128, 1024, 4096, 16384)
+# The skewed routings (Zipf, all-to-one) of the align: every model at a decode, a mid and a
+# prefill T (uniform routing runs at every MOE_T).
+MOE_SKEWED_T = (16, 1024, 4096)
+MOE_SKEWED = ("zipf", "one")
 MOE_BLOCK_M = 64
 MOE_MAX_SETS = 64  # Case.max_sets: below T = 4096 (E 256) the routing data stays in L2
 
@@ -1405,15 +1471,17 @@ def _torch_topk_softmax(torch, logits, k: int, renormalize: bool):
 
 def moe_cases() -> list[Case]:
     """Chapter 09's routing ops. moe_align_block_size at MOE_T tokens for every model, uniform
-    routing, and at T 4096 on DeepSeek-V3 also Zipf-skewed and all-to-one; check_ids = 0 (the
-    launch stays asynchronous, as a decoder's graph needs). topk_softmax (FP32 logits, a row's values distinct
-    and 1/32 apart, so that the ids are exact on every side) at MOE_ROUTER_T, renormalized. Peers:
-    torch eager (and compiled at prefill sizes for the top-k), vLLM's kernels (peers.moe_peers)."""
+    routing, and Zipf-skewed and all-to-one (MOE_SKEWED) at MOE_SKEWED_T for every model;
+    check_ids = 0 (the launch stays asynchronous, as a decoder's graph needs). topk_softmax and
+    topk_softmax_bf16 (FP32 or BF16 logits, a row's values distinct and 1/32 apart, exact in
+    BF16 too, so that the ids are exact on every side) at MOE_ROUTER_T for every model,
+    renormalized. Peers: torch eager (and compiled at prefill sizes for the top-k; the BF16
+    logits' softmax in FP32, as engines take it), vLLM's kernels (peers.moe_peers)."""
     from lkw import golden, moe
 
     cases = []
     align_runs = [(name, t, "uniform") for name in MOE_MODELS for t in MOE_T]
-    align_runs += [("deepseek", 4096, "zipf"), ("deepseek", 4096, "one")]
+    align_runs += [(name, t, dist) for dist in MOE_SKEWED for name in MOE_MODELS for t in MOE_SKEWED_T]
     for name, t, dist in align_runs:
         e, k = MOE_MODELS[name]
         bm = MOE_BLOCK_M
@@ -1439,28 +1507,33 @@ def moe_cases() -> list[Case]:
             params={"num_experts": e, "block_m": bm, "check_ids": 0}, max_sets=MOE_MAX_SETS,
             torch_peers={"torch_eager": torch_align},
             library_peers=peers.moe_peers("moe_align_block_size", num_experts=e, block_m=bm)))
-    for e, k in MOE_MODELS.values():
-        for t in MOE_ROUTER_T:
+    for op, dtype in (("topk_softmax", "float32"), ("topk_softmax_bf16", "bfloat16")):
+        bf16 = dtype == "bfloat16"
+        for e, k in MOE_MODELS.values():
+            for t in MOE_ROUTER_T:
 
-            def make(torch, gen, t=t, e=e, k=k):
-                # Distinct levels in a row, 1/32 apart: no tie (torch's top-k breaks ties its own
-                # way) and no decision that an FP32 rounding can turn.
-                levels = torch.argsort(torch.rand(t, e, device="cuda", generator=gen), dim=1)
-                logits = (levels - e // 2).to(torch.float32) / 32
-                return [logits], [torch.empty(t, k, dtype=torch.float32, device="cuda"),
-                                  torch.empty(t, k, dtype=torch.int32, device="cuda")]
+                def make(torch, gen, t=t, e=e, k=k, bf16=bf16):
+                    # Distinct levels in a row, 1/32 apart: no tie (torch's top-k breaks ties its
+                    # own way) and no decision that an FP32 rounding can turn; (level - E/2)/32 has
+                    # at most 8 significant bits for E <= 256, so BF16 holds it exactly.
+                    levels = torch.argsort(torch.rand(t, e, device="cuda", generator=gen), dim=1)
+                    logits = (levels - e // 2).to(torch.float32) / 32
+                    return [logits.to(torch.bfloat16) if bf16 else logits], [
+                        torch.empty(t, k, dtype=torch.float32, device="cuda"),
+                        torch.empty(t, k, dtype=torch.int32, device="cuda")]
 
-            def expected(host, k=k):
-                w, i = moe.topk_softmax(host[0].view(np.float32), k, renormalize=True)
-                return [w.astype(np.float32).view(np.uint32), i.astype(np.int32).view(np.uint32)]
+                def expected(host, k=k, bf16=bf16):
+                    x = formats.bf16_to_f32(host[0]) if bf16 else host[0].view(np.float32)
+                    w, i = moe.topk_softmax(x, k, renormalize=True)
+                    return [w.astype(np.float32).view(np.uint32), i.astype(np.int32).view(np.uint32)]
 
-            body = lambda torch, x, k=k: _torch_topk_softmax(torch, x, k, True)
-            cases.append(Case(
-                "topk_softmax", f"t={t},e={e},k={k}", ["float32", "float32", "int32"], make, expected,
-                tolerance=golden.router_tolerance(e, k, False),
-                params={"k": k, "renormalize": 1}, max_sets=MOE_MAX_SETS,
-                torch_peers=_peers_for(_eager_and_compiled(body), t),
-                library_peers=peers.moe_peers("topk_softmax", k=k, renormalize=True)))
+                body = lambda torch, x, k=k: _torch_topk_softmax(torch, x.float(), k, True)
+                cases.append(Case(
+                    op, f"t={t},e={e},k={k}", [dtype, "float32", "int32"], make, expected,
+                    tolerance=golden.router_tolerance(e, k, False),
+                    params={"k": k, "renormalize": 1}, max_sets=MOE_MAX_SETS,
+                    torch_peers=_peers_for(_eager_and_compiled(body), t),
+                    library_peers=peers.moe_peers(op, k=k, renormalize=True)))
     cases += deepseek_router_cases()
     return cases
 
@@ -1468,27 +1541,42 @@ def moe_cases() -> list[Case]:
 DEEPSEEK_ROUTER = {"k": 8, "n_group": 8, "topk_group": 4, "renormalize": 1, "routed_scaling_factor": 2.5}
 
 
+DEEPSEEK_ROUTER_E = 256
+
+
+@functools.lru_cache(maxsize=1)
+def _deepseek_router_inputs(t: int) -> tuple[np.ndarray, np.ndarray]:
+    """(logits [T, E], bias [E]) FP32 of the deepseek_router case at T, drawn when the case is
+    made (a part of the bench that runs other ops does not pay the redraws at T = 16384)."""
+    from lkw import golden
+
+    p, e = DEEPSEEK_ROUTER, DEEPSEEK_ROUTER_E
+    rng = np.random.default_rng(0)
+    bias = rng.normal(0, 0.1, e).astype(np.float32)
+    z = rng.standard_normal((t, e)).astype(np.float32)
+    for row in range(t):
+        while not golden.deepseek_decisive(z[row], bias, p["k"], p["n_group"], p["topk_group"]):
+            z[row] = rng.standard_normal(e).astype(np.float32)
+    return z, bias
+
+
 def deepseek_router_cases() -> list[Case]:
     """deepseek_router (DeepSeek-V3: E 256, k 8, 8 groups, 4 kept, renormalized, scaled by 2.5)
-    at MOE_ROUTER_T tokens. Logits N(0, 1) and bias N(0, 0.1²) in FP32, drawn on the host (seed 0),
-    each row re-drawn until every choice it makes is decided by more than golden's margin
-    (golden.deepseek_decisive): continuous values have no exact ties, so torch's top-k, which
-    breaks ties its own way, must agree with the reference's ids too. Peer: the router in torch
-    (sigmoid, biased group scores, masked top-k, the unbiased weights), eager and compiled."""
+    at MOE_ROUTER_T tokens. Logits N(0, 1) and bias N(0, 0.1²) in FP32, drawn on the host (seed 0)
+    when the case is made (_deepseek_router_inputs), each row re-drawn until every choice it makes
+    is decided by more than golden's margin (golden.deepseek_decisive): continuous values have no
+    exact ties, so torch's top-k, which breaks ties its own way, must agree with the reference's
+    ids too. Peer: the router in torch (sigmoid, biased group scores, masked top-k, the unbiased
+    weights), eager and compiled."""
     from lkw import golden, moe
 
     p = DEEPSEEK_ROUTER
-    e, k, groups, kept = 256, p["k"], p["n_group"], p["topk_group"]
+    e, k, groups, kept = DEEPSEEK_ROUTER_E, p["k"], p["n_group"], p["topk_group"]
     cases = []
     for t in MOE_ROUTER_T:
-        rng = np.random.default_rng(0)
-        bias = rng.normal(0, 0.1, e).astype(np.float32)
-        z = rng.standard_normal((t, e)).astype(np.float32)
-        for row in range(t):
-            while not golden.deepseek_decisive(z[row], bias, k, groups, kept):
-                z[row] = rng.standard_normal(e).astype(np.float32)
 
-        def make(torch, gen, t=t, z=z, bias=bias):
+        def make(torch, gen, t=t):
+            z, bias = _deepseek_router_inputs(t)
             return [torch.from_numpy(z).to("cuda"), torch.from_numpy(bias).to("cuda")], [
                 torch.empty(t, k, dtype=torch.float32, device="cuda"),
                 torch.empty(t, k, dtype=torch.int32, device="cuda")]
@@ -1523,10 +1611,10 @@ def _torch_deepseek_router(torch, z, bias):
 
 
 # The expert half of chapter 09: (E, k, d, moe_inter) per model; the gate_up GEMM (N = 2·inter,
-# K = d, with SiLU-and-mul) and the down GEMM (N = d, K = inter) at a decode and a prefill T.
+# K = d, with SiLU-and-mul) and the down GEMM (N = d, K = inter) from a decode to a prefill T.
 MOE_GEMM_MODELS = {"mixtral": (8, 2, 4096, 14336), "qwen3": (128, 8, 2048, 768),
                    "deepseek": (256, 8, 7168, 2048)}
-MOE_GEMM_T = (16, 4096)
+MOE_GEMM_T = (16, 128, 1024, 4096)
 MOE_GEMM_SAMPLE = 64  # leading slots (rows of out) the reference computes
 
 
@@ -2083,13 +2171,16 @@ TOP_P_RUNS = (
 )
 # sample: filter set (as it reads in the shape) -> (top_k, top_p, min_p, T), the same for every row;
 # top_k 0, top_p 1 and min_p 0 are the contract's "off". "k=50,p=0.9" at T = 0.7 is the headline
-# case (top-k then top-p, as engines chain them); "" is pure sampling from the softmax, T = 1.
+# case (top-k then top-p, as engines chain them); "" is pure sampling from the softmax, T = 1;
+# "k=50" alone is the goal "top-k 50 >= 10x torch.topk + multinomial" (its torch peer: torch.topk's
+# mask, softmax, torch.multinomial). A new filter set goes last: its index seeds its logits.
 SAMPLE_FILTERS = {
     "k=50,p=0.9": (50, 0.9, 0.0, 0.7),
     "p=0.95": (0, 0.95, 0.0, 0.7),
     "k=1024": (1024, 1.0, 0.0, 0.7),
     "min_p=0.1": (0, 1.0, 0.1, 0.7),
     "": (0, 1.0, 0.0, 1.0),
+    "k=50": (50, 1.0, 0.0, 0.7),
 }
 SAMPLE_RUNS = (
     [(b, 128256, f) for f in SAMPLE_FILTERS for b in SAMPLING_B]
@@ -2469,6 +2560,91 @@ def cases_of(chapter: str, ops: list[str] | None = None, shape: str | None = Non
     return [c for c in cases if (not ops or c.op in ops) and (pattern is None or pattern.search(c.shape))]
 
 
+@dataclass(frozen=True)
+class Part:
+    """One run of a chapter's matrix: its ops (all where empty), a --shape pattern, --extended."""
+
+    ops: tuple[str, ...] = ()
+    shape: str | None = None
+    extended: bool = False
+
+    def args(self) -> str:
+        """The part as tools/bench.py arguments."""
+        out = [f"--op {op}" for op in self.ops]
+        out += [f"--shape {shlex.quote(self.shape)}"] if self.shape else []
+        return " ".join(out + (["--extended"] if self.extended else []))
+
+    def cases(self, chapter: str) -> list[Case]:
+        return cases_of(chapter, list(self.ops), self.shape, self.extended)
+
+
+# A chapter's matrix in parts, each a run of its own merged into the recorded results (tools/bench.py
+# --chapter C --part N --write-results --merge; tools/device_check.sh: LKW_CHAPTERS=C
+# LKW_BENCH_PARTS="--part N"; --parts prints the parts and that line). Together the parts of a
+# chapter take every case of its matrix (EXTENDED's where it has one) exactly once. Each is sized
+# to end well inside the GPU machine's 10-minute call: about 2 to 5 minutes by the estimate of the
+# timing rule (55 one-launch runs, then warm-up and 5 to 15 batches of at least 20 launches back
+# to back and in a graph, per row), the recorded times of the rows where a run has them, about
+# 10 s per torch.compile and half a minute to start (torch, the peers, the copy ceiling).
+BENCH_PARTS: dict[str, list[Part]] = {
+    "05_elementwise": [
+        Part(("silu_and_mul", "gelu_and_mul")),
+        Part(("gelu_tanh_and_mul", "silu_and_mul_fp8_per_tensor")),
+        Part(("silu_and_mul_fp8_per_token", "silu_and_mul_fp8_per_group")),
+        Part(("rope", "qk_norm_rope")),
+        Part(("reshape_and_cache", "reshape_and_cache_fp8")),
+    ],
+    "07_w4a16_gemm": [  # the default run by shape, then the rest of the extended matrix
+        Part(shape="n=28672,"),
+        Part(shape="n=8192,"),
+        Part(shape=r"^m=(32|128|512),n=(28672|8192),", extended=True),
+        Part(shape="n=10240,", extended=True),
+        Part(shape="n=14336,", extended=True),
+        Part(shape="n=4096,", extended=True),
+        Part(shape="n=6144,", extended=True),
+    ],
+    "09_moe": [
+        Part(("moe_align_block_size", "deepseek_router")),
+        Part(("topk_softmax",)),
+        Part(("topk_softmax_bf16",)),
+        Part(("moe_grouped_gemm_silu",), "e=(8|128),"),
+        Part(("moe_grouped_gemm_silu",), "e=256,"),
+        Part(("moe_grouped_gemm", "moe_grouped_gemm_sum"), "e=(8|128),"),
+        Part(("moe_grouped_gemm", "moe_grouped_gemm_sum"), "e=256,"),
+        Part(("moe_sum", "moe_block")),
+        Part(("moe_grouped_gemm_w4a16",)),
+    ],
+    "10_sampling": [
+        Part(("top_k_mask_logits",)),
+        Part(("top_k_renorm_probs",)),
+        Part(("top_p_renorm_probs",), "v=128256,"),
+        Part(("top_p_renorm_probs", "rejection_sample"), "v=(32000|152064)|s=4,"),
+        Part(("sample",), "^b=(1|16|64),"),
+        Part(("sample",), "^b=256,"),
+    ],
+}
+
+
+def parts_text(chapters: list[str]) -> str:
+    """Each chapter's parts, numbered as --part takes them, and the tools/device_check.sh line."""
+    out = []
+    for c in chapters:
+        if c not in BENCH_PARTS:
+            out.append(f"{c}: no parts (one run: tools/bench.py --chapter {c})")
+            continue
+        out.append(f"{c}:")
+        out += [f"  --part {i}: {p.args() or '(every case)'} ({len(p.cases(c))} cases)"
+                for i, p in enumerate(BENCH_PARTS[c], 1)]
+        out.append(f'  one part a call, N = 1 .. {len(BENCH_PARTS[c])}: LKW_CHAPTERS={c} LKW_BENCH_PARTS="--part N" '
+                   f"LKW_PART_TIMEOUT={PART_TIMEOUT} tools/device_check.sh peers bench")
+    return "\n".join(out)
+
+
+# The seconds a part may run under tools/device_check.sh (its LKW_PART_TIMEOUT), inside a 10-minute
+# call with the peers' setup before it.
+PART_TIMEOUT = 540
+
+
 # ------------------------------------------------------------------------------------------------
 # Running
 
@@ -2761,6 +2937,8 @@ def measure_peer(case: Case, chapter: str, peer: str, factory: Callable, typed_s
         if production:
             lib = peer.split()[0]
             row["summary"] = peers.status_of(lib)
+        if fns[0].summary:
+            row["summary"] = fns[0].summary
         outs = _outs(fns[0]())
         torch.cuda.synchronize()
     except peers.Absent as e:
@@ -3100,6 +3278,7 @@ def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: 
         r.setdefault("dram_bytes", None)
         r.setdefault("dram_ratio", None)
     _peer_ratios(rows)
+    peak_fields = _tensor_peak_fields(chapter, dev["name"], rows, log=log)
     rt = dev["runtime_version"]
     return {
         "chapter": chapter,
@@ -3113,8 +3292,30 @@ def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: 
         **{mkey(mode, "ceiling_gbps"): ceilings.get(mode) for mode in MODES},
         "ceiling_version": ceiling_name,
         "peer_libraries": peer_status or {},
+        **peak_fields,
         "rows": rows,
     }
+
+
+def _tensor_peak_fields(chapter: str, gpu_name: str, rows: list[dict], log=print) -> dict:
+    """For a chapter read against the tensor cores (results.TENSOR_PEAK_CHAPTERS): the BF16 tensor
+    peak recorded for this GPU (results.tensor_peak: chapter 00's cuBLAS GEMM row, read now) as the
+    run's tensor_peak_tflops of each mode and tensor_peak_source, and each row's pct_tensor_peak of
+    each mode it has TFLOP/s in. Where no peak is recorded, the run says why (tensor_peak_missing)
+    and its rows go without. Other chapters: nothing."""
+    from lkw import results
+
+    if chapter not in results.TENSOR_PEAK_CHAPTERS:
+        return {}
+    peak, source = results.tensor_peak(_gpu_slug(gpu_name))
+    if not peak:
+        log(f"bench: no BF16 tensor peak for % of peak ({source}): skipped")
+        return {"tensor_peak_missing": source}
+    for r in rows:
+        for mode in MODES:
+            top, tflops = peak.get(mode), r.get(mkey(mode, "tflops"))
+            r[mkey(mode, "pct_tensor_peak")] = 100.0 * tflops / top if top and tflops else None
+    return {"tensor_peak_source": source, **{mkey(mode, "tensor_peak_tflops"): peak.get(mode) for mode in MODES}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -3253,6 +3454,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extended", action="store_true",
                     help="the chapter's full measurement matrix where it has one (EXTENDED; measure it in "
                          "parts with --shape and merge them with --write-results --merge)")
+    ap.add_argument("--part", type=int, metavar="N",
+                    help="with one --chapter: its N-th part (BENCH_PARTS; --parts lists them), instead of "
+                         "--op / --shape / --extended")
+    ap.add_argument("--parts", action="store_true", help="list the chapters' parts (BENCH_PARTS); needs no GPU")
     ap.add_argument("--all", action="store_true", help="every chapter with bench cases")
     ap.add_argument("--json", type=Path, help="write the (single chapter's) results JSON here")
     ap.add_argument("--write-results", action="store_true", help="write results/<gpu>/<chapter>.json")
@@ -3296,6 +3501,20 @@ def main(argv: list[str] | None = None) -> int:
     for c in chapters:
         if c not in CHAPTERS:
             ap.error(f"no bench cases for chapter {c} (have: {', '.join(sorted(CHAPTERS))})")
+    if args.parts:
+        print(parts_text(chapters if args.chapter or args.all else sorted(BENCH_PARTS)))
+        return 0
+    if args.part is not None:
+        if len(args.chapter) != 1 or args.all:
+            ap.error("--part goes with exactly one --chapter")
+        if args.op or args.shape or args.extended:
+            ap.error("--part sets --op, --shape and --extended itself")
+        parts = BENCH_PARTS.get(args.chapter[0], [])
+        if not 1 <= args.part <= len(parts):
+            ap.error(f"{args.chapter[0]} has {len(parts)} parts (--parts lists them), not a part {args.part}")
+        part = parts[args.part - 1]
+        selection = {"ops": list(part.ops), "shape": part.shape, "extended": part.extended}
+        print(f"bench: {args.chapter[0]} part {args.part} of {len(parts)}: {part.args() or '(every case)'}")
 
     if args.compare and args.replay_run:
         try:

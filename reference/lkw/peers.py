@@ -63,12 +63,14 @@ class PeerCall:
     op's order (None for an output the peer does not produce comparably). `reset()` restores the
     inputs an in-place kernel overwrote (untimed). `checked` lists the outputs compared with the
     reference (None: all); `extra_check(outputs) -> (ok, text)` checks what the reference cannot
-    (a different quantization of the same values)."""
+    (a different quantization of the same values); `summary` says what runs, where neither torch's
+    version nor a library's names it (another chapter's registered kernel)."""
 
     call: Callable[[], Sequence]
     reset: Callable[[], None] | None = None
     checked: tuple[int, ...] | None = None
     extra_check: Callable[[Sequence], tuple[bool, str]] | None = None
+    summary: str | None = None
 
     def __call__(self):
         return self.call()
@@ -710,7 +712,9 @@ def _vllm_moe():
 def moe_peers(op: str, num_experts: int = 0, block_m: int = 0, k: int = 0,
               renormalize: bool = False) -> dict[str, Callable]:
     """vLLM's moe_align_block_size (its sorted ids and the padded total are checked; its expert ids
-    for the blocks after the runs are not written by the kernel) and topk_softmax."""
+    for the blocks after the runs are not written by the kernel) and topk_softmax, which takes FP32
+    or BF16 gating logits (the peer of topk_softmax_bf16 too; a build without the BF16 path fails
+    its call and the bench records it as not running)."""
 
     def align(torch, inputs):
         moe = _vllm_moe()
@@ -742,7 +746,8 @@ def moe_peers(op: str, num_experts: int = 0, block_m: int = 0, k: int = 0,
         return PeerCall(call)
 
     return {"moe_align_block_size": {"vllm moe_align_block_size": align},
-            "topk_softmax": {"vllm topk_softmax": topk_softmax}}.get(op, {})
+            "topk_softmax": {"vllm topk_softmax": topk_softmax},
+            "topk_softmax_bf16": {"vllm topk_softmax": topk_softmax}}.get(op, {})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -936,14 +941,17 @@ def qk_norm_rope_peers(eps: float, is_neox: bool = True) -> dict[str, Callable]:
 
 
 def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
-    """vLLM's reshape_and_cache (the paged layout) and reshape_and_cache_flash (NHD): (key, value,
-    key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale), kv_cache_dtype "auto"
-    for a BF16 cache (the scales, ones, unused) and "fp8" for an E4M3 one, which vLLM keeps as
-    bytes (uint8 views of the same caches). vLLM's FP8 conversion divides by the scale, the
-    contract multiplies by its reciprocal: one E4M3 code apart now and then. FlashInfer's
-    append_paged_kv_cache takes batch indices and page tables instead of a slot mapping: not a
-    peer of this signature."""
-    kernel = {"paged": "reshape_and_cache", "nhd": "reshape_and_cache_flash"}.get(layout)
+    """vLLM's reshape_and_cache (the paged layout) and reshape_and_cache_flash (NHD, and HND):
+    (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+    kv_cache_dtype "auto" for a BF16 cache (the scales, ones, unused) and "fp8" for an E4M3 one,
+    which vLLM keeps as bytes (uint8 views of the same caches). reshape_and_cache_flash takes the
+    cache as [blocks, block, Hk, D] and addresses it through its strides (block, page, head), so
+    an HND cache [blocks, Hk, block, D] goes in as its transposed view, as vLLM's own HND
+    allocation does. vLLM's FP8 conversion divides by the scale, the contract multiplies by its
+    reciprocal: one E4M3 code apart now and then. FlashInfer's append_paged_kv_cache takes batch
+    indices and page tables instead of a slot mapping: not a peer of this signature."""
+    kernel = {"paged": "reshape_and_cache", "nhd": "reshape_and_cache_flash",
+              "hnd": "reshape_and_cache_flash"}.get(layout)
     if kernel is None:
         return {}
     fp8 = kv_dtype == "float8_e4m3fn"
@@ -957,6 +965,8 @@ def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
             k_scale = v_scale = torch.ones(1, dtype=torch.float32, device=key.device)
         (key_cache, value_cache), reset = _copies(torch, ins[-2:])
         kc, vc = (key_cache.view(torch.uint8), value_cache.view(torch.uint8)) if fp8 else (key_cache, value_cache)
+        if layout == "hnd":  # [blocks, Hk, block, D] seen as [blocks, block, Hk, D]: head stride block·D
+            kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)
 
         def call():
             getattr(ops, kernel)(key, value, kc, vc, slots, "fp8" if fp8 else "auto", k_scale, v_scale)
@@ -964,7 +974,7 @@ def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
 
         return PeerCall(call, reset=reset)
 
-    return {f"vllm {kernel}": factory}
+    return {f"vllm {kernel}" + (" (HND strides)" if layout == "hnd" else ""): factory}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ it is read from the repository (``$LKW_SASS_MIX`` names another file) whatever
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -108,6 +109,69 @@ def above_ceiling(row: dict, data: dict | None = None, mode: str | None = None) 
         return None
     ratio = row.get("dram_ratio")
     return "explained" if ratio is not None and abs(ratio - 1) <= DRAM_TOLERANCE else "suspect"
+
+
+# The GEMM chapters' rows are also read against the tensor cores: the BF16 tensor peak is the
+# measured rate of chapter 00's cuBLAS GEMM (8192^3) recorded for the same GPU, in the same timing
+# mode, read from its results file when a run is benched or shown (never a figure in the code).
+TENSOR_PEAK_ROW = ("00_roofline", "gemm_bf16", "cublas")
+TENSOR_PEAK_CHAPTERS = ("07_w4a16_gemm",)
+
+
+def tensor_peak(gpu: str = GPU) -> tuple[dict[str, float], str]:
+    """({mode: TFLOP/s}, where it comes from) of the BF16 tensor peak recorded for `gpu`: the rate
+    of TENSOR_PEAK_ROW in each timing mode it was timed in; ({}, why not) where the results file
+    or the row is missing (or the row failed its check, or has no TFLOP/s)."""
+    chapter, op, version = TENSOR_PEAK_ROW
+    path = results_path(chapter, gpu)
+    try:
+        shown = path.relative_to(REPO)
+    except ValueError:
+        shown = path
+    return _tensor_peak_of(str(path), path.stat().st_mtime_ns if path.is_file() else None, str(shown))
+
+
+@functools.lru_cache(maxsize=8)
+def _tensor_peak_of(path: str, mtime: int | None, shown: str) -> tuple[dict[str, float], str]:
+    chapter, op, version = TENSOR_PEAK_ROW
+    if mtime is None:
+        return {}, f"{shown} does not exist"
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        return {}, f"{shown} cannot be read ({type(e).__name__})"
+    row = next((r for r in data.get("rows", []) if r.get("op") == op and r.get("version") == version), None)
+    if row is None or not row.get("correct", True):
+        return {}, f"{shown} has no {'correct ' if row else ''}{op}/{version} row"
+    peak = {m: t for m in MODES if (t := rate(row, m, "tflops"))}
+    if not peak:
+        return {}, f"{shown}: its {op}/{version} row has no TFLOP/s"
+    date, commit = row.get("run_date") or data.get("date", "?"), row.get("run_commit") or data.get("commit", "?")
+    return peak, f"{chapter}/{op}/{version} at {row.get('shape', '?')} ({shown}, {date}, commit {commit})"
+
+
+def tensor_peak_of_run(data: dict) -> tuple[dict[str, float], str | None]:
+    """The tensor peak a run is read against: the one its bench recorded (tensor_peak_tflops of
+    each mode, tensor_peak_source), or, for a chapter of TENSOR_PEAK_CHAPTERS recorded without it,
+    the one recorded for its GPU now; ({}, None) for the other chapters."""
+    if data.get("tensor_peak_source"):
+        peak = {m: data[mkey(m, "tensor_peak_tflops")] for m in MODES if data.get(mkey(m, "tensor_peak_tflops"))}
+        return peak, data["tensor_peak_source"]
+    if data.get("chapter") not in TENSOR_PEAK_CHAPTERS:
+        return {}, None
+    gpu = str(data.get("gpu") or GPU).split()[-1].lower()
+    return tensor_peak(gpu)
+
+
+def pct_tensor_peak(row: dict, mode: str, data: dict | None = None) -> float | None:
+    """A row's TFLOP/s in one mode as % of the BF16 tensor peak in that mode: recorded by the
+    bench, or from the run's peak (tensor_peak_of_run) where `data` is given."""
+    key = mkey(mode, "pct_tensor_peak")
+    if key in row or data is None:
+        return row.get(key)
+    peak = tensor_peak_of_run(data)[0].get(mode)
+    r = rate(row, mode, "tflops")
+    return 100.0 * r / peak if peak and r else None
 
 
 def results_dir() -> Path:
@@ -211,6 +275,9 @@ def _cells(row: dict, data: dict) -> list[str]:
     tflops, gbps = rate(row, h, "tflops"), rate(row, h)
     if tflops is not None and intensity > COMPUTE_BOUND_FLOP_PER_BYTE:
         achieved = f"{tflops:.1f} TFLOP/s"
+        of_peak = pct_tensor_peak(row, h, data)
+        if of_peak is not None:
+            achieved += f" ({of_peak:.0f}% of peak)"
     elif gbps is not None:
         achieved = f"{gbps:.0f} GB/s"
     else:
@@ -286,6 +353,7 @@ def _timing_note(data: dict) -> str:
 
 
 def _notes(data: dict) -> list[str]:
+    h = headline(data)
     notes = [_timing_note(data)]
     marks = {above_ceiling(r, data) for r in data["rows"]}
     if "suspect" in marks:
@@ -308,6 +376,12 @@ def _notes(data: dict) -> list[str]:
         if r.get("graph_error"):
             notes.append(f"{r['op']}/{r['version']} at {r.get('shape', '')}: not captured in a CUDA graph: "
                          f"{r['graph_error']}")
+    peak, source = tensor_peak_of_run(data)
+    if source and peak.get(h):
+        notes.append(f"% of peak: a GEMM row's TFLOP/s over the BF16 tensor peak, the measured cuBLAS "
+                     f"GEMM's {peak[h]:.1f} TFLOP/s {MODE_WORDS[h]} ({source}).")
+    elif source:
+        notes.append(f"No % of the BF16 tensor peak: {source}.")
     absent = [st["detail"] for st in (data.get("peer_libraries") or {}).values() if not st.get("available")]
     if absent:
         notes.append("Production peers not in this run: " + "; ".join(absent) + ".")
@@ -445,7 +519,7 @@ def ablation_markdown(chapter: str) -> str:
 
 # What a run's summary in "runs" keeps of its top-level fields.
 _RUN_FIELDS = ("date", "commit", "driver", "cuda", "ceiling_version", *(mkey(m, "ceiling_gbps") for m in MODES),
-               "peer_libraries")
+               "peer_libraries", "tensor_peak_source")
 
 
 def _run_summary(data: dict, rows: int) -> dict:

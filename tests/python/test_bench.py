@@ -9,6 +9,7 @@ and `tools/bench.py --compare` compares runs on the GPU)."""
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +200,84 @@ def test_a_chapter_run_writes_the_timing_marker_ceilings_and_ratios_of_every_mod
     header = table.splitlines()[2].split()
     assert header[:6] == ["op", "version", "summary", "shape", "in", "a"]  # the graph's time first
     assert "p 5.00×" in table and "vllm" not in table.split("Production peers")[0].splitlines()[-1]
+
+
+def _gemm_run_rows(tflops_graph: float) -> list[dict]:
+    r = {"name": "07_w4a16_gemm/w4a16r_gemm/v7", "op": "w4a16r_gemm", "version": "v7", "kind": "version",
+         "summary": "", "shape": "m=4096,n=8,k=8,g=128", "model_bytes": 1e6, "flops": 2e12, "correct": True,
+         "time_us": 4000.0, "back_to_back_us": 4000.0, "graph_us": 2e12 / (tflops_graph * 1e6),
+         "back_to_back_correct": True, "graph_correct": True}
+    for mode in results.MODES:
+        t = r[results.mkey(mode, "us")]
+        r[results.mkey(mode, "min_us")], r[results.mkey(mode, "max_us")] = t, t
+    bench._rates(r)
+    return [r]
+
+
+def _roofline_file(root: Path, row: dict | None) -> None:
+    (root / "h200").mkdir(parents=True, exist_ok=True)
+    run = {"chapter": "00_roofline", "gpu": "NVIDIA H200", "date": "D", "commit": "C", "rows": [row] if row else []}
+    (root / "h200" / "00_roofline.json").write_text(json.dumps(run))
+
+
+def test_the_tensor_peak_is_chapter_00_s_recorded_cublas_gemm_per_mode(tmp_path, monkeypatch):
+    """results.tensor_peak: the gemm_bf16/cublas row of results/<gpu>/00_roofline.json, its TFLOP/s
+    in each mode, and where it came from; none (and why) without the file or the row."""
+    recorded = json.loads((REPO / "results" / "h200" / "00_roofline.json").read_text())
+    row = next(r for r in recorded["rows"] if r["op"] == "gemm_bf16" and r["version"] == "cublas")
+    peak, source = results.tensor_peak("h200")
+    assert peak["graph"] == pytest.approx(results.rate(row, "graph", "tflops"))
+    assert set(peak) == set(results.MODES) and "gemm_bf16/cublas" in source and "00_roofline.json" in source
+    monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
+    assert results.tensor_peak("h200") == ({}, f"{tmp_path / 'h200' / '00_roofline.json'} does not exist")
+    _roofline_file(tmp_path, {"op": "copy", "version": "v1", "graph_us": 1.0})
+    peak, why = results.tensor_peak("h200")
+    assert peak == {} and "no gemm_bf16/cublas row" in why
+    _roofline_file(tmp_path, {"op": "gemm_bf16", "version": "cublas", "shape": "m=8192,n=8192,k=8192",
+                              "flops": 1.1e12, "graph_us": 2000.0, "back_to_back_us": 2200.0, "time_us": 1000.0})
+    peak, source = results.tensor_peak("h200")
+    assert peak == pytest.approx({"graph": 550.0, "back_to_back": 500.0, "one_launch": 1100.0})
+
+
+def test_a_w4a16_run_gets_its_percent_of_the_tensor_peak_or_says_why_not(tmp_path, monkeypatch):
+    """run_chapter of chapter 07: each row's TFLOP/s in each mode over the peak of that mode, read
+    when the bench runs (the run records the peak and its source); without a recorded peak the run
+    says why and no row has a %; the table shows the headline's % beside TFLOP/s, and a run
+    recorded without the fields gets them from the file when it is shown."""
+    monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
+    _roofline_file(tmp_path, {"op": "gemm_bf16", "version": "cublas", "shape": "m=8192,n=8192,k=8192",
+                              "flops": 1e12, "graph_us": 1250.0, "back_to_back_us": 1250.0, "time_us": 1000.0})
+    case = bench.Case("w4a16r_gemm", "m=4096,n=8,k=8,g=128", ["uint32"], None, None)
+    monkeypatch.setitem(bench.CHAPTERS, "07_w4a16_gemm", lambda: [case])
+    monkeypatch.setattr(bench, "ext", lambda: type("E", (), {"device": staticmethod(
+        lambda: {"name": "NVIDIA H200", "runtime_version": 13000})}))
+    monkeypatch.setattr(bench, "versions_of", lambda *a: [])
+    monkeypatch.setattr(bench, "measure_case", lambda *a, **k: _gemm_run_rows(400.0))
+    monkeypatch.setattr(bench, "same_size_copy", lambda *a, **k: None)
+    ceiling = ({m: 4000.0 for m in results.MODES}, "00_roofline/copy/v1", [])
+    run = bench.run_chapter("07_w4a16_gemm", ceiling=ceiling, warmup=1, iters=1, l2_bytes=1)
+    assert run["graph_tensor_peak_tflops"] == pytest.approx(800.0)
+    assert run["tensor_peak_tflops"] == pytest.approx(1000.0) and "gemm_bf16/cublas" in run["tensor_peak_source"]
+    (r,) = run["rows"]
+    assert r["graph_pct_tensor_peak"] == pytest.approx(50.0) and r["pct_tensor_peak"] == pytest.approx(50.0)
+    check_results_schema(run, "07 with peak")
+    table = results.text_table(run)
+    assert "400.0 TFLOP/s (50% of peak)" in table and "the measured cuBLAS GEMM's 800.0 TFLOP/s" in table
+    # Recorded before the peak was: computed from the file when shown.
+    old = {k: v for k, v in run.items() if "tensor_peak" not in k}
+    old["rows"] = [{k: v for k, v in r.items() if "tensor_peak" not in k}]
+    assert "(50% of peak)" in results.text_table(old)
+    # No peak recorded for this GPU: the run says why, the rows have no %.
+    (tmp_path / "h200" / "00_roofline.json").unlink()
+    run = bench.run_chapter("07_w4a16_gemm", ceiling=ceiling, warmup=1, iters=1, l2_bytes=1, log=lambda *a: None)
+    assert "does not exist" in run["tensor_peak_missing"] and "tensor_peak_source" not in run
+    assert all("pct_tensor_peak" not in k for k in run["rows"][0])
+    table = results.text_table(run)
+    assert "% of peak)" not in table and "No % of the BF16 tensor peak" in table
+    # Other chapters: no peak fields at all.
+    monkeypatch.setitem(bench.CHAPTERS, "99_test", lambda: [case])
+    run = bench.run_chapter("99_test", ceiling=ceiling, warmup=1, iters=1, l2_bytes=1)
+    assert not any("tensor_peak" in k for k in run) and "of peak" not in results.text_table(run)
 
 
 def _old_run():
@@ -430,7 +509,8 @@ def test_w4a16_cases_cover_every_shape_and_m_of_both_ops_with_the_same_shape_str
         # The peers are measured under the natural op; the repacked op meets them through PEER_OPS.
         if c.op == "w4a16_gemm":
             tinygemm = {"torch_int4pack_mm"} if m <= bench.W4A16_INT4PACK_MAX_M else set()
-            assert set(c.torch_peers) == {"torch_matmul"} | tinygemm
+            gemv = {bench.W4A16_GEMV_PEER_NAME} if m <= bench.W4A16_GEMV_MAX_M else set()
+            assert set(c.torch_peers) == {"torch_matmul"} | tinygemm | gemv
             assert set(c.library_peers) == {"vllm marlin_gemm", "vllm machete_mm", "humming HummingLayer"}
         else:
             assert not c.torch_peers and not c.library_peers
@@ -453,6 +533,47 @@ def test_the_extended_matrix_is_the_issue_s_and_selections_cut_it():
     assert bench.cases_of("07_w4a16_gemm", shape="no such shape") == []
     # A chapter without an extended matrix: --extended is its default run.
     assert [c.shape for c in bench.cases_of("04_rmsnorm", extended=True)] == [c.shape for c in bench.CHAPTERS["04_rmsnorm"]()]
+
+
+@pytest.mark.parametrize("chapter", sorted(bench.BENCH_PARTS))
+def test_a_chapter_s_parts_take_every_case_of_its_matrix_once(chapter):
+    """BENCH_PARTS: the parts of a chapter select every case of its full matrix (EXTENDED's where
+    it has one) exactly once, so that the parts merged are the whole run, and none is empty."""
+    whole = bench.cases_of(chapter, extended=True)
+    taken = [(c.op, c.shape) for part in bench.BENCH_PARTS[chapter] for c in part.cases(chapter)]
+    assert sorted(taken) == sorted((c.op, c.shape) for c in whole)
+    assert len(set(taken)) == len(taken)
+    assert all(part.cases(chapter) for part in bench.BENCH_PARTS[chapter])
+    for part in bench.BENCH_PARTS[chapter]:  # each op named is the chapter's
+        assert set(part.ops) <= {c.op for c in whole}, part
+
+
+def test_part_selects_what_its_arguments_select_and_parts_lists_them(monkeypatch, capsys):
+    """--part N runs exactly what the part's own arguments (Part.args, as --parts prints them)
+    select; --part needs one chapter and no --op / --shape of its own; --parts needs no GPU."""
+    import shlex
+
+    seen = {}
+    monkeypatch.setattr(bench, "ext", lambda: (_ for _ in ()).throw(AssertionError("no GPU wanted")))
+    chapter = "07_w4a16_gemm"
+    for n, part in enumerate(bench.BENCH_PARTS[chapter], 1):
+        args = shlex.split(part.args())
+        ops = [args[i + 1] for i, a in enumerate(args) if a == "--op"]
+        shape = next((args[i + 1] for i, a in enumerate(args) if a == "--shape"), None)
+        via_args = bench.cases_of(chapter, ops, shape, "--extended" in args)
+        assert [c.shape for c in via_args] == [c.shape for c in part.cases(chapter)]
+        seen[n] = len(via_args)
+    assert bench.main(["--parts", "--chapter", chapter]) == 0
+    out = capsys.readouterr().out
+    for n, part in enumerate(bench.BENCH_PARTS[chapter], 1):
+        assert f"--part {n}: {part.args()} ({seen[n]} cases)" in out
+    assert f'LKW_BENCH_PARTS="--part N" LKW_PART_TIMEOUT={bench.PART_TIMEOUT}' in out
+    for argv, why in ((["--part", "1"], "exactly one --chapter"),
+                      (["--chapter", chapter, "--part", "1", "--op", "w4a16_gemm"], "sets --op"),
+                      (["--chapter", chapter, "--part", "99"], "has 7 parts")):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert why in capsys.readouterr().err
 
 
 def test_a_bad_shape_pattern_is_refused(capsys):
@@ -510,6 +631,62 @@ def test_w4a16_torch_repack_is_lkw_w4a16_repack_and_unrepack_its_inverse(rng):
         assert np.array_equal(back.numpy().view(np.uint32), words)
     with pytest.raises(ValueError):
         bench._torch_repack(torch, torch.zeros(32, 2, dtype=torch.int32))
+
+
+def test_w4a16_words_in_chapter_06_s_tiled_layout_are_lkw_gemv_s(rng):
+    """The chapter 06 peer's packer: natural words -> interleaved nibbles -> tiles of 16 rows by 32
+    words, padding zero: lkw.gemv.tile_weights(lkw.int4.interleave(words)), also where N and K/8
+    are not whole tiles and steps."""
+    torch = pytest.importorskip("torch")
+    from lkw import gemv, int4
+
+    for n, k in ((16, 256), (48, 512), (20, 264)):
+        words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+        ours = bench._torch_tiled_gemv_words(torch, torch.from_numpy(words.view(np.int32)))
+        assert ours.dtype == torch.int32 and tuple(ours.shape) == gemv.tiled_shape(n, k)
+        assert np.array_equal(ours.numpy().view(np.uint32), gemv.tile_weights(int4.interleave(words)))
+
+
+def test_the_chapter_06_gemv_peer_runs_v7_on_its_layout_or_is_absent_without_chapter_06(rng, monkeypatch):
+    """_w4a16_gemv_peer: chapter 06's final version, launched through the registry on the current
+    stream with the int4t_gemv tensors (x, the tiled words, scales [N, K/G]) and dtypes; its y is
+    the case's y. A build without chapter 06 makes it Absent (skipped, said why), not a failed row."""
+    torch = pytest.importorskip("torch")
+    from lkw import gemv, golden, int4
+
+    m, n, k, g = 2, 32, 512, 128
+    words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+    scales = (rng.random((k // g, n)) * 0.01 + 1e-3).astype(np.float32)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    inputs = [x, torch.from_numpy(words.view(np.int32)), torch.from_numpy(scales).to(torch.bfloat16)]
+    launched = []
+
+    class Ext:
+        @staticmethod
+        def versions():
+            return [{"name": bench.W4A16_GEMV_PEER}]
+
+        @staticmethod
+        def launch(name, ins, outs, params=None, dtypes=None, stream=0):
+            launched.append((name, [tuple(t.shape) for t in ins], [tuple(t.shape) for t in outs], dtypes, stream))
+            tiled = ins[1].numpy().view(np.uint32)
+            assert np.array_equal(tiled, gemv.tile_weights(int4.interleave(words)))
+            assert torch.equal(ins[2].view(torch.bfloat16), inputs[2].t().contiguous())
+            outs[0].view(torch.bfloat16).copy_(torch.full((m, n), 3.0, dtype=torch.bfloat16))
+
+    monkeypatch.setattr(bench, "ext", lambda: Ext)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=77))
+    call = bench._w4a16_gemv_peer(torch, inputs)
+    (y,) = call()
+    assert y.dtype == torch.bfloat16 and bool((y == 3.0).all())
+    assert bench.W4A16_GEMV_PEER in call.summary
+    want_dtypes = [*golden.OPS["int4t_gemv"].inputs, *golden.OPS["int4t_gemv"].outputs]
+    assert launched == [(bench.W4A16_GEMV_PEER, [(m, k), gemv.tiled_shape(n, k), (n, k // g)], [(m, n)],
+                         want_dtypes, 77)]
+    Ext.versions = staticmethod(lambda: [])
+    with pytest.raises(bench.peers.Absent, match="chapter 06"):
+        bench._w4a16_gemv_peer(torch, inputs)
+    assert bench.W4A16_GEMV_PEER.startswith("06_int4_gemv/int4t_gemv/")
 
 
 def test_w4a16_reference_in_torch_slices_is_the_host_reference(rng, monkeypatch):
@@ -571,6 +748,64 @@ def test_moe_cases_cover_the_goal_shapes():
     assert {("topk_softmax", f"t={t},e=256,k=8") for t in (1, 128, 16384)} <= shapes
     ops = {c.op for c in bench.cases_of("09_moe")}
     assert {"moe_grouped_gemm", "moe_grouped_gemm_silu", "moe_sum"} <= ops
+
+
+def test_moe_cases_are_issue_45_s_routing_and_expert_shapes():
+    """Issue 45: both gating ops (FP32 and BF16 logits) and DeepSeek's router at decode, mid and
+    prefill T; the align skewed (Zipf, all-to-one) at T 16, 1024 and 4096 for every model; the
+    grouped GEMMs (gate_up with SiLU, down, down with the weighted sum) and moe_sum from T 16 to
+    4096."""
+    cases = bench.cases_of("09_moe")
+    shapes = {(c.op, c.shape) for c in cases}
+    models = {"mixtral": (8, 2), "qwen3": (128, 8), "deepseek": (256, 8)}
+    assert bench.MOE_ROUTER_T == (1, 16, 128, 1024, 4096, 16384)
+    for op in ("topk_softmax", "topk_softmax_bf16"):
+        assert {(op, f"t={t},e={e},k={k}") for e, k in models.values() for t in bench.MOE_ROUTER_T} <= shapes
+    assert {("deepseek_router", f"t={t},e=256,k=8,groups=8") for t in bench.MOE_ROUTER_T} <= shapes
+    for dist in ("uniform", "zipf", "one"):
+        for e, k in models.values():
+            ts = bench.MOE_T if dist == "uniform" else (16, 1024, 4096)
+            want = {("moe_align_block_size", f"t={t},e={e},k={k},block_m=64,{dist}") for t in ts}
+            assert want <= shapes, (dist, e)
+    assert len([c for c in cases if c.op == "moe_align_block_size"]) == 3 * 6 + 2 * 3 * 3
+    assert bench.MOE_GEMM_T == (16, 128, 1024, 4096)
+    for e, k, d, inter in bench.MOE_GEMM_MODELS.values():
+        for t in bench.MOE_GEMM_T:
+            assert ("moe_grouped_gemm_silu", f"t={t},e={e},k={k},n={2 * inter},k_dim={d},block_m=64") in shapes
+            assert ("moe_grouped_gemm", f"t={t},e={e},k={k},n={d},k_dim={inter},block_m=64") in shapes
+            assert ("moe_grouped_gemm_sum", f"t={t},e={e},k={k},n={d},k_dim={inter},block_m=64") in shapes
+            assert ("moe_sum", f"t={t},k={k},d={d}") in shapes
+    bf16 = [c for c in cases if c.op == "topk_softmax_bf16"]
+    assert all(c.dtypes == ["bfloat16", "float32", "int32"] for c in bf16)
+    assert all(set(c.library_peers) == {"vllm topk_softmax"} for c in bf16)
+    assert all(c.params == {"k": int(c.shape.split(",")[2][2:]), "renormalize": 1} for c in bf16)
+
+
+def test_topk_softmax_bf16_cases_make_exact_bf16_logits_the_reference_and_torch_agree_on(monkeypatch):
+    """The BF16 case's logits, (level - E/2)/32, are exact in BF16: the reference on their bits
+    equals the FP32 case's on the same levels, and the torch peer (softmax in FP32) matches both."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("lkw._ext", reason="the extension is built by tools/setup.sh")
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self if a[:1] == ("cuda",) else to(self, *a, **k))
+    fake = _CpuTorch(torch)
+    for e, k in ((8, 2), (256, 8)):
+        shape = f"t=16,e={e},k={k}"
+        (c32,) = bench.cases_of("09_moe", ops=["topk_softmax"], shape=f"^{shape}$")
+        (c16,) = bench.cases_of("09_moe", ops=["topk_softmax_bf16"], shape=f"^{shape}$")
+        outs = []
+        for case in (c32, c16):
+            gen = torch.Generator()
+            gen.manual_seed(case.seed)
+            (x,), _ = case.make(fake, gen)
+            host = [bench._host_bits(x)]
+            expected = bench._reference(case, host)
+            got = bench._outs(case.torch_peers["torch_eager"](torch, [x])())
+            check = bench._verify(case, bench._raw([x]), got, expected, case.peer_tolerance)
+            assert check["pass"], f"{case.op} {shape}: {check['text']}"
+            outs.append(expected)
+        assert x.dtype == torch.bfloat16
+        assert all(np.array_equal(a, b) for a, b in zip(*outs))  # the same levels, exactly
 
 
 def test_grouped_sample_reference_is_the_golden_reference_on_its_rows():
@@ -719,22 +954,25 @@ def test_elementwise_cases_are_the_issue_s_shapes_and_the_shape_strings_select_t
 
     cases = bench.cases_of("05_elementwise")
     ts = bench.ELEMENTWISE_T
-    want = {("silu_and_mul", f"t={t},d={d},{m}") for m, d in (("llama3_8b", 14336), ("llama3_70b", 28672))
-            for t in ts}
-    want |= {("gelu_tanh_and_mul", f"t={t},d=14336,llama3_8b") for t in (16, 8192)}
-    want |= {(op, f"t={t},d=14336,llama3_8b") for op in golden.FP8_ACT_OPS for t in (16, 8192)}
+    models = (("llama3_8b", 14336), ("llama3_70b", 28672))
+    # Issue 47: every gated activation and every fused FP8 form at both Llama d_ff and every T.
+    act_ops = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", *golden.FP8_ACT_OPS)
+    want = {(op, f"t={t},d={d},{m}") for op in act_ops for m, d in models for t in ts}
     want |= {("rope", f"t={t},hq={hq},hk=8,d=128,rot=128,neox,{m}")
              for m, hq in (("llama3_8b", 32), ("llama3_70b", 64)) for t in ts}
     want |= {("qk_norm_rope", f"t={t},hq=32,hk=8,d=128,rot=128,neox,qwen3_8b") for t in ts}
     want |= {(op, f"t={t},hk=8,d=128,block=16,{layout},llama3_8b")
-             for op in bench.CACHE_OPS for layout in ("paged", "nhd") for t in (16, 1024, 8192)}
-    assert {(c.op, c.shape) for c in cases} == want and len(cases) == len(want) == 45
-    assert ts == (1, 16, 128, 1024, 8192)
-    assert {c.op for c in bench.cases_of("05_elementwise", shape="llama3_70b")} == {"silu_and_mul", "rope"}
+             for op in bench.CACHE_OPS for layout in ("paged", "nhd", "hnd") for t in (16, 1024, 8192)}
+    assert {(c.op, c.shape) for c in cases} == want and len(cases) == len(want) == 93
+    assert ts == (1, 16, 128, 1024, 8192) and len(golden.FP8_ACT_OPS) == 3
+    assert {c.op for c in bench.cases_of("05_elementwise", shape="llama3_70b")} == {*act_ops, "rope"}
     assert {c.op for c in bench.cases_of("05_elementwise", shape="qwen3")} == {"qk_norm_rope"}
     picked = bench.cases_of("05_elementwise", ops=["reshape_and_cache_fp8"], shape=r"^t=8192,.*,paged,")
     assert [c.shape for c in picked] == ["t=8192,hk=8,d=128,block=16,paged,llama3_8b"]
-    assert len(bench.cases_of("05_elementwise", shape=r"^t=1,")) == 5  # silu and rope of both, qk
+    picked = bench.cases_of("05_elementwise", ops=list(bench.CACHE_OPS), shape=",hnd,")
+    assert len(picked) == 6 and {c.params["layout"] for c in picked} == {2}  # HND: the launcher's layout 2
+    # T = 1: six activation ops and two ropes per Llama model, and the QK norm
+    assert len(bench.cases_of("05_elementwise", shape=r"^t=1,")) == 2 * 6 + 2 + 1
 
 
 def test_elementwise_cases_name_their_tensors_peers_and_in_place_caches():
@@ -755,7 +993,9 @@ def test_elementwise_cases_name_their_tensors_peers_and_in_place_caches():
             assert c.params == {"layout": ew.LAYOUTS.index(layout)} and c.sample_rows is None
             assert c.rotation_bytes == c.model_bytes == ew.reshape_and_cache_bytes(t, 8, 128, kv_dtype)
             assert c.tolerance == "exact" and c.peer_tolerance == bench.CACHE_PEER_TOLERANCE[kv_dtype]
-            assert set(c.library_peers) == {f"vllm reshape_and_cache{'_flash' if layout == 'nhd' else ''}"}
+            assert set(c.library_peers) == {{"paged": "vllm reshape_and_cache",
+                                             "nhd": "vllm reshape_and_cache_flash",
+                                             "hnd": "vllm reshape_and_cache_flash (HND strides)"}[layout]}
         else:
             assert c.rotation_bytes is None
             assert c.sample_rows == (bench.ACT_SAMPLE_ROWS if t > bench.ACT_SAMPLE_ROWS else None)
@@ -767,6 +1007,9 @@ def test_elementwise_cases_name_their_tensors_peers_and_in_place_caches():
     names = {c.op: set(c.library_peers) for c in bench.cases_of("05_elementwise")}
     assert names["silu_and_mul"] == {"vllm silu_and_mul", "flashinfer silu_and_mul",
                                      "liger swiglu_fused_gate_up_forward"}
+    assert names["gelu_and_mul"] == {"vllm gelu_and_mul", "flashinfer gelu_and_mul"}
+    assert names["gelu_tanh_and_mul"] == {"vllm gelu_tanh_and_mul", "flashinfer gelu_tanh_and_mul"}
+    assert names["silu_and_mul_fp8_per_group"] == {"vllm silu_and_mul_per_block_quant"}
     assert names["rope"] == {"vllm rotary_embedding", "flashinfer apply_rope_with_cos_sin_cache",
                              "liger rope_forward"}
     assert names["qk_norm_rope"] == {"vllm fused_qk_norm_rope"}
@@ -789,13 +1032,15 @@ def test_elementwise_act_references_take_the_sampled_rows_and_set_data_tolerance
     (y,) = bench._reference(silu, [x])
     assert np.array_equal(y, ew.silu_and_mul(x[:64]))
     assert silu.tolerance == "ulp:1" and silu.peer_tolerance == "ulp:2"
-    gelu = _elementwise_case("gelu_tanh_and_mul", "t=8192,d=14336,llama3_8b")
-    (y,) = bench._reference(gelu, [x])
-    assert np.array_equal(y, ew.gelu_tanh_and_mul(x[:64]))
-    assert gelu.tolerance == ew.act_tolerance(x[:64], "gelu_tanh")
-    assert gelu.peer_tolerance == "close:0.015625:" + gelu.tolerance.split(":")[2]
+    for op, act, shape in (("gelu_tanh_and_mul", "gelu_tanh", "t=8192,d=14336,llama3_8b"),
+                           ("gelu_and_mul", "gelu", "t=1024,d=28672,llama3_70b")):
+        gelu = _elementwise_case(op, shape)
+        (y,) = bench._reference(gelu, [x])
+        assert np.array_equal(y, ew.act_and_mul(x[:64], act))
+        assert gelu.tolerance == ew.act_tolerance(x[:64], act)
+        assert gelu.peer_tolerance == "close:0.015625:" + gelu.tolerance.split(":")[2]
     scale = np.array([0.05], np.float32)
-    static = _elementwise_case("silu_and_mul_fp8_per_tensor", "t=8192,d=14336,llama3_8b")
+    static = _elementwise_case("silu_and_mul_fp8_per_tensor", "t=8192,d=28672,llama3_70b")
     (q,) = bench._reference(static, [x, scale.view(np.uint32)])
     assert np.array_equal(q, ew.silu_and_mul_fp8_per_tensor(x[:64], scale))
     group = _elementwise_case("silu_and_mul_fp8_per_group", "t=8192,d=14336,llama3_8b")
@@ -827,7 +1072,7 @@ def test_elementwise_rope_references_cut_the_tokens_and_set_the_tolerance_of_the
 
 
 @pytest.mark.parametrize("op", ["reshape_and_cache", "reshape_and_cache_fp8"])
-@pytest.mark.parametrize("layout", ["paged", "nhd"])
+@pytest.mark.parametrize("layout", ["paged", "nhd", "hnd"])
 def test_elementwise_cache_references_update_the_initial_caches(rng, op, layout):
     """The reference gets the inputs, then the caches' initial contents (Case.initial_outputs),
     and returns the whole caches updated: the slots written, the rest as it was."""
@@ -872,6 +1117,12 @@ def test_the_torch_peers_compute_the_contract_on_the_cpu(rng):
     x = ew.gate_up(rng, 5, 64)
     y = bench._torch_act(torch, _torch_bits(torch, x, bf16), "silu")
     assert ew.matches(y.view(torch.int16).numpy().view(np.uint16), ew.silu_and_mul(x), "bfloat16", "ulp:2")
+    for act in ("gelu", "gelu_tanh"):  # erf and tanh GELU, each against its own reference
+        y = bench._torch_act(torch, _torch_bits(torch, x, bf16), act)
+        tol = bench._gelu_tolerances(ew.act_tolerance(x, act))[1]
+        assert ew.matches(y.view(torch.int16).numpy().view(np.uint16), ew.act_and_mul(x, act), "bfloat16", tol)
+    erf, tanh = (bench._torch_act(torch, _torch_bits(torch, x, bf16), act) for act in ("gelu", "gelu_tanh"))
+    assert not torch.equal(erf, tanh)  # the erf form is not the tanh approximation under another name
     t, d = 7, 32
     pos = ew.positions(rng, t, 64)
     q, k = ew.heads(rng, t, 4, d), ew.heads(rng, t, 2, d)
@@ -895,7 +1146,7 @@ def test_the_torch_peers_compute_the_contract_on_the_cpu(rng):
 
 
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize("layout", ["paged", "nhd"])
+@pytest.mark.parametrize("layout", ["paged", "nhd", "hnd"])
 def test_the_torch_cache_peer_writes_copies_and_resets_them(rng, kv_dtype, layout):
     torch = pytest.importorskip("torch")
     from lkw import elementwise as ew
@@ -942,7 +1193,7 @@ class _CpuTorch:
 
     def __getattr__(self, name):
         obj = getattr(self._torch, name)
-        if name in ("randn", "randint", "empty", "full", "randperm", "zeros", "ones"):
+        if name in ("randn", "rand", "randint", "empty", "full", "randperm", "zeros", "ones", "arange"):
 
             def without_device(*args, **kwargs):
                 kwargs.pop("device", None)
@@ -1127,12 +1378,15 @@ def test_the_checked_sampling_cases_are_the_brief_s_shapes():
     top_p = [f"b={b},v=128256,p={p}" for p in (0.9, 0.95) for b in bs]
     top_p += [f"b={b},v={v},p=0.9" for v in (32000, 152064) for b in bs]
     assert by_op["top_p_renorm_probs"] == top_p
-    sets = ("k=50,p=0.9,T=0.7", "p=0.95,T=0.7", "k=1024,T=0.7", "min_p=0.1,T=0.7", "T=1")
+    sets = ("k=50,p=0.9,T=0.7", "p=0.95,T=0.7", "k=1024,T=0.7", "min_p=0.1,T=0.7", "T=1", "k=50,T=0.7")
     sample = [f"b={b},v=128256,{f}" for f in sets for b in bs]
     sample += [f"b=64,v={v},k=50,p=0.9,T=0.7" for v in (32000, 152064)]
     assert by_op["sample"] == sample
     assert by_op["rejection_sample"] == [f"b={b},s=4,v=128256" for b in bs] + ["b=64,s=4,v=32000"]
-    assert len(bench.cases_of("10_sampling")) == 34 + 16 + 22 + 5
+    assert len(bench.cases_of("10_sampling")) == 34 + 16 + 26 + 5
+    # Issue 48's goal "top-k (k = 50) >= 10x torch.topk + multinomial": top-k 50 alone, every B.
+    assert [c.shape for c in bench.cases_of("10_sampling", ops=["sample"], shape=r"k=50,T=")] == [
+        f"b={b},v=128256,k=50,T=0.7" for b in bs]
     assert [c.shape for c in bench.cases_of("10_sampling", ops=["sample"], shape=r"^b=256,v=128256,T=")] == [
         "b=256,v=128256,T=1"]
 
@@ -1162,6 +1416,26 @@ def test_the_checked_sampling_cases_name_their_tensors_checks_peers_and_bytes():
     assert fi["k=50,p=0.9,T=0.7"] == {"flashinfer top_k_top_p_sampling_from_logits"}
     assert fi["k=1024,T=0.7"] == {"flashinfer softmax + top_k_sampling_from_probs"}
     assert fi["T=1"] == {"flashinfer sampling_from_logits", "flashinfer softmax + sampling_from_probs"}
+    assert fi["k=50,T=0.7"] == {"flashinfer softmax + top_k_sampling_from_probs"}
+
+
+def test_the_top_k_50_sample_case_s_torch_peer_is_topk_softmax_and_multinomial(rng, monkeypatch):
+    """The peer of the goal "top-k 50 >= 10x torch.topk + multinomial": torch.topk's k-th value
+    masks the logits / T, then softmax and torch.multinomial; no sort (that is top-p's path)."""
+    torch = pytest.importorskip("torch")
+    calls = []
+    for name in ("topk", "sort", "multinomial", "softmax"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    (case,) = bench.cases_of("10_sampling", ops=["sample"], shape=r"^b=16,v=128256,k=50,T=")
+    k, p, min_p, t = bench.SAMPLE_FILTERS["k=50"]
+    assert (k, p, min_p) == (50, 1.0, 0.0)
+    host = _sample_host(rng, b=3, v=400, t=t, k=k, p=p, min_p=min_p)
+    host[1].view(np.float32)[:] = t
+    typed = [torch.from_numpy(a.view(d)) for a, d in zip(host, (np.float32, np.float32, np.int32,
+                                                                  np.float32, np.float32, np.int64))]
+    assert _peer_check(case, torch, typed, "torch_eager") == []
+    assert calls == ["topk", "softmax", "multinomial"]
 
 
 def test_a_case_has_a_reference_or_a_check_not_both():

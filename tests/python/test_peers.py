@@ -174,7 +174,7 @@ def test_chapter_05_peers_are_named_by_library_and_skipped_when_absent(fresh, mo
         factories.update({f"{op}: {k}": v for k, v in peers.act_peers(op).items()})
     factories.update(peers.rope_peers(is_neox=True))
     factories.update(peers.qk_norm_rope_peers(1e-6))
-    for layout in ("paged", "nhd"):
+    for layout in ("paged", "nhd", "hnd"):
         for kv_dtype in ("bfloat16", "float8_e4m3fn"):
             factories.update({f"{layout} {kv_dtype}: {k}": v for k, v in peers.cache_peers(layout, kv_dtype).items()})
     assert {name.split(": ")[-1].split()[0] for name in factories} == {"vllm", "flashinfer", "liger"}
@@ -187,7 +187,56 @@ def test_chapter_05_peers_are_named_by_library_and_skipped_when_absent(fresh, mo
     assert "liger rope_forward" not in peers.rope_peers(is_neox=False)  # Liger rotates halves only
     assert set(peers.cache_peers("paged", "bfloat16")) == {"vllm reshape_and_cache"}
     assert set(peers.cache_peers("nhd", "float8_e4m3fn")) == {"vllm reshape_and_cache_flash"}
-    assert peers.cache_peers("hnd", "bfloat16") == {}
+    assert set(peers.cache_peers("hnd", "bfloat16")) == {"vllm reshape_and_cache_flash (HND strides)"}
+    assert set(peers.moe_peers("topk_softmax_bf16", k=8, renormalize=True)) == {"vllm topk_softmax"}
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_vllm_s_flash_cache_kernel_gets_an_hnd_cache_as_a_strided_nhd_view(monkeypatch, kv_dtype):
+    """reshape_and_cache_flash addresses the cache by its strides: an HND cache [blocks, Hk, block,
+    D] goes in as the view [blocks, block, Hk, D] of the same memory (head stride block * D), and
+    what it writes there is the HND cache the peer returns. A stand-in kernel that writes as vLLM's
+    does (by the view's strides) lands each token at the contract's HND place."""
+    torch = pytest.importorskip("torch")
+    from lkw import elementwise as ew
+
+    fp8 = kv_dtype == "float8_e4m3fn"
+    t, hk, d, blocks, block = 5, 2, 16, 3, 4
+    rng = np.random.default_rng(5)
+    key, value = ew.heads(rng, t, hk, d), ew.heads(rng, t, hk, d)
+    slots = rng.permutation(blocks * block)[:t].astype(np.int64)
+    init = ew.poisoned_caches("hnd", blocks, block, hk, d, kv_dtype)
+    typed = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    bits = np.uint8 if fp8 else np.int16
+    caches = [torch.from_numpy(c.view(bits).copy()).view(typed) for c in init]
+    seen = []
+
+    def flash(k, v, kc, vc, slot_mapping, dtype, k_scale, v_scale):
+        seen.append((tuple(kc.shape), kc.stride(), dtype))
+        b, o = slot_mapping // kc.shape[1], slot_mapping % kc.shape[1]
+        src_k, src_v = k.view(torch.int16), v.view(torch.int16)
+        if fp8:  # a stand-in for the E4M3 codes: the low byte of each BF16 (where they go is the point)
+            src_k, src_v = (x.to(torch.uint8) for x in (src_k & 0xFF, src_v & 0xFF))
+        else:
+            kc, vc = kc.view(torch.int16), vc.view(torch.int16)
+        kc[b, o], vc[b, o] = src_k, src_v
+
+    stub = types.SimpleNamespace(ops=types.SimpleNamespace(reshape_and_cache_flash=flash))
+    monkeypatch.setattr(peers, "library", lambda name, log=print: stub)
+    ins = [torch.from_numpy(key.view(np.int16)).view(torch.bfloat16),
+           torch.from_numpy(value.view(np.int16)).view(torch.bfloat16), torch.from_numpy(slots)]
+    ins += [torch.ones(1), torch.ones(1)] if fp8 else []
+    (factory,) = peers.cache_peers("hnd", kv_dtype).values()
+    call = factory(torch, [*ins, *caches])
+    got = [g.view(torch.uint8).numpy().view(bits).reshape(g.shape) for g in call()]
+    assert seen == [((blocks, block, hk, d), (hk * block * d, d, block * d, 1), "fp8" if fp8 else "auto")]
+    where = ew.cache_index("hnd", init[0].shape, slots, d, "key")
+    for g, src in zip(got, (key, value)):
+        want = src.view(np.int16) & 0xFF if fp8 else src.view(np.int16)
+        assert np.array_equal(g[where], want.astype(bits))
+    untouched = np.ones(init[0].shape, bool)
+    untouched[where] = False
+    assert all(np.array_equal(g[untouched], i.view(bits)[untouched]) for g, i in zip(got, init))
 
 
 def test_flashinfer_modules_the_kit_does_not_prebuild_are_skipped_not_compiled(fresh, monkeypatch):
