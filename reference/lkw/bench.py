@@ -2406,6 +2406,14 @@ def _torch_sample(torch, logits, temperature, top_p, min_p, k: int, top_p_on: bo
     return torch.multinomial(probs, 1)[:, 0].to(torch.int32)
 
 
+def _torch_topk_multinomial(torch, logits, temperature, k: int):
+    """[B] int32 tokens by torch.topk + torch.multinomial as written: the k largest of logits / T,
+    softmax over those k, multinomial, the index gathered back (no V-wide mask or softmax)."""
+    vals, idx = torch.topk(logits / temperature[:, None], k, dim=-1)
+    pick = torch.multinomial(torch.softmax(vals, dim=-1), 1)
+    return idx.gather(1, pick)[:, 0].to(torch.int32)
+
+
 def _compiled_from(peers_: dict[str, Callable], b: int) -> dict[str, Callable]:
     """torch.compile only from SAMPLING_COMPILE_B rows on, as the top-k cases."""
     return {k: f for k, f in peers_.items() if k != "torch_compile" or b >= SAMPLING_COMPILE_B}
@@ -2487,10 +2495,14 @@ def sample_cases() -> list[Case]:
             return _torch_sample(torch, x, t, top_p, mp, k, p < 1, min_p > 0)
 
         on = tuple(f for f, used in (("top_k", k > 0), ("top_p", p < 1), ("min_p", min_p > 0)) if used)
+        torch_peers = _compiled_from(_eager_and_compiled(body), b)
+        if on == ("top_k",):  # the goal's literal baseline: multinomial over the k values only
+            torch_peers["torch_topk_multinomial"] = (
+                lambda torch, ins, k=k: lambda: _torch_topk_multinomial(torch, ins[0], ins[1], k))
         cases.append(Case(
             "sample", ",".join([f"b={b}", f"v={v}", *([filters] if filters else []), f"T={t:g}"]),
             SAMPLE_DTYPES, make, None, check=_sample_check(),
-            torch_peers=_compiled_from(_eager_and_compiled(body), b),
+            torch_peers=torch_peers,
             library_peers=peers.sampling_peers("sample", on), model_bytes=sampling.sample_bytes(b, v)))
     return cases
 
@@ -2636,13 +2648,13 @@ def parts_text(chapters: list[str]) -> str:
         out += [f"  --part {i}: {p.args() or '(every case)'} ({len(p.cases(c))} cases)"
                 for i, p in enumerate(BENCH_PARTS[c], 1)]
         out.append(f'  one part a call, N = 1 .. {len(BENCH_PARTS[c])}: LKW_CHAPTERS={c} LKW_BENCH_PARTS="--part N" '
-                   f"LKW_PART_TIMEOUT={PART_TIMEOUT} tools/device_check.sh peers bench")
+                   f"LKW_PART_TIMEOUT={PART_TIMEOUT} tools/device_check.sh build peers bench")
     return "\n".join(out)
 
 
 # The seconds a part may run under tools/device_check.sh (its LKW_PART_TIMEOUT), inside a 10-minute
 # call with the peers' setup before it.
-PART_TIMEOUT = 540
+PART_TIMEOUT = 480
 
 
 # ------------------------------------------------------------------------------------------------
@@ -3248,19 +3260,43 @@ TIMING_MODES = ["one_launch", "back_to_back", "graph"]
 HEADLINE = "graph"
 
 
+def _device_answers() -> bool:
+    """After a failed case: whether the device still runs work (its cached memory released)."""
+    try:
+        import torch
+    except ImportError:
+        return True
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: int, iters: int,
                 l2_bytes: int, ops: list[str] | None = None, shape: str | None = None, extended: bool = False,
                 peer_status: dict | None = None, log=print) -> dict:
     dev = ext().device()
     ceilings, ceiling_name, ceiling_rows = ceiling
     rows = []
+    case_errors: list[dict] = []
     copies: dict[int, dict | None] = {}
     for case in cases_of(chapter, ops, shape, extended):
         if chapter == CEILING_OP[0] and case.op == CEILING_OP[1]:
             rows += ceiling_rows  # already measured at the start of this run
             continue
-        case_rows = measure_case(case, versions_of(chapter, case.op), warmup=warmup, iters=iters,
-                                 l2_bytes=l2_bytes, log=log, chapter=chapter)
+        try:
+            case_rows = measure_case(case, versions_of(chapter, case.op), warmup=warmup, iters=iters,
+                                     l2_bytes=l2_bytes, log=log, chapter=chapter)
+        except Exception as e:  # noqa: BLE001  (one case's make, reference or version launch: the run goes on)
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            log(f"  {case.op} {case.shape}: FAILED outside the per-row checks: {why}")
+            case_errors.append({"op": case.op, "shape": case.shape, "error": why})
+            if not _device_answers():  # a sticky CUDA error: keep what was measured
+                log("bench: the CUDA context is lost; the rows measured so far are kept")
+                break
+            continue
         model_bytes = next((r["model_bytes"] for r in case_rows if r["kind"] == "version"), case.model_bytes)
         same = same_size_copy(model_bytes, ceiling_name, copies, warmup=warmup, iters=iters,
                               l2_bytes=l2_bytes, log=log) or {}
@@ -3293,6 +3329,7 @@ def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: 
         "ceiling_version": ceiling_name,
         "peer_libraries": peer_status or {},
         **peak_fields,
+        **({"case_errors": case_errors} if case_errors else {}),
         "rows": rows,
     }
 
@@ -3564,8 +3601,13 @@ def main(argv: list[str] | None = None) -> int:
         path = args.results_dir / _gpu_slug(res["gpu"]) / f"{c}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         if args.merge and path.exists():
-            res = results.merge_runs(json.loads(path.read_text()), res)
-            print(f"bench: merged into the recorded run ({len(res['runs'])} runs own its rows)")
+            try:
+                res = results.merge_runs(json.loads(path.read_text()), res)
+            except ValueError as e:  # another GPU name in the same folder: keep this run's rows apart
+                path = path.with_name(f"{c}.unmerged.json")
+                print(f"bench: not merged ({e}): writing {path} instead")
+            else:
+                print(f"bench: merged into the recorded run ({len(res['runs'])} runs own its rows)")
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(f"bench: wrote {path}")
 

@@ -20,6 +20,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -159,8 +160,8 @@ def tensor_peak_of_run(data: dict) -> tuple[dict[str, float], str | None]:
         return peak, data["tensor_peak_source"]
     if data.get("chapter") not in TENSOR_PEAK_CHAPTERS:
         return {}, None
-    gpu = str(data.get("gpu") or GPU).split()[-1].lower()
-    return tensor_peak(gpu)
+    model = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", str(data.get("gpu") or ""))
+    return tensor_peak(model[1].lower() if model else GPU)  # bench._gpu_slug's folder
 
 
 def pct_tensor_peak(row: dict, mode: str, data: dict | None = None) -> float | None:

@@ -1403,7 +1403,8 @@ def test_the_checked_sampling_cases_name_their_tensors_checks_peers_and_bytes():
         assert c.dtypes == dtypes[c.op] and c.expected is None and callable(c.check)
         assert c.sample_rows is None and c.params == {}
         compiled = {"torch_compile"} if b >= bench.SAMPLING_COMPILE_B and c.op != "rejection_sample" else set()
-        assert set(c.torch_peers) == {"torch_eager"} | compiled, c.shape
+        literal = {"torch_topk_multinomial"} if c.op == "sample" and "k=" in c.shape and "p=" not in c.shape else set()
+        assert set(c.torch_peers) == {"torch_eager"} | compiled | literal, c.shape
         assert c.library_peers and all(p.startswith("flashinfer ") for p in c.library_peers)
         if c.op == "top_p_renorm_probs":
             assert c.model_bytes == sampling.renorm_bytes(b, v) and c.peer_check is None
@@ -1700,3 +1701,27 @@ def test_results_folder_is_the_gpu_model():
     assert bench._gpu_slug("NVIDIA H200") == "h200"
     assert bench._gpu_slug("NVIDIA H100 80GB HBM3") == "h100"  # not "hbm3"
     assert bench._gpu_slug("") == "unknown"
+
+
+def test_a_case_that_fails_outside_its_rows_is_recorded_and_the_run_goes_on(monkeypatch):
+    """A case whose inputs, reference or launch raise costs that case, not the part: the run
+    records it under case_errors and measures the next case."""
+    bad, good = bench.Case("op", "n=1", ["uint32"], None, None), bench.Case("op", "n=2", ["uint32"], None, None)
+    monkeypatch.setitem(bench.CHAPTERS, "99_test", lambda: [bad, good])
+    monkeypatch.setattr(bench, "ext", lambda: _FakeExt)
+    monkeypatch.setattr(bench, "versions_of", lambda *a: [])
+    monkeypatch.setattr(bench, "same_size_copy", lambda *a, **k: None)
+    monkeypatch.setattr(bench, "_device_answers", lambda: True)
+
+    def measure(case, *a, **k):
+        if case is bad:
+            raise RuntimeError("shape refused\nsecond line")
+        return []
+
+    measured = []
+    monkeypatch.setattr(bench, "measure_case", lambda case, *a, **k: measured.append(case.shape) or measure(case))
+    ceilings = {"one_launch": 1.0, "back_to_back": 1.0, "graph": 1.0}
+    run = bench.run_chapter("99_test", ceiling=(ceilings, "00_roofline/copy/v1", []), warmup=1, iters=1,
+                            l2_bytes=1, log=lambda *a: None)
+    assert measured == ["n=1", "n=2"]
+    assert run["case_errors"] == [{"op": "op", "shape": "n=1", "error": "RuntimeError: shape refused"}]
