@@ -3227,9 +3227,10 @@ def _peer_ratios(rows: list[dict]) -> None:
 
 
 def _gpu_slug(name: str) -> str:
-    """The results folder of a GPU: its model ("NVIDIA H100 80GB HBM3" -> h100), not its last word."""
-    model = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", name or "")
-    return model[1].lower() if model else (name.split()[-1].lower() if name else "unknown")
+    """The results folder of a GPU (lkw.results.gpu_slug; tools/device_check.sh asks it here)."""
+    from lkw import results
+
+    return results.gpu_slug(name)
 
 
 def _driver() -> str | None:

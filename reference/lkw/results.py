@@ -119,6 +119,12 @@ TENSOR_PEAK_ROW = ("00_roofline", "gemm_bf16", "cublas")
 TENSOR_PEAK_CHAPTERS = ("07_w4a16_gemm",)
 
 
+def gpu_slug(name: str) -> str:
+    """The results folder of a GPU: its model ("NVIDIA H100 80GB HBM3" -> h100), not its last word."""
+    model = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", name or "")
+    return model[1].lower() if model else (name.split()[-1].lower() if name else "unknown")
+
+
 def tensor_peak(gpu: str = GPU) -> tuple[dict[str, float], str]:
     """({mode: TFLOP/s}, where it comes from) of the BF16 tensor peak recorded for `gpu`: the rate
     of TENSOR_PEAK_ROW in each timing mode it was timed in; ({}, why not) where the results file
@@ -160,8 +166,7 @@ def tensor_peak_of_run(data: dict) -> tuple[dict[str, float], str | None]:
         return peak, data["tensor_peak_source"]
     if data.get("chapter") not in TENSOR_PEAK_CHAPTERS:
         return {}, None
-    model = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", str(data.get("gpu") or ""))
-    return tensor_peak(model[1].lower() if model else GPU)  # bench._gpu_slug's folder
+    return tensor_peak(gpu_slug(data["gpu"]) if data.get("gpu") else GPU)
 
 
 def pct_tensor_peak(row: dict, mode: str, data: dict | None = None) -> float | None:
