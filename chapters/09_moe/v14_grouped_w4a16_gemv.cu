@@ -2,14 +2,15 @@
 // v14_grouped_w4a16_gemv — the INT4 experts at decode as a GEMV (chapter 07's v8): no tensor cores.
 //
 // Since v10: at decode an expert holds a row or two of a 16-row mma tile, so v10's tensor cores
-// multiply sentinel rows, and each 64-k stage waits on cp.async, an unpack and a barrier: far
-// below the copy ceiling (the book has the figures). Chapter 07's v8 answers the same problem for a dense GEMM: stream the
-// repacked words through the lop3 unpack into FP32 FMAs (gemv.cuh). v14 runs its loop on one
-// expert: a block takes one align block and 64 channels, lists the block's live rows first (any
-// order: each row is its own sum) and passes over the expert's words with kRows of them at a time
-// (1, 2 or 4, from the rows an expert averages); the row's token is its slot / topk, its output
-// row the slot. Expect: decode near the copy ceiling on the routed experts' words; from a few rows
-// an expert on, v10. SASS: LDG.E.EF.128, LOP3, FFMA, no HMMA, no local memory.
+// multiply sentinel rows, and each 64-k stage waits on cp.async, an unpack and a barrier: far below
+// the copy ceiling (the book has the figures). Chapter 07's v8 answers the same problem for a dense
+// GEMM: stream the repacked words through the lop3 unpack into FP32 FMAs (gemv.cuh). v14 runs its
+// loop on one expert: a block takes one align block and 64 channels, lists the block's live rows
+// first (any order: each row is its own sum) and passes over the expert's words with kRows of them
+// at a time (1, 2 or 4, from the rows an expert averages); the row's token is its slot / topk, its
+// output row the slot.
+// Expect: decode near the copy ceiling on the routed experts' words; from a few rows an expert on,
+// v10. SASS: LDG.E.EF.128, LOP3, FFMA, no HMMA, no local memory.
 #include "07_w4a16_gemm/gemv.cuh"
 #include "experts_w4a16.cuh"
 

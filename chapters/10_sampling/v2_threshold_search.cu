@@ -11,8 +11,8 @@
 // warp's own histogram, summed after the pass. v1's first pass sends most of a row to two or
 // three buckets (the top digit is the sign and high exponent bits), and same-address shared
 // atomics serialize — a 64-bit one is even a compare-and-swap loop.
-// Expect: top-k like v1 minus the first pass's atomic stalls; top-p one more read (the row's largest
-// prob, for the scale). Outputs go through write_row: same threshold as v0, same bits.
+// Expect: top-k like v1 minus the first pass's atomic stalls; top-p one more read (the row's
+// largest prob, for the scale). Outputs go through write_row: same threshold as v0, same bits.
 // SASS: MATCH.ANY, REDUX.SUM, no ATOMS.CAST (no compare-and-swap loop).
 #include "select.cuh"
 
