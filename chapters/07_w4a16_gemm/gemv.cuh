@@ -6,10 +6,10 @@
 // its warps. Per 16-k step, lane t = 4r + c reads its 16 bytes at word 128·ks + 4t: the four words
 // chapter 07's layout gives lane t of warps 0..3, which hold channels 16w + 8h + r (w 0..3, h 0..1)
 // at k = 16ks + 8p + 2c + j (p, j 0..1), element 4h + 2p + j of word w. Chapter 02's lop3 magic
-// turns a word into four (q − 8) pairs, pair 2h + p, which meet x's BF16 pair at k = 16ks + 8p + 2c
-// in FP32 FMAs. A group's sum is multiplied by its scale once, when the group ends.
+// turns a word into four (q − z) pairs (the bias 128 + z of w4a16_gemm.cuh; z = 8 without zero
+// points), pair 2h + p, which meet x's BF16 pair at k = 16ks + 8p + 2c in FP32 FMAs. A group's sum
+// is multiplied by its scale once, when the group ends.
 #pragma once
-#include "02_int4_dequant/dequant.cuh"
 #include "w4a16_gemm.cuh"
 
 namespace lkw::w4a16::gemv {
@@ -22,10 +22,12 @@ constexpr int kUnroll = 8;       // 16-byte pieces in flight per lane
 __device__ __forceinline__ int channel(int ch, int r) { return 16 * (ch / 2) + 8 * (ch % 2) + r; }
 
 // One step: x's pairs at k = 16ks + 8p + 2c (rows without a pointer add zeros), the piece's four
-// words unpacked, 2 FMAs per (channel, pair, row) into part.
+// words unpacked with the current group's biases (bias[ch] of accumulator ch), 2 FMAs per
+// (channel, pair, row) into part.
 template <int kRows>
 __device__ __forceinline__ void step(const uint4& piece, const __nv_bfloat16* const (&xr)[kRows],
-                                     int64_t k0, float (&part)[kRows][kChannels]) {
+                                     int64_t k0, const uint32_t (&bias)[kChannels],
+                                     float (&part)[kRows][kChannels]) {
   float2 xp[kRows][2];
 #pragma unroll
   for (int i = 0; i < kRows; ++i)
@@ -36,22 +38,31 @@ __device__ __forceinline__ void step(const uint4& piece, const __nv_bfloat16* co
   const uint32_t word[4] = {piece.x, piece.y, piece.z, piece.w};
 #pragma unroll
   for (int wi = 0; wi < 4; ++wi) {
-    // TODO(exercise): unpack word wi into four (q − 8) pairs (int4::u4_to_bf16_magic); pair 2h + p
-    //   is channel 16·wi + 8h + r at x's pair p: add both products for every row into part[i][2wi +
-    //   h] (about 11 lines)
+    // TODO(exercise): unpack word wi into four (q − z) pairs (unpack_minus_zero with the biases of
+    //   accumulators 2wi and 2wi + 1); pair 2h + p is channel 16·wi + 8h + r at x's pair p: add
+    //   both products for every row into part[i][2wi + h] (about 11 lines)
   }
 }
 
 // Steps begin..end of one 64-channel row of words (`words` at this lane's first word) into acc:
 // kUnroll pieces loaded (streamed past L1: read once) before any is used; each group's FP32 sum
-// times its scale (`scales` at the row's first channel of [K/G, N]) when the group ends.
+// times its scale (`scales` at the row's first channel of [K/G, N]) when the group ends. The zero
+// points (`zeros`, at the same channel of [K/G, N], or null: z = 8) are read when a group starts.
 template <int kRows>
 __device__ __forceinline__ void accumulate(const uint32_t* words, const __nv_bfloat16* scales, int64_t n,
                                            const __nv_bfloat16* const (&xr)[kRows], int c, int r,
                                            int begin, int end, int group_shift,
-                                           float (&acc)[kRows][kChannels]) {
+                                           float (&acc)[kRows][kChannels],
+                                           const uint8_t* zeros = nullptr) {
   float part[kRows][kChannels] = {};
   int current = int((int64_t(16) * begin) >> group_shift);
+  uint32_t bias[kChannels];  // the unpack's 128 + z of each accumulator's channel, this group
+  auto start_group = [&]() {
+#pragma unroll
+    for (int ch = 0; ch < kChannels; ++ch)
+      bias[ch] = zero_bias_at(zeros, current, channel(ch, r), n);
+  };
+  if (begin < end) start_group();
   auto flush = [&]() {
 #pragma unroll
     for (int ch = 0; ch < kChannels; ++ch) {
@@ -71,8 +82,8 @@ __device__ __forceinline__ void accumulate(const uint32_t* words, const __nv_bfl
       const int ks = ks0 + u;
       if (ks >= end) continue;
       const int g = int((int64_t(16) * ks) >> group_shift);
-      if (g != current) flush(), current = g;
-      step<kRows>(piece[u], xr, 16 * int64_t(ks) + 2 * c, part);
+      if (g != current) flush(), current = g, start_group();
+      step<kRows>(piece[u], xr, 16 * int64_t(ks) + 2 * c, bias, part);
     }
   }
   if (begin < end) flush();

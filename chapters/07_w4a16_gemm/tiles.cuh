@@ -11,6 +11,7 @@
 
 #include "lkw/launch.h"
 #include "lkw/ptx.cuh"
+#include "lkw/tma.h"
 #include "w4a16_gemm.cuh"
 
 namespace lkw::w4a16 {
@@ -47,10 +48,52 @@ __device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const __nv_bfloat16
   ptx::ldmatrix_x4(a, a_sh + row * kARowElems + col);
 }
 
+// Copy the zero points of stage kt beside its scales (v4, v5): row r holds the group of
+// k = 64·kt + 32·r for the block's 256 channels, 256 bytes of a row of [K/G, N]; threads 64..95
+// one 16-byte piece each (threads 0..63 copy the scales). A half stage past K reads nothing.
+constexpr int kZeroRows = 2;
+static_assert(kThreads >= 64 + kZeroRows * kBlockN / 16, "a thread per zero-point piece");
+__device__ __forceinline__ void load_zero_stage(uint8_t* z_sh, const uint8_t* zeros, int64_t nb0,
+                                                int64_t kt, int64_t n, int64_t k, int group_shift) {
+  constexpr int kPieces = kBlockN / 16;
+  const int c = int(threadIdx.x) - 64;
+  if (c >= 0 && c < kZeroRows * kPieces) {
+    const int r = c / kPieces, piece = c % kPieces;
+    const int64_t k_at = kt * kBlockK + 32 * r, gn = nb0 + 16 * piece;
+    const bool valid = k_at < k && gn < n;
+    const uint8_t* src = zeros + (k_at >> group_shift) * n + gn;  // (K/G, N)
+    ptx::cp_async_16(z_sh + r * kBlockN + 16 * piece, valid ? src : zeros, valid);
+  }
+}
+
 // The grid of every shared-memory version: 256 channels by BM tokens per block (by `splits` of K).
 inline dim3 tile_grid(const GemmArgs& a, int m_tiles, int splits = 1) {
   return dim3(unsigned((a.n + kBlockN - 1) / kBlockN), unsigned((a.m + 16 * m_tiles - 1) / (16 * m_tiles)),
               unsigned(splits));
+}
+
+// The tensor maps of the wgmma versions (v6, v7), a TMA box each per stage (lkw/tma.h; zeros past
+// the tensors' edges): x [M, K] in bt × 64 boxes swizzled for the wgmma descriptor; the repacked
+// words [N/64, 8K] seen as [N/64, 4K] 8-byte elements, whose 4 × 256 box is the four 64-channel
+// blocks' 2 KB of a stage; the scales [K/G, N] in 1 × 256 boxes, one per group row of the stage,
+// and the zero points [K/G, N] (where given; else z is left empty) in the same boxes.
+struct WgmmaMaps {
+  CUtensorMap x, w, s, z;
+};
+inline Status wgmma_maps(WgmmaMaps* maps, const GemmArgs& a, int bt) {
+  *maps = {};
+  const auto none = CU_TENSOR_MAP_SWIZZLE_NONE;
+  Status s = tensor_map_bf16_sw128(&maps->x, a.x, a.m, a.k, bt);
+  if (s.ok())
+    s = tensor_map_2d(&maps->w, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, a.n / 64, a.k * 4,
+                      kBlockN / 64, kKSteps * 64, none);  // a stage: 2 KB, 256 8-byte elements
+  if (s.ok())
+    s = tensor_map_2d(&maps->s, a.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.k / a.group, a.n,
+                      1, kBlockN, none);
+  if (s.ok() && a.zeros)
+    s = tensor_map_2d(&maps->z, a.zeros, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.k / a.group, a.n, 1,
+                      kBlockN, none);
+  return s;
 }
 
 // Launch with `bytes` of dynamic shared memory, kThreads threads (lkw/launch.h: the opt-in over

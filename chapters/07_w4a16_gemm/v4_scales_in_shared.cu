@@ -7,9 +7,10 @@
 // groups (a stage of 64 k spans one group, or two at G = 32) ride in the same cp.async group as the
 // weights: 256 channels × 2 bytes per group row, 16-byte pieces, one row of the table each. The
 // compute reads them from shared memory next to the fragment, so a k-step issues no global load.
+// Zero points, where given, ride the same way (256 bytes per group row, tiles.cuh's
+// load_zero_stage) and become the unpack's 128 + z biases.
 // Expect: a small gain where the loop is instruction-bound (large M, small G); nothing changes in
 // the bytes. SASS: as v3, with fewer LDG in the main loop.
-#include "02_int4_dequant/dequant.cuh"
 #include "tiles.cuh"
 #include "w4a16_gemm.cuh"
 
@@ -23,8 +24,9 @@ constexpr int kBlockWords = kKSteps * kStepWords;  // per 64-k stage: 2 KB, cont
 constexpr int kScaleRows = 2;  // a stage's groups: k = 0..31 and 32..63 of it (the same group at G ≥ 64)
 
 template <int kMTiles>
-constexpr int stage_bytes() {
-  return a_stage_elems<kMTiles>() * 2 + kWarps * kBlockWords * 4 + kScaleRows * kBlockN * 2;
+constexpr int stage_bytes() {  // x, words, scales, zero points
+  return a_stage_elems<kMTiles>() * 2 + kWarps * kBlockWords * 4 + kScaleRows * kBlockN * 2 +
+         kZeroRows * kBlockN;
 }
 
 // Copy stage kt of the block's four 64-channel blocks: each a 2 KB run of the repacked tensor
@@ -53,8 +55,9 @@ __device__ __forceinline__ void load_scale_stage(__nv_bfloat16* s_sh, const __nv
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads)
     gemm_v4_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
-                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y, int64_t m,
-                   int64_t n, int64_t k, int group_shift) {
+                   const __nv_bfloat16* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                   __nv_bfloat16* __restrict__ y, int64_t m, int64_t n, int64_t k,
+                   int group_shift) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t nb0 = blockIdx.x * int64_t(kBlockN), n0 = nb0 + warp * kWarpN;
@@ -65,11 +68,15 @@ __global__ void __launch_bounds__(kThreads)
   };
   auto b_stage = [&](int s) { return reinterpret_cast<uint32_t*>(a_stage(s) + a_stage_elems<kMTiles>()); };
   auto s_stage = [&](int s) { return reinterpret_cast<__nv_bfloat16*>(b_stage(s) + kWarps * kBlockWords); };
+  auto z_stage = [&](int s) {
+    return reinterpret_cast<uint8_t*>(s_stage(s) + kScaleRows * kBlockN);
+  };
   auto load_stage = [&](int64_t kt) {
     if (kt < k_tiles) {
       load_a_stage<kMTiles>(a_stage(kt % kStages), x, m0, kt, m, k);
       load_b_stage(b_stage(kt % kStages), w, nb0, kt, n, k);
       load_scale_stage(s_stage(kt % kStages), scales, nb0, kt, n, k, group_shift);
+      if (zeros) load_zero_stage(z_stage(kt % kStages), zeros, nb0, kt, n, k, group_shift);
     }
     ptx::cp_async_commit();  // an empty group past the end keeps the wait count uniform
   };
@@ -86,6 +93,7 @@ __global__ void __launch_bounds__(kThreads)
     const __nv_bfloat16* a_sh = a_stage(kt % kStages);
     const uint32_t* b_sh = b_stage(kt % kStages) + warp * kBlockWords;
     const __nv_bfloat16* s_sh = s_stage(kt % kStages) + warp * kWarpN;
+    const uint8_t* z_sh = z_stage(kt % kStages) + warp * kWarpN;
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       const int64_t k0 = kt * kBlockK + 16 * ks;
@@ -94,13 +102,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) a_fragment<kMTiles>(a[mt], a_sh, mt, ks, lane);
       const __nv_bfloat16* s_row = s_sh + (ks / 2) * kBlockN;  // this k-step's group row
+      const uint8_t* z_row = zeros ? z_sh + (ks / 2) * kBlockN : nullptr;  // null: z = 8
       // Load B: this lane's 16 bytes, the B fragments of all eight n8-tiles.
       const uint4 frag = *reinterpret_cast<const uint4*>(b_sh + ks * kStepWords + 4 * lane);
       const uint32_t word[4] = {frag.x, frag.y, frag.z, frag.w};
 #pragma unroll
       for (int wi = 0; wi < 4; ++wi) {
         __nv_bfloat162 q[4];
-        int4::u4_to_bf16_magic(word[wi], q);
+        unpack_minus_zero(word[wi], zero_bias_of(z_row, 16 * wi + g),
+                          zero_bias_of(z_row, 16 * wi + 8 + g), q);
         const __nv_bfloat162 s_a = __bfloat162bfloat162(s_row[16 * wi + g]);
         const __nv_bfloat162 s_b = __bfloat162bfloat162(s_row[16 * wi + 8 + g]);
         const uint32_t b[4] = {bits_of(__hmul2(q[0], s_a)), bits_of(__hmul2(q[1], s_a)),
@@ -126,7 +136,8 @@ template <int kMTiles>
 struct LaunchV4 {
   static Status run(const GemmArgs& a, cudaStream_t stream) {
     return launch_tiles(gemm_v4_kernel<kMTiles>, tile_grid(a, kMTiles), kStages * stage_bytes<kMTiles>(), stream,
-                        kW4a16rGemm.name, a.x, a.w, a.scales, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k));
+                        kW4a16rGemm.name, a.x, a.w, a.scales, a.zeros, a.y, a.m, a.n, a.k,
+                        group_shift_of(a.group, a.k));
   }
 };
 

@@ -7,8 +7,8 @@
 // FLOP per weight, which the CUDA cores keep up with at HBM speed (chapter 06 showed it on the
 // natural layout): so v8 drops the tensor cores and streams chapter 07's repacked words, 16
 // bytes per lane per 16-k step, through chapter 02's lop3 unpack into FP32 FMAs (gemv.cuh: the
-// layout's lane map, the K loop, the per-group scale). A block owns 64 output channels and its
-// eight warps a contiguous share of K each; the four lanes of a channel meet by shuffles, the
+// lane map, the K loop, the per-group scale and zero point). A block owns 64 output channels,
+// its eight warps a contiguous share of K each; the four lanes of a channel meet by shuffles, the
 // warps in shared memory in warp order (the same sum every run). Rows go kRows (1, 2 or 4) per
 // pass over the weights, so M ≤ 4 reads them once; more rows take more passes (v7's territory).
 // Expect: M = 1 near chapter 06's share of the copy ceiling on the INT4 bytes; from M ≈ 8 on the
@@ -24,8 +24,8 @@ constexpr int kGemvThreads = kGemvWarps * 32;
 template <int kRows>
 __global__ void __launch_bounds__(kGemvThreads)
     gemm_v8_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
-                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y, int m,
-                   int64_t n, int64_t k, int group_shift) {
+                   const __nv_bfloat16* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                   __nv_bfloat16* __restrict__ y, int m, int64_t n, int64_t k, int group_shift) {
   __shared__ float red_sh[kGemvWarps][kRows][64];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, r = lane / 4, c = lane % 4;
   const int nb = blockIdx.x;  // 64-channel block
@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int begin = steps * warp / kGemvWarps, end = steps * (warp + 1) / kGemvWarps;
   const uint32_t* words = w + int64_t(nb) * 8 * k + 4 * lane;  // (N/64, 8K)
   const __nv_bfloat16* s_nb = scales + 64 * int64_t(nb);       // (K/G, N)
+  const uint8_t* z_nb = zeros ? zeros + 64 * int64_t(nb) : nullptr;  // (K/G, N), or none: z = 8
 
   for (int row0 = 0; row0 < m; row0 += kRows) {
     // Load and compute: this pass's rows against this warp's share of K.
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
     for (int i = 0; i < kRows; ++i) xr[i] = row0 + i < m ? x + int64_t(row0 + i) * k : nullptr;  // (M, K)
     float acc[kRows][gemv::kChannels] = {};
-    gemv::accumulate<kRows>(words, s_nb, n, xr, c, r, begin, end, group_shift, acc);
+    gemv::accumulate<kRows>(words, s_nb, n, xr, c, r, begin, end, group_shift, acc, z_nb);
 
     // Reduce: lanes by shuffles, warps in shared memory in order.
     gemv::reduce_lanes<kRows>(acc, r, c, red_sh[warp]);
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 template <int kRows>
 Status launch_v8(const GemmArgs& a, cudaStream_t stream) {
   gemm_v8_kernel<kRows><<<unsigned(a.n / 64), kGemvThreads, 0, stream>>>(
-      a.x, a.w, a.scales, a.y, int(a.m), a.n, a.k, group_shift_of(a.group, a.k));
+      a.x, a.w, a.scales, a.zeros, a.y, int(a.m), a.n, a.k, group_shift_of(a.group, a.k));
   return last_launch_status(kW4a16rGemm.name);
 }
 

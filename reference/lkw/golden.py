@@ -86,6 +86,16 @@ class Op:
     # The first `init` outputs are updated in place (a KV cache): their contents before the launch
     # matter, every case gives them (Case.init) and fn takes them after the inputs.
     init: int = 0
+    # The last `optional` inputs may be left out (chapter 07's zero points): a case gives between
+    # len(inputs) - optional and len(inputs) arrays, the first ones of `inputs`.
+    optional: int = 0
+
+    def input_names(self, given: int) -> tuple[str, ...]:
+        """The manifest dtypes of a case that gives `given` inputs (all of them where that many
+        are not allowed: check_case then refuses the count)."""
+        if len(self.inputs) - self.optional <= given <= len(self.inputs):
+            return self.inputs[:given]
+        return self.inputs
 
 
 OPS = {
@@ -184,9 +194,12 @@ OPS = {
     ),
     "int4t_gemv": Op(gemv.int4t_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
     "bf16_gemv": Op(gemv.bf16_gemv, ("bfloat16", "bfloat16"), ("bfloat16",)),
-    # 07_w4a16_gemm (lkw.w4a16: x, w, scales [K/G, N] -> y; w natural or repacked for mma)
-    "w4a16_gemm": Op(w4a16.w4a16_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
-    "w4a16r_gemm": Op(w4a16.w4a16r_gemm, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
+    # 07_w4a16_gemm (lkw.w4a16: x, w, scales [K/G, N] [, zeros [K/G, N]] -> y; w natural or
+    # repacked for mma; without zeros z = 8)
+    **{
+        op: Op(fn, ("bfloat16", "uint32", "bfloat16", "uint8"), ("bfloat16",), optional=1)
+        for op, fn in (("w4a16_gemm", w4a16.w4a16_gemm), ("w4a16r_gemm", w4a16.w4a16r_gemm))
+    },
     # 08_fp8_gemm (lkw.fp8_gemm: A [M, K], B [N, K] E4M3, s_a, s_b whose shapes name the
     # granularity -> y [M, N]): tensor and rowwise scales, which act in the epilogue, or
     # blockwise ones, whose s_a layout a_scales_row_major picks
@@ -347,7 +360,8 @@ def check_case(case: Case, outputs: list[np.ndarray]) -> None:
             raise ValueError(
                 f"{case.id}: init {index} has shape {np.shape(start)}, its output {np.shape(end)}"
             )
-    for dtype, array in zip(record_dtypes(op.inputs, case.inputs), case.inputs, strict=True):
+    names = op.input_names(len(case.inputs))
+    for dtype, array in zip(record_dtypes(names, case.inputs), case.inputs, strict=True):
         if not np.any(values(dtype, array) != 0):
             raise ValueError(f"{case.id}: an input is all zeros")
 
@@ -372,7 +386,7 @@ def _records(op: Op, inputs, init, outputs) -> tuple[tuple[str, tuple[str, ...],
     """(kind, dtypes, arrays) of a case's tensor records in manifest order: in, init, out. The
     init records are the first op.init outputs' (their dtypes)."""
     return (
-        ("in", record_dtypes(op.inputs, inputs), list(inputs)),
+        ("in", record_dtypes(op.input_names(len(inputs)), inputs), list(inputs)),
         ("init", op.outputs[: op.init], list(init)),
         ("out", op.outputs, list(outputs)),
     )
@@ -1066,17 +1080,45 @@ W4A16_SHAPES = (
 )
 
 
-def _w4a16_case(rng: np.random.Generator, op: str, m: int, n: int, k: int, g: int) -> Case:
+# The zero-point cases (a fourth input, uint8 [K/G, N] in 0..15), for both ops: G = 32 with a
+# stage of 64 k spanning two groups (what mutant_zero_points gets wrong), G = 64, 128 and K (zero
+# points [1, N]), K % 64 == 32 tails, M = 1 (the GEMV, the 16-token wgmma tile), split-K shapes
+# (few tiles, long K) and M = 130 (two 128-token tiles, a partial one).
+W4A16_ZP_SHAPES = (
+    (1, 64, 256, 32),
+    (5, 192, 1056, 32),
+    (17, 320, 2080, 2080),
+    (33, 512, 4096, 128),
+    (1, 512, 4192, 32),
+    (64, 64, 1024, 64),
+    (130, 192, 512, 32),
+)
+
+
+def _w4a16_case(
+    rng: np.random.Generator, op: str, m: int, n: int, k: int, g: int, zero_points: bool = False
+) -> Case:
     x = gemv_activations(rng, m, k)  # (M,K)
     words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)  # (N,K/8): every nibble value
     scales = dequant_scales(rng, k // g, n, "bfloat16")  # (K/G,N): group-major, drawn as such
-    tol = w4a16.tolerance(x, w4a16.w_hat(words, scales))
     weights = w4a16.repack(words) if op == "w4a16r_gemm" else words  # (N/64,8K) or (N,K/8)
-    return Case(f"{op}_m{m}_n{n}_k{k}_g{g}", op, tol, [x, weights, scales], {"group_size": g})
+    if not zero_points:
+        tol = w4a16.tolerance(x, w4a16.w_hat(words, scales))
+        return Case(f"{op}_m{m}_n{n}_k{k}_g{g}", op, tol, [x, weights, scales], {"group_size": g})
+    zeros = rng.integers(0, 16, (k // g, n), dtype=np.uint8)  # (K/G,N): every 4-bit value
+    tol = w4a16.tolerance(x, w4a16.w_hat_zp(words, scales, zeros))
+    inputs = [x, weights, scales, zeros]
+    return Case(f"{op}_zp_m{m}_n{n}_k{k}_g{g}", op, tol, inputs, {"group_size": g})
 
 
 def w4a16_gemm_cases(rng: np.random.Generator) -> list[Case]:
-    return [_w4a16_case(rng, op, *shape) for op in W4A16_OPS for shape in W4A16_SHAPES]
+    # The zero-point cases after the symmetric ones: adding them left those draws unchanged.
+    symmetric = [_w4a16_case(rng, op, *shape) for op in W4A16_OPS for shape in W4A16_SHAPES]
+    return symmetric + [
+        _w4a16_case(rng, op, *shape, zero_points=True)
+        for op in W4A16_OPS
+        for shape in W4A16_ZP_SHAPES
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ Layouts (stored bits, as the golden files hold them; chapter 02's packing, lkw.i
 
 W_hat = s * (q - 8), exact in float64 and never rounded (a GEMM keeps it in registers); the product
 is computed in float64 and rounded once to BF16, where the kernel rounds. With zero points
-(``w_hat_zp``) W_hat = (q - z) * s, the checkpoints' contract, exact in float64 too. The tolerance
+(``w_hat_zp``) W_hat = (q - z) * s, the checkpoints' contract, exact in float64 too: both ops take
+the zero points as an optional fourth input, uint8 [K/G, N] (one z a byte, the scales' layout;
+absent, z = 8). The tolerance
 is chapter 06's (lkw.gemv.tolerance): it covers FP32 sums in any order and weights rounded to
 BF16 before the multiply.
 
@@ -94,15 +96,21 @@ def gemm(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return gemv.gemv(x, weights)
 
 
-def w4a16_gemm(x: np.ndarray, words: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """y = x . (s * (q - 8))^T: natural words [N, K/8], scales [K/G, N]."""
-    return gemm(x, w_hat(words, scales))
+def w4a16_gemm(
+    x: np.ndarray, words: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None = None
+) -> np.ndarray:
+    """y = x . (s * (q - z))^T: natural words [N, K/8], scales [K/G, N], zero points uint8
+    [K/G, N] in 0..15 or None (z = 8, the symmetric weights)."""
+    return gemm(x, w_hat(words, scales) if zeros is None else w_hat_zp(words, scales, zeros))
 
 
-def w4a16r_gemm(x: np.ndarray, repacked: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """As w4a16_gemm, the weights in the repacked layout [N/64, 8K] (N from the scales, K from x)."""
+def w4a16r_gemm(
+    x: np.ndarray, repacked: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None = None
+) -> np.ndarray:
+    """As w4a16_gemm, the weights in the repacked layout [N/64, 8K] (N from the scales, K from x);
+    the zero points are not repacked: [K/G, N] as the scales."""
     n, k = np.asarray(scales).shape[-1], np.asarray(x).shape[-1]
-    return w4a16_gemm(x, unrepack(repacked, n, k), scales)
+    return w4a16_gemm(x, unrepack(repacked, n, k), scales, zeros)
 
 
 def tolerance(x: np.ndarray, weights: np.ndarray) -> str:

@@ -1,7 +1,7 @@
 // v0_dequant_cublas — the naive split: dequantize the weights to BF16 in HBM, then cuBLAS.
 //
-// Two kernels. The first reads the INT4 words and the scales and writes W_hat = BF16(s·(q − 8))
-// [N, K] to a workspace (chapter 02's dequantization, with this chapter's [K/G, N] scales); the
+// Two kernels. The first reads the INT4 words, the scales (and zero points) and writes W_hat =
+// BF16(s·(q − z)) [N, K] to a workspace (chapter 02's dequantization, [K/G, N] scales); the
 // second is cuBLAS's BF16 GEMM on that copy. Nothing is wrong with either kernel: the cost is the
 // round trip. Per weight, 0.5 byte is read, 2 bytes written and 2 bytes read again by cuBLAS:
 // 4.5 bytes where the fused versions move 0.5.
@@ -22,16 +22,20 @@ constexpr int kThreads = 256;
 // One thread per word: 8 natural-order nibbles of a row at k = 8j .. 8j + 7, one scale.
 __global__ void __launch_bounds__(kThreads)
     dequant_kernel(const uint32_t* __restrict__ w, const __nv_bfloat16* __restrict__ scales,
-                   __nv_bfloat16* __restrict__ w_hat, int64_t n, int64_t k, int group_shift) {
+                   const uint8_t* __restrict__ zeros, __nv_bfloat16* __restrict__ w_hat, int64_t n,
+                   int64_t k, int group_shift) {
   const int64_t j = blockIdx.x * int64_t(kThreads) + threadIdx.x;
   if (j >= k / 8) return;
   for (int64_t row = blockIdx.y; row < n; row += gridDim.y) {  // gridDim.y ≤ 65535
     const uint32_t word = w[row * (k / 8) + j];  // (N, K/8)
     const __nv_bfloat162 s2 = scale_pair(scales, (8 * j) >> group_shift, row, n);
+    const uint32_t bias = zero_bias_at(zeros, (8 * j) >> group_shift, row, n);  // 128 + z
     uint32_t pairs[4];
-    // BEGIN SOLUTION: byte p of the word is k = 8j + 2p, + 1: its BF16 pair (q − 8), times the scale.
+    // BEGIN SOLUTION: byte p of the word is k = 8j + 2p, + 1: its BF16 pair (q − z), times the
+    //   scale.
 #pragma unroll
-    for (int p = 0; p < 4; ++p) pairs[p] = bits_of(__hmul2(nibble_pair_minus8(word >> (8 * p)), s2));
+    for (int p = 0; p < 4; ++p)
+      pairs[p] = bits_of(__hmul2(nibble_pair_minus_zero(word >> (8 * p), bias), s2));
     // STUB: for (int p = 0; p < 4; ++p) pairs[p] = 0u;
     // END SOLUTION
     *reinterpret_cast<uint4*>(w_hat + row * k + 8 * j) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);  // (N, K)
@@ -65,7 +69,8 @@ Status gemm_v0(const GemmArgs& a, cudaStream_t stream) {
   s = workspace(a.n * a.k, &w_hat);
   if (!s.ok()) return s;
   const dim3 grid(unsigned((a.k / 8 + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(a.n, 65535)));
-  dequant_kernel<<<grid, kThreads, 0, stream>>>(a.w, a.scales, w_hat, a.n, a.k, group_shift_of(a.group, a.k));
+  dequant_kernel<<<grid, kThreads, 0, stream>>>(a.w, a.scales, a.zeros, w_hat, a.n, a.k,
+                                                group_shift_of(a.group, a.k));
   s = last_launch_status(kW4a16Gemm.name);
   if (!s.ok()) return s;
   return roofline::gemm_bf16_cublas(a.x, w_hat, a.y, a.m, a.n, a.k, stream);

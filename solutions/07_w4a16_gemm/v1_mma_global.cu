@@ -5,8 +5,9 @@
 // is W's own row-major [N, K]: a lane's B fragment of an n8-tile is two pairs of consecutive k of
 // one output channel (k = 2t, 2t + 1 and 2t + 8, 2t + 9, channel g). In the natural packing those
 // are nibbles 2t and 2t + 1 of two neighbouring words: one 8-byte load per n8-tile and k-step, a
-// byte of each word unpacked with the 128 + q magic (no convert) and scaled in BF16 (W_hat rounded
-// to BF16, as cuBLAS on v0's copy). A block is 4 warps × 64 channels by 16·kMTiles tokens.
+// byte of each word unpacked with the 128 + q magic (no convert; the bias 128 + z leaves q − z) and
+// scaled in BF16 (W_hat rounded to BF16, as cuBLAS on v0's copy). A block is 4 warps × 64 channels
+// by 16·kMTiles tokens.
 // Expect: far fewer bytes than v0, but every load is small and the four lanes of a quad read the
 // same 8 bytes; no data reuse across warps. Slower than the bound at every M: the next versions
 // fix the feeding, not the math. SASS: HMMA, no I2F.
@@ -19,8 +20,9 @@ namespace {
 template <int kMTiles>
 __global__ void __launch_bounds__(kWarps * 32)
     gemm_v1_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
-                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y, int64_t m,
-                   int64_t n, int64_t k, int group_shift) {
+                   const __nv_bfloat16* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                   __nv_bfloat16* __restrict__ y, int64_t m, int64_t n, int64_t k,
+                   int group_shift) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = blockIdx.x * int64_t(kBlockN) + warp * kWarpN;  // this warp's 64 channels
   const int64_t m0 = blockIdx.y * int64_t(16 * kMTiles);
@@ -48,9 +50,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t col = n0 + 8 * j + g;
       const uint2 wd = *reinterpret_cast<const uint2*>(w + col * words + k0 / 8);  // (N, K/8)
       const __nv_bfloat162 s2 = scale_pair(scales, group_idx, col, n);
-      // BEGIN SOLUTION: byte t of each word is this lane's pair (k = 2t, 2t + 1 and + 8): unpack, scale.
-      const uint32_t b0 = bits_of(__hmul2(nibble_pair_minus8(wd.x >> (8 * t)), s2));
-      const uint32_t b1 = bits_of(__hmul2(nibble_pair_minus8(wd.y >> (8 * t)), s2));
+      const uint32_t bias = zero_bias_at(zeros, group_idx, col, n);
+      // BEGIN SOLUTION: byte t of each word is this lane's pair (k = 2t, 2t + 1 and + 8): its
+      //   q − z pair (the bias), times the scale.
+      const uint32_t b0 = bits_of(__hmul2(nibble_pair_minus_zero(wd.x >> (8 * t), bias), s2));
+      const uint32_t b1 = bits_of(__hmul2(nibble_pair_minus_zero(wd.y >> (8 * t), bias), s2));
       // STUB: const uint32_t b0 = 0, b1 = 0;
       // END SOLUTION
       // Compute: the same B fragment for every m16 tile.
@@ -70,7 +74,8 @@ template <int kMTiles>
 struct LaunchV1 {
   static Status run(const GemmArgs& a, cudaStream_t stream) {
     const dim3 grid(unsigned((a.n + kBlockN - 1) / kBlockN), unsigned((a.m + 16 * kMTiles - 1) / (16 * kMTiles)));
-    gemm_v1_kernel<kMTiles><<<grid, kWarps * 32, 0, stream>>>(a.x, a.w, a.scales, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k));
+    gemm_v1_kernel<kMTiles><<<grid, kWarps * 32, 0, stream>>>(
+        a.x, a.w, a.scales, a.zeros, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k));
     return last_launch_status(kW4a16Gemm.name);
   }
 };

@@ -39,8 +39,9 @@ __device__ __forceinline__ void load_b_stage(uint32_t* b_sh, const uint32_t* w, 
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads)
     gemm_v2_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
-                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y, int64_t m,
-                   int64_t n, int64_t k, int group_shift) {
+                   const __nv_bfloat16* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                   __nv_bfloat16* __restrict__ y, int64_t m, int64_t n, int64_t k,
+                   int group_shift) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t nb0 = blockIdx.x * int64_t(kBlockN), n0 = nb0 + warp * kWarpN;
@@ -83,8 +84,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kNTiles; ++j) {
         const uint2 wd = *reinterpret_cast<const uint2*>(b_sh + (8 * j + g) * kBRowWords + 2 * ks);
         const __nv_bfloat162 s2 = scale_pair(scales, group_idx, n0 + 8 * j + g, n);
-        const uint32_t b0 = bits_of(__hmul2(nibble_pair_minus8(wd.x >> (8 * t)), s2));
-        const uint32_t b1 = bits_of(__hmul2(nibble_pair_minus8(wd.y >> (8 * t)), s2));
+        const uint32_t bias = zero_bias_at(zeros, group_idx, n0 + 8 * j + g, n);
+        const uint32_t b0 = bits_of(__hmul2(nibble_pair_minus_zero(wd.x >> (8 * t), bias), s2));
+        const uint32_t b1 = bits_of(__hmul2(nibble_pair_minus_zero(wd.y >> (8 * t), bias), s2));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) ptx::mma_bf16_16816(acc[mt][j], a[mt], b0, b1);
       }
@@ -103,7 +105,8 @@ template <int kMTiles>
 struct LaunchV2 {
   static Status run(const GemmArgs& a, cudaStream_t stream) {
     return launch_tiles(gemm_v2_kernel<kMTiles>, tile_grid(a, kMTiles), kStages * stage_bytes<kMTiles>(), stream,
-                        kW4a16Gemm.name, a.x, a.w, a.scales, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k));
+                        kW4a16Gemm.name, a.x, a.w, a.scales, a.zeros, a.y, a.m, a.n, a.k,
+                        group_shift_of(a.group, a.k));
   }
 };
 

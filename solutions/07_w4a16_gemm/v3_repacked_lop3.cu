@@ -5,12 +5,12 @@
 // other lanes. Here the weights are stored once, offline (lkw.w4a16.repack), in the order the mma
 // consumes them: for each 64 channels and 16 k, lane l's 16 bytes are exactly its B fragments of
 // the eight n8-tiles, each word two tiles' pairs in the interleaved nibble order of chapter 02.
-// So a k-step is one conflict-free 16-byte shared read per lane and four u4_to_bf16_magic (LOP3 +
-// HSUB2 per pair, every nibble used), and a stage of a 64-channel block is 2 KB contiguous in HBM.
+// So a k-step is one conflict-free 16-byte shared read per lane and four magic unpacks (LOP3 +
+// HSUB2 per pair, every nibble used; the two channels' 128 + z biases subtracted, w4a16_gemm.cuh's
+// unpack_minus_zero), and a stage of a 64-channel block is 2 KB contiguous in HBM.
 // Expect: the unpack cost per weight drops several-fold and the copies are whole 2 KB runs; v3
 // reaches the memory bound at small M where the grid fills the GPU. SASS: LDGSTS, LDSM, LDS.128,
 // LOP3, HMMA, no I2F.
-#include "02_int4_dequant/dequant.cuh"
 #include "tiles.cuh"
 #include "w4a16_gemm.cuh"
 
@@ -44,8 +44,9 @@ __device__ __forceinline__ void load_b_stage(uint32_t* b_sh, const uint32_t* w, 
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads)
     gemm_v3_kernel(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ w,
-                   const __nv_bfloat16* __restrict__ scales, __nv_bfloat16* __restrict__ y, int64_t m,
-                   int64_t n, int64_t k, int group_shift) {
+                   const __nv_bfloat16* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                   __nv_bfloat16* __restrict__ y, int64_t m, int64_t n, int64_t k,
+                   int group_shift) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t nb0 = blockIdx.x * int64_t(kBlockN), n0 = nb0 + warp * kWarpN;
@@ -87,11 +88,14 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t word[4] = {frag.x, frag.y, frag.z, frag.w};
 #pragma unroll
       for (int wi = 0; wi < 4; ++wi) {
-        // BEGIN SOLUTION: unpack word wi into (q − 8) pairs; tiles 2wi and 2wi + 1, each scaled by its channel.
+        // BEGIN SOLUTION: unpack word wi into (q − z) pairs (channels n0 + 16wi + g and + 8: tiles
+        //   2wi and 2wi + 1), each scaled by its channel's scale.
+        const int64_t n_a = n0 + 16 * wi + g;
         __nv_bfloat162 q[4];
-        int4::u4_to_bf16_magic(word[wi], q);
-        const __nv_bfloat162 s_a = scale_pair(scales, group_idx, n0 + 16 * wi + g, n);
-        const __nv_bfloat162 s_b = scale_pair(scales, group_idx, n0 + 16 * wi + 8 + g, n);
+        unpack_minus_zero(word[wi], zero_bias_at(zeros, group_idx, n_a, n),
+                          zero_bias_at(zeros, group_idx, n_a + 8, n), q);
+        const __nv_bfloat162 s_a = scale_pair(scales, group_idx, n_a, n);
+        const __nv_bfloat162 s_b = scale_pair(scales, group_idx, n_a + 8, n);
         const uint32_t b[4] = {bits_of(__hmul2(q[0], s_a)), bits_of(__hmul2(q[1], s_a)),
                                bits_of(__hmul2(q[2], s_b)), bits_of(__hmul2(q[3], s_b))};
         // STUB: const uint32_t b[4] = {};
@@ -117,7 +121,8 @@ template <int kMTiles>
 struct LaunchV3 {
   static Status run(const GemmArgs& a, cudaStream_t stream) {
     return launch_tiles(gemm_v3_kernel<kMTiles>, tile_grid(a, kMTiles), kStages * stage_bytes<kMTiles>(), stream,
-                        kW4a16rGemm.name, a.x, a.w, a.scales, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k));
+                        kW4a16rGemm.name, a.x, a.w, a.scales, a.zeros, a.y, a.m, a.n, a.k,
+                        group_shift_of(a.group, a.k));
   }
 };
 

@@ -9,9 +9,7 @@
 // stores from. Only the token rows inside M travel.
 // Expect: at M ≤ 64 about v5's time or better (the memory bound with v5's unpack); unchanged from
 // v6 at large M, where S = 1. SASS: HGMMA and ATOMG, no HMMA, no I2F.
-#include "02_int4_dequant/dequant.cuh"
 #include "gemm_plan.h"
-#include "lkw/tma.h"
 #include "tiles.cuh"
 #include "w4a16_gemm.cuh"
 
@@ -34,24 +32,19 @@ struct Tile {
   static constexpr int kXBytes = kBT * 128;  // kBT rows of 64 k: 1024-byte swizzle atoms
   static constexpr int kWBytes = kGroups * kBlockWords * 4;
   static constexpr int kSBytes = kScaleRows * kBlockN * 2;
-  static constexpr int kStageBytes = kXBytes + kWBytes + kSBytes;  // also the TMA bytes of a stage
+  static constexpr int kTmaBytes = kXBytes + kWBytes + kSBytes;  // + kZeroRows·kBlockN with zeros
+  static constexpr int kStageBytes = kTmaBytes + 1024;  // zero points: 512 bytes, padded to 1024
   static constexpr int kRingBytes = kStages * kStageBytes;
   static_assert(kStageBytes % 1024 == 0, "every stage's x tile must start 1024-aligned");
   static_assert(kBT * kOutRow * 2 <= kRingBytes, "the y tile reuses the ring");
 };
 
-// The three boxes a stage is made of, each a TMA copy (lkw/tma.h; zeros past the tensors' edges):
-// x [M, K] in kBT × 64 boxes swizzled for the descriptor; the repacked words [N/64, 8K] seen as
-// [N/64, 4K] 8-byte elements, whose 4 × 256 box is the four 64-channel blocks' 2 KB of a stage;
-// the scales [K/G, N] in 1 × 256 boxes, one per group row of the stage.
-struct Maps {
-  CUtensorMap x, w, s;
-};
+using Maps = WgmmaMaps;  // x, words, scales, zero points: a TMA box each per stage (tiles.cuh)
 
 template <int kBT>
 __global__ void __launch_bounds__(kThreads7)
     gemm_v7_kernel(const __grid_constant__ Maps maps, __nv_bfloat16* __restrict__ y, int64_t m,
-                   int64_t n, int64_t k, int group_shift, SplitCut cut,
+                   int64_t n, int64_t k, int group_shift, bool zeros, SplitCut cut,
                    float* __restrict__ partials, unsigned* __restrict__ arrivals) {
   using T = Tile<kBT>;
   constexpr int kStages = T::kStages;
@@ -77,6 +70,7 @@ __global__ void __launch_bounds__(kThreads7)
   auto s_stage = [&](int s) {
     return reinterpret_cast<__nv_bfloat16*>(x_stage(s) + T::kXBytes + T::kWBytes);
   };
+  auto z_stage = [&](int s) { return x_stage(s) + T::kTmaBytes; };
   // Slot s is full when its phase completes on full_sh[s] (one arrival and the stage's bytes),
   // empty when every warp has arrived on empty_sh[s].
   __shared__ uint64_t full_sh[kStages], empty_sh[kStages];
@@ -91,14 +85,18 @@ __global__ void __launch_bounds__(kThreads7)
   unsigned p_phase = 0;
   auto load_stage = [&] {
     ptx::mbarrier_wait(&empty_sh[p_slot], p_phase ^ 1);  // passes at once on the first round
-    ptx::mbarrier_arrive_expect_tx(&full_sh[p_slot], T::kStageBytes);
+    ptx::mbarrier_arrive_expect_tx(&full_sh[p_slot],
+                                   T::kTmaBytes + (zeros ? kZeroRows * kBlockN : 0));
     ptx::tma_load_2d(x_stage(p_slot), &maps.x, p_kt * kBlockK, int(t0), &full_sh[p_slot]);
     ptx::tma_load_2d(b_stage(p_slot), &maps.w, p_kt * (kBlockWords / 2), int(nb0 / 64),
                      &full_sh[p_slot]);
 #pragma unroll
-    for (int r = 0; r < kScaleRows; ++r)
-      ptx::tma_load_2d(s_stage(p_slot) + r * kBlockN, &maps.s, int(nb0),
-                       (p_kt * kBlockK + 32 * r) >> group_shift, &full_sh[p_slot]);
+    for (int r = 0; r < kScaleRows; ++r) {
+      const int row = (p_kt * kBlockK + 32 * r) >> group_shift;  // of [K/G, N]
+      ptx::tma_load_2d(s_stage(p_slot) + r * kBlockN, &maps.s, int(nb0), row, &full_sh[p_slot]);
+      if (zeros)
+        ptx::tma_load_2d(z_stage(p_slot) + r * kBlockN, &maps.z, int(nb0), row, &full_sh[p_slot]);
+    }
     ++p_kt;
     if (++p_slot == kStages) p_slot = 0, p_phase ^= 1;
   };
@@ -119,26 +117,30 @@ __global__ void __launch_bounds__(kThreads7)
     // zeros, and no branch puts a wgmma on a divergent path (which serializes them).
     const uint32_t* b_sh = b_stage(slot) + group * kBlockWords;
     const __nv_bfloat16* s_sh = s_stage(slot) + group * 64 + 16 * warp;
+    const uint8_t* z_sh = zeros ? z_stage(slot) + group * 64 + 16 * warp : nullptr;
     const uint64_t desc = ptx::wgmma_desc_k_major_sw128(x_stage(slot));
     // Read the stage's words and scales first: the wgmmas below clobber memory for the compiler,
     // which would read every one of them again after each.
     uint32_t word[kKSteps];
     __nv_bfloat162 s_lo[kScaleRows], s_hi[kScaleRows];
+    uint32_t z_lo[kScaleRows], z_hi[kScaleRows];  // the unpack's biases, 128 + z
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) word[ks] = b_sh[ks * kStepWords + 4 * lane + warp];
 #pragma unroll
     for (int r = 0; r < kScaleRows; ++r) {
       s_lo[r] = __bfloat162bfloat162(s_sh[r * kBlockN + g]);
       s_hi[r] = __bfloat162bfloat162(s_sh[r * kBlockN + 8 + g]);
+      z_lo[r] = zero_bias_of(z_sh ? z_sh + r * kBlockN : nullptr, g);
+      z_hi[r] = zero_bias_of(z_sh ? z_sh + r * kBlockN : nullptr, 8 + g);
     }
     uint32_t a[kKSteps][4];  // one A fragment per k-step: a wgmma holds its A until the wait
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       // Unpack k-step ks while the tensor core runs the k-steps before it: they chain on the
       // accumulators, and no wait comes between them.
-      __nv_bfloat162 q[4];
-      int4::u4_to_bf16_magic(word[ks], q);
       const int r = ks / 2;  // k-steps 0, 1 are the stage's first group row, 2, 3 its second
+      __nv_bfloat162 q[4];
+      unpack_minus_zero(word[ks], z_lo[r], z_hi[r], q);
       // q0, q1: channel 16w + g at k 2t.. and 2t + 8..; q2, q3: channel 16w + 8 + g (v6).
       a[ks][0] = bits_of(__hmul2(q[0], s_lo[r])), a[ks][1] = bits_of(__hmul2(q[2], s_hi[r]));
       a[ks][2] = bits_of(__hmul2(q[1], s_lo[r])), a[ks][3] = bits_of(__hmul2(q[3], s_hi[r]));
@@ -242,17 +244,12 @@ Status launch_v7(const GemmArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(std::min<int64_t>(tiles_m, kRaster)), unsigned(tiles_n),
                   unsigned(splits > 1 ? splits : (tiles_m + kRaster - 1) / kRaster));
   Maps maps;
-  Status s = tensor_map_bf16_sw128(&maps.x, a.x, a.m, a.k, kBT);
-  if (s.ok())
-    s = tensor_map_2d(&maps.w, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, a.n / 64, a.k * 4,
-                      kGroups, kBlockWords / 2, CU_TENSOR_MAP_SWIZZLE_NONE);
-  if (s.ok())
-    s = tensor_map_2d(&maps.s, a.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.k / a.group, a.n,
-                      1, kBlockN, CU_TENSOR_MAP_SWIZZLE_NONE);
+  Status s = wgmma_maps(&maps, a, kBT);
   if (!s.ok()) return s;
   gemm_v7_kernel<kBT><<<grid, kThreads7, kBytes, stream>>>(maps, a.y, a.m, a.n, a.k,
-                                                           group_shift_of(a.group, a.k), cut,
-                                                           partials, arrivals);
+                                                           group_shift_of(a.group, a.k),
+                                                           a.zeros != nullptr, cut, partials,
+                                                           arrivals);
   return last_launch_status(kW4a16rGemm.name);
 }
 

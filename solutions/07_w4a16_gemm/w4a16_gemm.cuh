@@ -1,8 +1,13 @@
 // Chapter 07 — w4a16_gemm: the W4A16 product on the tensor cores, from decode to prefill.
 //
-// y[M, N] = x[M, K] · W_hat[N, K]^T, x and y BF16, FP32 accumulation, W_hat = s·(q − 8) with
+// y[M, N] = x[M, K] · W_hat[N, K]^T, x and y BF16, FP32 accumulation, W_hat = s·(q − z) with
 // 4-bit q and BF16 scales per group of G input channels (G ∈ {32, 64, 128}, or G = K: one scale
 // per output channel). M runs from 1 (decode) to thousands (prefill).
+// Zero points (GPTQ/AWQ's asymmetric contract) are an optional fourth input, uint8 [K/G, N], one
+// 4-bit z per byte, the scales' shape (lkw.w4a16.from_gptq / from_awq unpack the checkpoints' words
+// into it, offline like the repack): absent, z = 8 (symmetric). Every version folds z into the
+// magic unpack's bias: 0x4300 | q is 128 + q, and subtracting 0x4300 | z (128 + z) instead of
+// 136 leaves q − z exactly: no extra instruction per weight, one rounding (the scale's multiply).
 //   w4a16_gemm   w uint32 [N, K/8] in the natural nibble order (chapter 02), scales bf16 [K/G, N]
 //   w4a16r_gemm  the same weights repacked offline (lkw.w4a16.repack): uint32 [N/64, 8·K], for
 //                each block of 64 output channels and step of 16 k, 32 lanes × 4 words; word w of
@@ -29,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "02_int4_dequant/dequant.cuh"
 #include "lkw/registry.h"
 
 namespace lkw::w4a16 {
@@ -53,6 +59,7 @@ struct GemmArgs {
   const __nv_bfloat16* x;       // [M, K]
   const uint32_t* w;            // [N, K/8] natural, or [N/64, 8K] repacked
   const __nv_bfloat16* scales;  // [K/G, N]
+  const uint8_t* zeros;         // [K/G, N] zero points 0..15, or nullptr: z = 8
   __nv_bfloat16* y;             // [M, N]
   int64_t m, n, k;
   int64_t group;
@@ -60,8 +67,9 @@ struct GemmArgs {
 
 using GemmLaunch = Status (*)(const GemmArgs& a, cudaStream_t stream);
 
-// Checks shared by every launcher. x, w and scales are read 16 bytes at a time (cp.async), y is
-// written in pairs: the base pointers are 16-byte aligned, and the shapes keep every row so.
+// Checks shared by every launcher. x, w, scales and zeros are read 16 bytes at a time (cp.async,
+// TMA), y is written in pairs: the base pointers are 16-byte aligned, and the shapes keep every
+// row so. The zero points' values (0..15) live on the device and are the caller's contract.
 inline Status validate_gemm(const GemmOp& op, const GemmArgs& a) {
   return Check()
       .not_null(a.x, "x")
@@ -82,15 +90,17 @@ inline Status validate_gemm(const GemmOp& op, const GemmArgs& a) {
       .aligned(a.w, 16, "w")
       .aligned(a.scales, 16, "scales")
       .aligned(a.y, 16, "y")
+      .aligned(a.zeros, 16, "zeros")
       .disjoint(a.y, 2 * a.m * a.n, a.x, 2 * a.m * a.k, "y and x")
       .disjoint(a.y, 2 * a.m * a.n, a.w, a.n * a.k / 2, "y and w")
       .disjoint(a.y, 2 * a.m * a.n, a.scales, 2 * a.n * (a.k / a.group), "y and scales")
+      .disjoint(a.y, 2 * a.m * a.n, a.zeros, a.zeros ? a.n * (a.k / a.group) : 0, "y and zeros")
       .arch_at_least(80)
       .status();
 }
 
-// The registry entry of a version: checks the generic Args (inputs x, w, scales; output y) and
-// maps them onto the raw-pointer launcher.
+// The registry entry of a version: checks the generic Args (inputs x, w, scales and optionally
+// zeros; output y) and maps them onto the raw-pointer launcher.
 inline Version gemm_version(const GemmOp& op, const char* id, const char* summary, GemmLaunch launch,
                             std::vector<SassFact> sass = {}, Kind kind = Kind::kVersion,
                             int kernels_per_launch = 1) {
@@ -98,11 +108,13 @@ inline Version gemm_version(const GemmOp& op, const char* id, const char* summar
   v.kernels_per_launch = kernels_per_launch;
   v.launch = [op, launch](const Args& a, cudaStream_t s) -> Status {
     Status st = Check()
-                    .that(a.inputs.size() == 3 && a.outputs.size() == 1,
-                          std::string(op.name) + " takes 3 inputs (x, w, scales) and one output (y)")
+                    .that((a.inputs.size() == 3 || a.inputs.size() == 4) && a.outputs.size() == 1,
+                          std::string(op.name) +
+                              " takes 3 or 4 inputs (x, w, scales[, zeros]) and one output (y)")
                     .status();
     if (!st.ok()) return st;
     const TensorRef &x = a.inputs[0], &w = a.inputs[1], &sc = a.inputs[2], &y = a.outputs[0];
+    const TensorRef* z = a.inputs.size() == 4 ? &a.inputs[3] : nullptr;  // zero points
     st = Check()
              .that(x.dtype == DType::kBF16 && sc.dtype == DType::kBF16 && y.dtype == DType::kBF16,
                    "x, scales and y must be bfloat16")
@@ -110,6 +122,9 @@ inline Version gemm_version(const GemmOp& op, const char* id, const char* summar
              .that(x.shape.size() == 2 && w.shape.size() == 2 && sc.shape.size() == 2 &&
                        y.shape.size() == 2,
                    "x, w, scales and y are matrices")
+             .that(!z || z->data != nullptr, "zeros is a null pointer")
+             .that(!z || z->dtype == DType::kU8, "zeros must be uint8 (a 4-bit zero point a byte)")
+             .that(!z || z->shape == sc.shape, "zeros must be [K/G, N], the scales' shape")
              .status();
     if (!st.ok()) return st;
     const int64_t m = x.dim(0), k = x.dim(1), n = sc.dim(1);
@@ -121,12 +136,15 @@ inline Version gemm_version(const GemmOp& op, const char* id, const char* summar
              .that(sc.dim(0) > 0 && k % sc.dim(0) == 0, "scales must be [K/G, N]")
              .status();
     if (!st.ok()) return st;
-    const GemmArgs args{static_cast<const __nv_bfloat16*>(x.data), static_cast<const uint32_t*>(w.data),
-                        static_cast<const __nv_bfloat16*>(sc.data), static_cast<__nv_bfloat16*>(y.data),
+    const GemmArgs args{static_cast<const __nv_bfloat16*>(x.data),
+                        static_cast<const uint32_t*>(w.data),
+                        static_cast<const __nv_bfloat16*>(sc.data),
+                        z ? static_cast<const uint8_t*>(z->data) : nullptr,
+                        static_cast<__nv_bfloat16*>(y.data),
                         m, n, k, k / sc.dim(0)};
     return launch(args, s);
   };
-  v.bytes = [](const Args& a) {  // every tensor once: the roofline minimum
+  v.bytes = [](const Args& a) {  // every tensor once (zero points too): the roofline minimum
     double b = a.outputs.at(0).bytes();
     for (const TensorRef& t : a.inputs) b += t.bytes();
     return b;
@@ -156,12 +174,46 @@ inline int m_tiles_for(int64_t m) { return m <= 16 ? 1 : m <= 32 ? 2 : 4; }
 __device__ __forceinline__ uint32_t bits_of(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 bf162_of(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
 
-// Two natural-order nibbles (bits 0..3 and 4..7 of `byte`) as the BF16 pair (q0 − 8, q1 − 8):
+// The bias of the magic unpack for zero point z, as a BF16 pair: 0x4300 | z reads as 128 + z
+// (exact for z < 128), so (0x4300 | q) − (0x4300 | z) = q − z exactly. z = 8 gives 136 (0x4308),
+// chapter 02's symmetric constant: without zero points the result is bit-identical.
+constexpr uint32_t kBias8 = 0x43084308u;
+__host__ __device__ __forceinline__ uint32_t zero_bias(uint32_t z) {
+  return 0x43004300u | (z * 0x10001u);
+}
+
+// The bias of group `group` for output channel n: from the zero points [K/G, N], or z = 8.
+__device__ __forceinline__ uint32_t zero_bias_at(const uint8_t* zeros, int64_t group, int64_t n,
+                                                 int64_t n_total) {
+  return zeros ? zero_bias(zeros[group * n_total + n]) : kBias8;  // (K/G, N)
+}
+
+// The bias of channel c of a zero-point row already staged in shared memory, or z = 8 where the
+// row pointer is null (no zero points).
+__device__ __forceinline__ uint32_t zero_bias_of(const uint8_t* z_row, int c) {
+  return z_row ? zero_bias(z_row[c]) : kBias8;
+}
+
+// Two natural-order nibbles (bits 0..3 and 4..7 of `byte`) as the BF16 pair (q0 − z, q1 − z):
 // each nibble goes into the mantissa of 128.0 (0x4300 | q = 128 + q, exact), one packed subtract
-// of 136 leaves q − 8. Chapter 02's magic, one pair at a time: no integer→float convert.
-__device__ __forceinline__ __nv_bfloat162 nibble_pair_minus8(uint32_t byte) {
+// of the bias (128 + z) leaves q − z. Chapter 02's magic, one pair at a time: no integer→float
+// convert.
+__device__ __forceinline__ __nv_bfloat162 nibble_pair_minus_zero(uint32_t byte, uint32_t bias) {
   const uint32_t pair = (byte & 0xfu) | ((byte & 0xf0u) << 12) | 0x43004300u;
-  return __hsub2(bf162_of(pair), bf162_of(0x43084308u));
+  return __hsub2(bf162_of(pair), bf162_of(bias));
+}
+
+// A repacked word (eight interleaved nibbles: pairs 0, 1 of channel n_a, pairs 2, 3 of n_a + 8)
+// as four (q − z) pairs: chapter 02's u4_to_bf16_magic with the biases of the two channels in
+// place of its constant 136. One LOP3 and one HSUB2 a pair, as there.
+__device__ __forceinline__ void unpack_minus_zero(uint32_t word, uint32_t bias_a, uint32_t bias_b,
+                                                  __nv_bfloat162 (&q)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q[i] = __hsub2(bf162_of(int4::lop3<int4::kAndOr>(word, 0x000f000fu, 0x43004300u)),
+                   bf162_of(i < 2 ? bias_a : bias_b));
+    word >>= 4;
+  }
 }
 
 // The scale of group `group` for output channel n, as a BF16 pair (both halves the same).

@@ -335,19 +335,87 @@ def test_awq_order_by_hand():
 def test_golden_cases_have_the_promised_shapes():
     cases = golden.w4a16_gemm_cases(np.random.default_rng(3))
     assert golden.CHAPTERS["07_w4a16_gemm"] is golden.w4a16_gemm_cases
-    assert [c.op for c in cases] == [op for op in golden.W4A16_OPS for _ in golden.W4A16_SHAPES]
+    sym = [op for op in golden.W4A16_OPS for _ in golden.W4A16_SHAPES]
+    zp = [op for op in golden.W4A16_OPS for _ in golden.W4A16_ZP_SHAPES]
+    assert [c.op for c in cases] == sym + zp
     for case in cases:
         m, n, k, g = map(int, re.search(r"_m(\d+)_n(\d+)_k(\d+)_g(\d+)$", case.id).groups())
-        assert (m, n, k, g) in golden.W4A16_SHAPES and case.params == {"group_size": g}
-        x, weights, scales = case.inputs
+        with_zeros = "_zp_" in case.id
+        shapes = golden.W4A16_ZP_SHAPES if with_zeros else golden.W4A16_SHAPES
+        assert (m, n, k, g) in shapes and case.params == {"group_size": g}
+        assert len(case.inputs) == 3 + with_zeros
+        x, weights, scales = case.inputs[:3]
         assert x.shape == (m, k) and scales.shape == (k // g, n)
         assert weights.shape == ((n // 64, 8 * k) if case.op == "w4a16r_gemm" else (n, k // 8))
+        if with_zeros:
+            zeros = case.inputs[3]
+            assert zeros.dtype == np.uint8 and zeros.shape == scales.shape and zeros.max() <= 15
         golden.check_case(case, golden.expected_outputs(case))
-    shapes = golden.W4A16_SHAPES
-    assert {m for m, *_ in shapes} >= {1, 5, 16, 17, 33, 64, 130}
-    assert {n for _, n, _, _ in shapes} == {64, 192, 320, 512}
-    assert {k % 64 for _, _, k, _ in shapes} == {0, 32}
-    assert {g for *_, g in shapes} >= {32, 64, 128} and any(g == k for _, _, k, g in shapes)
+    for shapes in (golden.W4A16_SHAPES, golden.W4A16_ZP_SHAPES):
+        assert {m for m, *_ in shapes} >= {1, 5, 17, 33, 64, 130}
+        assert {n for _, n, _, _ in shapes} == {64, 192, 320, 512}
+        assert {k % 64 for _, _, k, _ in shapes} == {0, 32}
+        assert {g for *_, g in shapes} >= {32, 64, 128} and any(g == k for _, _, k, g in shapes)
+    assert {m for m, *_ in golden.W4A16_SHAPES} >= {16}
+
+
+def test_the_symmetric_cases_kept_their_draws():
+    """The zero-point cases come after the symmetric ones, which a seed still draws alike."""
+    cases = golden.w4a16_gemm_cases(np.random.default_rng(5))
+    rng = np.random.default_rng(5)
+    first = golden._w4a16_case(rng, golden.W4A16_OPS[0], *golden.W4A16_SHAPES[0])
+    assert cases[0].id == first.id
+    assert all(np.array_equal(a, b) for a, b in zip(cases[0].inputs, first.inputs, strict=True))
+
+
+def test_an_op_takes_its_zero_points_as_an_optional_fourth_input(rng):
+    """The manifest names 3 or 4 inputs of the W4A16 ops, never 2 or 5; the zeros are uint8."""
+    case = golden._w4a16_case(rng, "w4a16r_gemm", 1, 64, 256, 32, zero_points=True)
+    op = golden.OPS["w4a16r_gemm"]
+    assert op.input_names(4) == ("bfloat16", "uint32", "bfloat16", "uint8")
+    assert op.input_names(3) == ("bfloat16", "uint32", "bfloat16")
+    golden.check_case(case, golden.expected_outputs(case))
+    for inputs in (case.inputs[:2], [*case.inputs, case.inputs[3]]):
+        bad = golden.Case(case.id, case.op, case.tolerance, inputs, case.params)
+        with pytest.raises(ValueError, match="takes 4 in"):
+            golden.check_case(bad, [np.zeros((1, 64), np.uint16)])
+    wrong = golden.Case(case.id, case.op, case.tolerance, [*case.inputs[:3], case.inputs[3] + 0.0])
+    with pytest.raises(ValueError, match="uint8 must be stored as"):
+        golden.check_case(wrong, golden.expected_outputs(case))
+
+
+def test_the_zero_point_bias_leaves_q_minus_z_exactly():
+    """The kernels' unpack: (0x4300 | q) - (0x4300 | z) in BF16 is q - z for every q and z, and
+    z = 8 is chapter 02's constant 136 (0x4308): the symmetric path is the same arithmetic."""
+    q, z = np.meshgrid(np.arange(16, dtype=np.uint16), np.arange(16, dtype=np.uint16))
+    as_bf16 = lambda bits: bits.view(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731
+    diff = (as_bf16(0x4300 | q) - as_bf16(0x4300 | z)).astype(ml_dtypes.bfloat16)
+    assert np.array_equal(diff.astype(np.float64), q.astype(np.float64) - z)
+    assert as_bf16(np.array([0x4300 | 8], np.uint16))[0] == 136.0
+
+
+def zero_of_stage(zeros: np.ndarray, k: int, g: int) -> np.ndarray:
+    """mutant_zero_points' zero points: every k of a 64-k stage takes the group of its first k."""
+    group_of_k = (np.arange(k) // 64 * 64) // g
+    return zeros[group_of_k]  # (K,N): one row per input channel
+
+
+def test_the_zero_point_cases_catch_a_zero_point_of_the_wrong_group():
+    """mutant_zero_points, emulated: its wrong z changes nothing at G >= 64 (a stage is one
+    group), and fails every zero-point case with G = 32, which the golden set therefore has."""
+    caught = []
+    for case in golden.w4a16_gemm_cases(np.random.default_rng(11)):
+        if "_zp_" not in case.id or case.op != "w4a16_gemm":
+            continue
+        x, words, scales, zeros = case.inputs
+        k, g = x.shape[1], int(case.params["group_size"])
+        s = np.repeat(formats.bf16_to_f32(scales).T.astype(np.float64), g, axis=1)  # (N,K)
+        q = int4.unpack(words).astype(np.float64)
+        wrong = (q - zero_of_stage(zeros, k, g).T) * s
+        ok = within(w4a16.gemm(x, wrong), golden.expected_outputs(case)[0], case.tolerance).all()
+        assert ok == (g >= 64), case.id
+        caught.append(not ok)
+    assert any(caught)
 
 
 def fp32_mma_sum(x32: np.ndarray, w32: np.ndarray) -> np.ndarray:
@@ -380,3 +448,25 @@ def test_tolerance_passes_fp32_mma_sums_and_catches_the_mutants(rng, k, g):
     swapped = w4a16.w_hat(w4a16.unrepack(swap_n8_tiles(words), 64, k), scales)
     for wrong in (no_tail, swapped):
         assert not within(w4a16.gemm(x, wrong), ref, tol).all()
+
+
+def test_the_golden_cases_catch_a_split_k_sum_that_counts_the_first_split_twice():
+    """mutant_split_k_first, emulated: y plus the first split's partial (stages of 64 k, cut as
+    gemm_plan.h's split_cut cuts them). Every repacked case that splits K must fail, however
+    many splits the GPU's slots give (2 to K/256: each split keeps >= 4 stages)."""
+    for case in golden.w4a16_gemm_cases(np.random.default_rng(13)):
+        if case.op != "w4a16r_gemm":
+            continue
+        x, repacked, scales = case.inputs[:3]
+        n, k = scales.shape[1], x.shape[1]
+        words = w4a16.unrepack(repacked, n, k)
+        w = (w4a16.w_hat(words, scales) if len(case.inputs) == 3
+             else w4a16.w_hat_zp(words, scales, case.inputs[3]))
+        ref = golden.expected_outputs(case)[0]
+        k_tiles = -(-k // 64)
+        for splits in sorted({2, k_tiles // 4} - {0, 1}):
+            first = 64 * (k_tiles // splits + (k_tiles % splits > 0))  # split 0's k, ending
+            x64 = formats.bf16_to_f32(x).astype(np.float64)
+            doubled = x64 @ w.T + x64[:, :first] @ w[:, :first].T
+            got = formats.f64_to_bf16(doubled)
+            assert not within(got, ref, case.tolerance).all(), (case.id, splits)

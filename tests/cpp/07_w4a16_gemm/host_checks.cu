@@ -1,6 +1,7 @@
 // Chapter 07 checks that need no GPU: the refusals the generic Validation suite does not reach
 // (N not a multiple of 64, K not a multiple of 32, group sizes, the layouts' shapes, alignment,
-// an output overlapping an input) and the byte model the bench divides by.
+// an output overlapping an input, zero points of the wrong kind) and the byte model the bench
+// divides by, zero points included.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,10 +17,12 @@ namespace {
 // Fake device addresses, far apart and 256-byte aligned: every call below must be refused before
 // the launcher looks at the device.
 struct Fake {
-  uintptr_t x = 0x1000000, w = 0x10000000, scales = 0x20000000, y = 0x40000000;
+  uintptr_t x = 0x1000000, w = 0x10000000, scales = 0x20000000, y = 0x40000000, zeros = 0x30000000;
 };
 
-Args fake_args(const GemmOp& op, int64_t m, int64_t n, int64_t k, int64_t g, Fake at = {}) {
+// x, w, scales (and zeros uint8 [K/G, N] with `zeros`) -> y, at the fake addresses.
+Args fake_args(const GemmOp& op, int64_t m, int64_t n, int64_t k, int64_t g, Fake at = {},
+               bool zeros = false) {
   Args a;
   a.inputs.push_back({reinterpret_cast<void*>(at.x), DType::kBF16, {m, k}});
   if (op.repacked)
@@ -27,6 +30,7 @@ Args fake_args(const GemmOp& op, int64_t m, int64_t n, int64_t k, int64_t g, Fak
   else
     a.inputs.push_back({reinterpret_cast<void*>(at.w), DType::kU32, {n, k / 8}});
   a.inputs.push_back({reinterpret_cast<void*>(at.scales), DType::kBF16, {k / g, n}});
+  if (zeros) a.inputs.push_back({reinterpret_cast<void*>(at.zeros), DType::kU8, {k / g, n}});
   a.outputs.push_back({reinterpret_cast<void*>(at.y), DType::kBF16, {m, n}});
   return a;
 }
@@ -111,6 +115,36 @@ TEST(HostValidation, ScalesMustBeGroupMajor) {
     }
 }
 
+// Zero points are an optional fourth input, uint8 [K/G, N] like the scales: anything else is
+// refused with a message that names them, before any launch.
+TEST(HostValidation, ZeroPointsOfTheWrongKindAreRefused) {
+  for (const GemmOp* op : kOps)
+    for (const Version* v : versions_of(*op)) {
+      Args a = fake_args(*op, 2, 128, 1024, 128, {}, true);
+      a.inputs[3].dtype = DType::kBF16;
+      expect_refused(*v, a, "zeros must be uint8");
+      a = fake_args(*op, 2, 128, 1024, 128, {}, true);
+      a.inputs[3].shape = {128, 8};  // [N, K/G], chapter 06's scale layout
+      expect_refused(*v, a, "zeros must be [K/G, N]");
+      a = fake_args(*op, 2, 128, 1024, 128, {}, true);
+      a.inputs[3].shape = {8, 128 / 8};  // packed 8 to a word, as checkpoints ship them
+      expect_refused(*v, a, "zeros must be [K/G, N]");
+      a = fake_args(*op, 2, 128, 1024, 128, {}, true);
+      a.inputs[3].data = nullptr;  // present but null: never read as "no zero points"
+      expect_refused(*v, a, "zeros is a null pointer");
+      Fake at;
+      at.zeros += 8;
+      expect_refused(*v, fake_args(*op, 2, 128, 1024, 128, at, true),
+                     "zeros must be 16-byte aligned");
+      Fake over;
+      over.zeros = over.y + 64;  // zeros inside y
+      expect_refused(*v, fake_args(*op, 2, 128, 1024, 128, over, true), "y and zeros");
+      a = fake_args(*op, 2, 128, 1024, 128, {}, true);
+      a.inputs.push_back(a.inputs[3]);
+      expect_refused(*v, a, "takes 3 or 4 inputs (x, w, scales[, zeros])");
+    }
+}
+
 // Bytes = N·K/2 + N·K/G·2 + M·K·2 + M·N·2: each tensor once, the roofline minimum.
 TEST(HostModel, BytesCountEveryTensorOnce) {
   const int64_t m = 16, n = 4096, k = 8192, g = 128;
@@ -119,7 +153,19 @@ TEST(HostModel, BytesCountEveryTensorOnce) {
       const double want = n * k / 2.0 + n * (k / g) * 2.0 + m * k * 2.0 + m * n * 2.0;
       EXPECT_DOUBLE_EQ(v->bytes(fake_args(*op, m, n, k, g)), want) << v->name();
       EXPECT_DOUBLE_EQ(v->flops(fake_args(*op, m, n, k, g)), 2.0 * m * n * k) << v->name();
+      // Zero points add N·K/G bytes (one a byte), and no FLOPs: they only change the unpack's bias.
+      const Args with_zeros = fake_args(*op, m, n, k, g, {}, true);
+      EXPECT_DOUBLE_EQ(v->bytes(with_zeros), want + n * (k / g)) << v->name();
+      EXPECT_DOUBLE_EQ(v->flops(with_zeros), 2.0 * m * n * k) << v->name();
     }
+}
+
+// The unpack's bias for zero point z is the BF16 pair (128 + z, 128 + z); z = 8 is chapter 02's
+// symmetric constant 136, so a launch without zero points does the same arithmetic as before.
+TEST(HostModel, ZeroPointBiasIsTheMagicPlusZ) {
+  EXPECT_EQ(zero_bias(8), kBias8);
+  EXPECT_EQ(zero_bias(0), 0x43004300u);
+  EXPECT_EQ(zero_bias(15), 0x430f430fu);
 }
 
 TEST(HostModel, MTilesGrowWithM) {
