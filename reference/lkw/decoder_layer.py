@@ -29,7 +29,13 @@ The layer returns (out, r2), vLLM's convention: the last residual add is the nex
 Layouts: wqkv [(Hq + 2 Hkv) D, d] rows q | k | v; wgu [2 d_ff, d] rows gate | up. W4A16 weights
 are chapter 07's natural words [N, K/8] with group-major scales [K/G, N] (G = 128); chapter 06's
 GEMV computes the same numbers (scales transposed), the kernel switch is at T = 16.
-The FP8 W8A8 format of the issue (chapter 08) and an FP8 KV cache are not composed here yet.
+FP8 W8A8 (chapter 08's blockwise product): weights E4M3 [N, K] with FP32 scales per 128 x 128
+block [ceil(N/128), K/128] (lkw.fp8_gemm.per_block_fp8, offline); every GEMM's BF16 input is
+quantized per 1 x 128 group (chapter 03's per_group_fp8, scales [K/128, T]) and multiplied with
+fp8_gemm_blockwise, rounded once to BF16. The rounding points are the kernels': the norms and the
+attention still write BF16 (chapter 04 has no group-quant fusion, so the runner quantizes their
+outputs with chapter 03's kernel), and chapter 05's fused silu_and_mul_fp8_per_group is exactly
+per_group_fp8(silu_and_mul(gu)). An FP8 KV cache is not composed here.
 
 ``layer`` takes ``replace={step name: function}``: the chapter swaps in one kernel at a time, and
 the tests swap in mutants. ``trace`` (returned) holds every step's outputs by name, in order, so
@@ -46,10 +52,22 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lkw import bench, elementwise, formats, golden, int4, rmsnorm, roofline, w4a16
+from lkw import (
+    bench,
+    elementwise,
+    formats,
+    fp8_gemm,
+    gemv,
+    golden,
+    int4,
+    quant,
+    rmsnorm,
+    roofline,
+    w4a16,
+)
 from lkw.formats import f64_to_bf16
 
-FORMATS = ("bf16", "w4a16")
+FORMATS = ("bf16", "w4a16", "fp8")
 GROUP = 128  # W4A16 group size of the issue
 GEMV_MAX_T = 16  # the W4A16 kernel switch: chapter 06's GEMV at T <= 16, chapter 07's GEMM above
 
@@ -76,11 +94,15 @@ LLAMA3_8B = Config(d=4096, hq=32, hkv=8, head_dim=128, d_ff=14336)
 # Llama-3-8B's ratios (d = Hq D, Hq / Hkv = 4, d_ff = 3.5 d) at test size; every K a multiple
 # of 128 (the W4A16 group).
 TINY = Config(d=256, hq=8, hkv=2, head_dim=32, d_ff=896)
+# The C++ runner's golden cases (lkw.golden): smaller still, so the golden files stay small; GQA
+# with two KV heads, every K a multiple of 128, d_ff = 3 d (the full layer is the bench's job).
+GOLDEN = Config(d=128, hq=4, hkv=2, head_dim=32, d_ff=384)
 
 
 class Linear(NamedTuple):
-    """A projection's weights: BF16 bits [N, K] ("bf16"), or natural INT4 words [N, K/8] with
-    BF16 scales [K/G, N] ("w4a16")."""
+    """A projection's weights: BF16 bits [N, K] ("bf16"), natural INT4 words [N, K/8] with
+    BF16 scales [K/G, N] ("w4a16"), or E4M3 bits [N, K] with FP32 block scales [ceil(N/128),
+    K/128] ("fp8")."""
 
     fmt: str
     weight: np.ndarray
@@ -102,15 +124,23 @@ def w_exact(lin: Linear) -> np.ndarray:
         return formats.bf16_to_f32(lin.weight).astype(np.float64)
     if lin.fmt == "w4a16":
         return w4a16.w_hat(lin.weight, lin.scales)
+    if lin.fmt == "fp8":
+        n, k = lin.weight.shape
+        per_element = np.repeat(np.repeat(lin.scales, fp8_gemm.BLOCK_N, 0)[:n], fp8_gemm.BLOCK_K, 1)
+        return int4.e4m3_values(lin.weight) * per_element.astype(np.float64)
     raise ValueError(f"weight format must be one of {FORMATS}, got {lin.fmt!r}")
 
 
 def project(x: np.ndarray, lin: Linear) -> np.ndarray:
-    """y = bf16(x . W^T): chapter 00's BF16 GEMM reference or chapter 06/07's W4A16 one."""
+    """y = bf16(x . W^T): chapter 00's BF16 GEMM reference or chapter 06/07's W4A16 one; FP8:
+    x quantized per 1 x 128 group (chapter 03), then chapter 08's blockwise product."""
     if lin.fmt == "bf16":
         return roofline.gemm_bf16(x, lin.weight)
     if lin.fmt == "w4a16":
         return w4a16.w4a16_gemm(x, lin.weight, lin.scales)
+    if lin.fmt == "fp8":
+        xq, xs = quant.per_group_fp8(x)  # (T,K) codes, (K/128,T) scales
+        return fp8_gemm.fp8_gemm_blockwise(xq, lin.weight, xs, lin.scales)
     raise ValueError(f"weight format must be one of {FORMATS}, got {lin.fmt!r}")
 
 
@@ -275,10 +305,16 @@ def _w4a16_linear(rng, n: int, k: int, group: int = GROUP) -> Linear:
     return Linear("w4a16", int4.pack(q), formats.f32_to_bf16(s.astype(np.float32)))
 
 
+def _fp8_linear(rng, n: int, k: int) -> Linear:
+    """The BF16 weights of _bf16_linear quantized offline per 128 x 128 block (chapter 08)."""
+    codes, scales = fp8_gemm.per_block_fp8(_bf16_linear(rng, n, k).weight)
+    return Linear("fp8", codes, scales)
+
+
 def random_weights(rng, cfg: Config, fmt: str = "bf16") -> Weights:
     if fmt not in FORMATS:
         raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
-    lin = _bf16_linear if fmt == "bf16" else _w4a16_linear
+    lin = {"bf16": _bf16_linear, "w4a16": _w4a16_linear, "fp8": _fp8_linear}[fmt]
 
     def norm():  # RMSNorm weights around 1, as trained ones are
         return formats.f32_to_bf16(rng.uniform(0.5, 1.5, cfg.d).astype(np.float32))
@@ -309,10 +345,13 @@ class Step(NamedTuple):
 
 
 def steps(fmt: str = "bf16", t: int = 1) -> list[Step]:
-    """The layer's ten launches in order. W4A16 GEMMs belong to chapter 06 (GEMV) at T <= 16 and to
-    chapter 07 above; BF16 GEMMs are cuBLAS, measured by chapter 00's peer."""
+    """The layer's ten steps in order. W4A16 GEMMs belong to chapter 06 (GEMV) at T <= 16 and to
+    chapter 07 above; BF16 GEMMs are cuBLAS, measured by chapter 00's peer; FP8 GEMMs are chapter
+    08's blockwise product, each with the group quant of its input (chapter 03, fused into act)."""
     if fmt == "bf16":
         gemm = Step("", "roofline.gemm_bf16", "00_roofline")
+    elif fmt == "fp8":
+        gemm = Step("", "fp8_gemm.fp8_gemm_blockwise", "08_fp8_gemm")
     elif fmt == "w4a16":
         small = t <= GEMV_MAX_T
         gemm = Step(
@@ -354,13 +393,18 @@ class Cost(NamedTuple):
 
 
 def weight_bytes(n: int, k: int, fmt: str, group: int = GROUP) -> int:
-    """BF16: 2 B per weight; W4A16: 0.5 B per weight + one BF16 scale per group."""
+    """BF16: 2 B per weight; W4A16: 0.5 B per weight + one BF16 scale per group; FP8: 1 B per
+    weight + one FP32 scale per 128 x 128 block."""
+    if fmt == "fp8":
+        return n * k + 4 * -(-n // fp8_gemm.BLOCK_N) * (k // fp8_gemm.BLOCK_K)
     return n * k * BF16 if fmt == "bf16" else n * k // 2 + n * (k // group) * BF16
 
 
 def gemm_cost(name, chapter, t, n, k, fmt) -> Cost:
     wb = weight_bytes(n, k, fmt)
-    total = wb + t * k * BF16 + t * n * BF16  # x read, y written
+    # x read (FP8: its codes and group scales, as the GEMM reads them), y written
+    x_bytes = t * k + 4 * t * (k // fp8_gemm.BLOCK_K) if fmt == "fp8" else t * k * BF16
+    total = wb + x_bytes + t * n * BF16
     if fmt == "w4a16":
         assert (total, 2 * t * n * k) == bench.w4a16_model(t, n, k, GROUP)  # chapter 07's model
     return Cost(name, chapter, total, 2 * t * n * k, wb, 0)
@@ -433,3 +477,92 @@ def decode_model(fmt: str = "bf16", kv_len: int = 2048, t: int = 1, cfg: Config 
 def prefill_model(fmt: str = "bf16", t: int = 2048, cfg: Config = LLAMA3_8B):
     """One prefill step of T tokens (the issue's T = 2048) on an empty cache."""
     return step_models(cfg, t, t, fmt)
+
+
+# ---------------------------------------------------------------------------------------------
+# The C++ runner's op (solutions/11_decoder_layer/layer.h says the order; this builds it)
+
+
+def op_name(fmt: str) -> str:
+    """The registered runner of a format: lkw._ext.launch(op_name(fmt), inputs, outputs, ...)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
+    return f"11_decoder_layer/decoder_layer_{fmt}/v0_runner"
+
+
+def op_linear(lin: Linear) -> list[np.ndarray]:
+    """One projection's tensors as the runner takes them. W4A16: chapter 06's tiled words with
+    scales [N, K/G] (its GEMV, T <= 16), then chapter 07's repacked words with scales [K/G, N]
+    (its GEMM, T > 16): the same W_hat in the two layouts its two kernels read."""
+    if lin.fmt == "bf16":
+        return [np.asarray(lin.weight, np.uint16)]
+    if lin.fmt == "w4a16":
+        words = np.asarray(lin.weight, np.uint32)
+        scales = np.asarray(lin.scales, np.uint16)
+        return [
+            gemv.tile_weights(int4.interleave(words)),
+            np.ascontiguousarray(scales.T),
+            w4a16.repack(words),
+            scales,
+        ]
+    if lin.fmt == "fp8":
+        return [np.asarray(lin.weight, np.uint8), np.asarray(lin.scales, np.float32)]
+    raise ValueError(f"weight format must be one of {FORMATS}, got {lin.fmt!r}")
+
+
+def op_inputs(w: Weights, x, residual, positions, cache: KVCache, cos_sin) -> list[np.ndarray]:
+    """The runner's inputs in order: x, residual, positions, slot_mapping, block_table,
+    cos_sin_cache, then the weights in path order (norm1, qkv, o, norm2, gate_up, down). Its
+    outputs: key_cache, value_cache (updated in place; the "paged" layout), out, residual_out."""
+    if cache.layout != "paged":
+        raise ValueError(f"the runner's cache is the paged layout, got {cache.layout!r}")
+    pos = np.asarray(positions, np.int64)
+    weights = [np.asarray(w.norm1, np.uint16), *op_linear(w.qkv), *op_linear(w.o)]
+    weights += [np.asarray(w.norm2, np.uint16), *op_linear(w.gate_up), *op_linear(w.down)]
+    return [
+        np.asarray(x, np.uint16),
+        np.asarray(residual, np.uint16),
+        pos,
+        cache.slots(pos),
+        np.asarray(cache.block_table, np.int64),
+        np.asarray(cos_sin, np.float32),
+        *weights,
+    ]
+
+
+def op_weights(fmt: str, tensors) -> Weights:
+    """The inverse of op_linear over the weight inputs (norm1, qkv, o, norm2, gate_up, down)."""
+    per = {"bf16": 1, "w4a16": 4, "fp8": 2}[fmt]
+    it = iter(tensors)
+
+    def linear() -> Linear:
+        t = [next(it) for _ in range(per)]
+        if fmt == "bf16":
+            return Linear("bf16", t[0])
+        if fmt == "fp8":
+            return Linear("fp8", t[0], t[1])
+        scales = np.asarray(t[3], np.uint16)  # (K/G,N)
+        k, n = scales.shape[0] * GROUP, scales.shape[1]
+        return Linear("w4a16", w4a16.unrepack(t[2], n, k), scales)
+
+    norm1, qkv, o = next(it), linear(), linear()
+    norm2, gate_up, down = next(it), linear(), linear()
+    return Weights(norm1, qkv, o, norm2, gate_up, down)
+
+
+def op_reference(fmt: str, *arrays, eps: float):
+    """The runner's op on numpy arrays: op_inputs(...) then the caches' contents before the step
+    -> (key_cache, value_cache, out, residual_out). slot_mapping must be the slots of the
+    positions through the block table (the runner writes where slot_mapping says)."""
+    x, residual, positions, slot_mapping, table, cos_sin, *rest = arrays
+    key_cache, value_cache = rest[-2:]
+    w = op_weights(fmt, rest[:-2])
+    hkv, hd, bs = value_cache.shape[1], value_cache.shape[2], value_cache.shape[3]
+    n_qkv = w_exact(w.qkv).shape[0] if fmt != "w4a16" else np.asarray(w.qkv.scales).shape[1]
+    d_ff = np.asarray(w.down.weight).shape[1] * (8 if fmt == "w4a16" else 1)
+    cfg = Config(np.asarray(x).shape[1], n_qkv // hd - 2 * hkv, hkv, hd, d_ff, eps=eps)
+    cache = KVCache("paged", np.array(key_cache), np.array(value_cache), np.asarray(table), bs)
+    if not np.array_equal(cache.slots(positions), slot_mapping):
+        raise ValueError("slot_mapping must be the positions' slots through the block table")
+    r = layer(cfg, w, x, residual, positions, cache, cos_sin)
+    return r.cache.key, r.cache.value, r.out, r.residual

@@ -73,6 +73,43 @@ DTYPES = {
 }
 
 
+def _layer_inputs(fmt: str) -> tuple[str, ...]:
+    """Manifest dtypes of the decoder layer runner's inputs (lkw.decoder_layer.op_inputs)."""
+    lin = {
+        "bf16": ("bfloat16",),
+        "w4a16": ("uint32", "bfloat16", "uint32", "bfloat16"),
+        "fp8": ("float8_e4m3fn", "float32"),
+    }[fmt]
+    head = ("bfloat16", "bfloat16", "int64", "int64", "int64", "float32", "bfloat16")
+    return head + lin + lin + ("bfloat16",) + lin + lin
+
+
+LAYER_INPUTS = {fmt: _layer_inputs(fmt) for fmt in ("bf16", "w4a16", "fp8")}
+
+
+def layer_expected(fmt: str, *arrays, eps: float):
+    """lkw.decoder_layer.op_reference (imported here: that module imports this one)."""
+    from lkw import decoder_layer
+
+    return decoder_layer.op_reference(fmt, *arrays, eps=eps)
+
+
+def layer_graph_expected(fmt: str, *arrays, eps: float):
+    """Decode steps one token at a time (x, residual, positions, slot_mapping hold one row per
+    step), each over the cache the step before left: -> the final caches, then out and
+    residual_out of the first and of the last step."""
+    x, residual, positions, slots, *rest = arrays
+    key, value = rest[-2], rest[-1]
+    firsts = lasts = None
+    for i in range(len(positions)):
+        step = [x[i : i + 1], residual[i : i + 1], positions[i : i + 1], slots[i : i + 1]]
+        key, value, out, r2 = layer_expected(fmt, *step, *rest[:-2], key, value, eps=eps)
+        if i == 0:
+            firsts = (out, r2)
+        lasts = (out, r2)
+    return key, value, *firsts, *lasts
+
+
 @dataclass(frozen=True)
 class Op:
     """A reference function on stored arrays, with the manifest dtypes of its inputs and outputs."""
@@ -292,6 +329,22 @@ OPS = {
         ("float32", "int32", "float32", "int64"),
         ("int32", "int32"),
     ),
+    # 11_decoder_layer (lkw.decoder_layer.op_inputs: the runner's order, layer.h) -> the caches
+    # updated in place, out, residual_out; and the graph cases (decode steps replayed)
+    **{
+        f"decoder_layer_{fmt}": Op(
+            functools.partial(layer_expected, fmt),
+            LAYER_INPUTS[fmt], ("bfloat16",) * 4, ("eps",), init=2,
+        )
+        for fmt in LAYER_INPUTS
+    },
+    **{
+        f"decoder_layer_graph_{fmt}": Op(
+            functools.partial(layer_graph_expected, fmt),
+            LAYER_INPUTS[fmt], ("bfloat16",) * 6, ("eps",), init=2,
+        )
+        for fmt in LAYER_INPUTS
+    },
 }
 
 
@@ -2127,6 +2180,67 @@ def sampling_cases(rng: np.random.Generator) -> list[Case]:
 
 # ---------------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------------
+# 11_decoder_layer: the whole layer at decoder_layer.GOLDEN size (the full layer is the bench's)
+
+# out and residual_out: relative Frobenius error. A correct runner differs from the float64
+# reference only where a value lands on the other side of a rounding (FP32 sums, rsqrtf,
+# tensor-core accumulation, the FP32 softmax): a one-ulp step (2^-8) on some elements, carried
+# through at most four more roundings, stays under 2^-8 x 4 ~ 0.016 even if every element moved;
+# FP8 adds the few E4M3 codes (2^-4 each) such a step flips. A wrong head, mask, slot, residual
+# or rounding point is O(0.1) and more.
+LAYER_FROB = {"bf16": 0.02, "w4a16": 0.02, "fp8": 0.04}
+# The caches, element by element (the new tokens' K after RoPE and V, the rest unchanged): a few
+# BF16 ulps of the value, or of the largest pair member after a rotation near cancellation.
+LAYER_CACHE = {"bf16": "close:0.016:0.03", "w4a16": "close:0.016:0.03", "fp8": "close:0.03:0.06"}
+
+
+def _layer_setup(rng, fmt: str, t: int, table_blocks: int, block_size: int = 16):
+    """(weights, x, residual, cache): every cache slot holds random finite K and V (earlier
+    tokens, and junk past the context that a causal read must never touch); the block table is
+    shuffled with one spare block."""
+    from lkw import decoder_layer
+
+    cfg = decoder_layer.GOLDEN
+    w = decoder_layer.random_weights(rng, cfg, fmt)
+    x, res = decoder_layer.random_inputs(rng, cfg, t)
+    cache = decoder_layer.new_cache(cfg, table_blocks * block_size, "paged", block_size, rng)
+    for c in (cache.key, cache.value):
+        c[...] = formats.f32_to_bf16(rng.standard_normal(c.shape).astype(np.float32))
+    return w, x, res, cache
+
+
+def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
+    from lkw import decoder_layer
+
+    cfg = decoder_layer.GOLDEN
+    cos_sin = decoder_layer.rope_cache(cfg, 512)
+    cases = []
+    # (id, T, first position, table blocks of 16): decode over a context of 300 (the attention in
+    # two splits), three tokens whose second split is empty, a prefill T > 16 (chapter 07's GEMM
+    # for W4A16) in one split.
+    for tag, t, first, blocks in (("decode_t1", 1, 300, 24), ("decode_t3", 3, 150, 24),
+                                  ("prefill_t24", 24, 0, 8)):
+        for fmt in decoder_layer.FORMATS:
+            w, x, res, cache = _layer_setup(rng, fmt, t, blocks)
+            pos = np.arange(first, first + t)
+            inputs = decoder_layer.op_inputs(w, x, res, pos, cache, cos_sin)
+            tol = "/".join([LAYER_CACHE[fmt]] * 2 + [f"frob:{LAYER_FROB[fmt]}"] * 2)
+            cases.append(Case(f"{fmt}_{tag}", f"decoder_layer_{fmt}", tol, inputs,
+                              {"eps": cfg.eps}, [cache.key, cache.value]))
+    # The graph: 100 decode steps from position 150 (crossing the attention's split at 192).
+    steps = 100
+    for fmt in decoder_layer.FORMATS:
+        w, x, res, cache = _layer_setup(rng, fmt, steps, 24)
+        pos = np.arange(150, 150 + steps)
+        inputs = decoder_layer.op_inputs(w, x, res, pos, cache, cos_sin)
+        frob = f"frob:{LAYER_FROB[fmt]}"
+        tol = "/".join([LAYER_CACHE[fmt]] * 2 + [frob] * 4)
+        cases.append(Case(f"{fmt}_graph", f"decoder_layer_graph_{fmt}", tol, inputs,
+                          {"eps": cfg.eps}, [cache.key, cache.value]))
+    return cases
+
+
 CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "00_roofline": roofline_cases,
     "01_formats": formats_cases,
@@ -2139,6 +2253,7 @@ CHAPTERS: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": moe_cases,
     "10_sampling": sampling_cases,
+    "11_decoder_layer": decoder_layer_cases,
 }
 
 

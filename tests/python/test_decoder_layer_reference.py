@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from lkw import decoder_layer as dl
-from lkw import elementwise, formats, gemv, rmsnorm
+from lkw import elementwise, formats, fp8_gemm, gemv, quant, rmsnorm
 
 CFG = dl.TINY
 T = 12
@@ -34,6 +34,11 @@ def dec(bits):
 def w64(lin):
     if lin.fmt == "bf16":
         return dec(lin.weight)
+    if lin.fmt == "fp8":  # E4M3 value times its 128 x 128 block's scale
+        codes = np.asarray(lin.weight, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        n, k = codes.shape
+        nn, kk = np.arange(n), np.arange(k)
+        return codes * np.asarray(lin.scales, np.float64)[nn[:, None] // 128, kk[None, :] // 128]
     words = np.asarray(lin.weight).astype(np.int64)
     k = 8 * words.shape[1]
     kk = np.arange(k)
@@ -100,11 +105,81 @@ def check_e2e(result, w, x, res):
     return [n for n in got if not row_error(got[n], want[n]) <= ROUNDINGS[n] * U]
 
 
-@pytest.mark.parametrize("fmt", dl.FORMATS)
+WEIGHT_ONLY = ("bf16", "w4a16")  # activations stay BF16: the rounding bound holds as it is
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_ONLY)
 def test_layer_matches_float64_layer(rng, fmt):
     result, w, x, res = run(rng, fmt)
     assert check_e2e(result, w, x, res) == []
     assert np.all(np.isfinite(dec(result.out)))
+
+
+# FP8 W8A8 also quantizes each GEMM's input to E4M3 (half an ulp: 2^-4 of the value, per 1 x 128
+# group). On the path to r2: the QKV and O inputs (2); to out: also the gate-up and down inputs
+# (4). The float64 layer keeps the dequantized weights exactly, so the rest is the BF16 bound.
+Q8 = 2.0**-4
+QUANTS = {"residual": 2, "out": 4, "hidden": 4}
+
+
+def test_fp8_layer_within_quantization_of_float64_layer(rng):
+    result, w, x, res = run(rng, "fp8")
+    out, r2 = f64_layer(CFG, w, x, res)
+    want = {"residual": r2, "out": out, "hidden": out + r2}
+    got = {"residual": result.residual, "out": result.out,
+           "hidden": dl.hidden(result.out, result.residual)}
+    for n in got:
+        err = row_error(got[n], want[n])
+        assert err <= ROUNDINGS[n] * U + QUANTS[n] * Q8, n
+    # and the quantization shows: FP8 is further from the float64 layer than BF16 weights alone
+    assert row_error(result.out, out) > 2 * U
+
+
+def test_fp8_steps_are_chapter_03_quant_and_chapter_08_gemm(rng):
+    """Each FP8 projection is chapter 08's blockwise reference on chapter 03's 1 x 128 codes of
+    the BF16 input, which for the down projection is what chapter 05's fused
+    silu_and_mul_fp8_per_group writes (the runner's rounding points)."""
+    w = dl.random_weights(rng, CFG, "fp8")
+    x, _ = dl.random_inputs(rng, CFG, 5)
+    xq, xs = quant.per_group_fp8(x)
+    y = dl.project(x, w.qkv)
+    assert np.array_equal(y, fp8_gemm.fp8_gemm_blockwise(xq, w.qkv.weight, xs, w.qkv.scales))
+    assert np.array_equal(dl.w_exact(w.qkv), w64(w.qkv))
+    gu = formats.f32_to_bf16(rng.standard_normal((5, 2 * CFG.d_ff)).astype(np.float32))
+    fused = elementwise.silu_and_mul_fp8_per_group(gu)
+    unfused = quant.per_group_fp8(elementwise.silu_and_mul(gu))
+    assert all(np.array_equal(a, b) for a, b in zip(fused, unfused, strict=True))
+    assert dl.weight_bytes(256, 1024, "fp8") == 256 * 1024 + 4 * 2 * 8
+
+
+@pytest.mark.parametrize("fmt", dl.FORMATS)
+def test_op_inputs_round_trip(rng, fmt):
+    """The runner's input list (lkw.decoder_layer.op_inputs, the order of layer.h) gives back
+    the weights, and op_reference on it is the layer."""
+    cfg = dl.GOLDEN
+    w = dl.random_weights(rng, cfg, fmt)
+    x, res = dl.random_inputs(rng, cfg, 3)
+    cache = dl.new_cache(cfg, 64, "paged", 16, rng)
+    cos_sin, pos = dl.rope_cache(cfg, 128), np.arange(40, 43)
+    inputs = dl.op_inputs(w, x, res, pos, cache, cos_sin)
+    assert len(inputs) == 8 + 4 * {"bf16": 1, "w4a16": 4, "fp8": 2}[fmt]
+    back = dl.op_weights(fmt, inputs[6:])
+    for a, b in zip(back, w, strict=True):
+        if isinstance(a, dl.Linear):
+            assert a.fmt == b.fmt and np.array_equal(a.weight, b.weight)
+            assert (a.scales is None) == (b.scales is None)
+            assert a.scales is None or np.array_equal(a.scales, b.scales)
+        else:
+            assert np.array_equal(a, b)
+    want = dl.layer(cfg, w, x, res, pos, cache, cos_sin)
+    key, value, out, r2 = dl.op_reference(fmt, *inputs, cache.key, cache.value, eps=cfg.eps)
+    assert np.array_equal(out, want.out) and np.array_equal(r2, want.residual)
+    assert np.array_equal(key, want.cache.key, equal_nan=True)
+    bad = list(inputs)
+    bad[3] = bad[3] + 1  # slot_mapping that disagrees with the block table
+    with pytest.raises(ValueError, match="slot_mapping"):
+        dl.op_reference(fmt, *bad, cache.key, cache.value, eps=cfg.eps)
+    assert dl.op_name(fmt) == f"11_decoder_layer/decoder_layer_{fmt}/v0_runner"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +368,8 @@ def test_byte_model_matches_hand_arithmetic():
     bf16, w4 = dl.decode_model("bf16"), dl.decode_model("w4a16")
     assert sum(c.weight_bytes for c in bf16) == 2 * PARAMS + NORMS == 436_224_000  # seed: ~436 MB
     assert sum(c.weight_bytes for c in w4) == PARAMS // 2 + PARAMS // 128 * 2 + NORMS  # ~113 MB
+    fp8 = dl.decode_model("fp8")  # 1 B a weight + an FP32 scale per 128 x 128 block
+    assert sum(c.weight_bytes for c in fp8) == PARAMS + PARAMS // (128 * 128) * 4 + NORMS
     attn = {c.name: c for c in bf16}["attention"]
     assert attn.kv_bytes == 2048 * 8 * 128 * 2 * 2 == 8 << 20  # seed: 128 KiB * s / 32 per layer
     assert attn.flops == 4 * 128 * 32 * 2048

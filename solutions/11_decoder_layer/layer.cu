@@ -1,0 +1,499 @@
+// The layer runner: the step list of one decoder layer, each step a registered version found by
+// name in lkw::Registry with its Args, run in order on one stream (no Python), optionally captured
+// once into a CUDA graph. The input order and the formats: layer.h.
+//
+// Steps (FP8 adds a quant after attn_norm, attention and ffn_norm; act writes FP8 itself):
+//   attn_norm → qkv_proj → [split_qkv, T > 1] → rope (in place) → cache_write → attention →
+//   o_proj → ffn_norm → gate_up_proj → act → down_proj
+// For T = 1 the q, k, v of the QKV output are already dense [1, H, D] rows, so RoPE and the cache
+// read them where they are; for T > 1 split_qkv copies them apart first.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "layer.h"
+#include "lkw/workspace.h"
+
+namespace lkw::layer {
+
+const char* format_name(Format f) {
+  return f == Format::kBf16 ? "bf16" : f == Format::kW4a16 ? "w4a16" : "fp8";
+}
+int tensors_per_linear(Format f) { return f == Format::kBf16 ? 1 : f == Format::kW4a16 ? 4 : 2; }
+int input_count(Format f) { return 6 + 2 + 4 * tensors_per_linear(f); }
+
+namespace {
+
+// The registered versions the runner composes (every name is checked by Registry::require).
+constexpr const char* kNorm = "04_rmsnorm/fused_add_rmsnorm/v4_fused_add";
+constexpr const char* kGroupQuant = "03_dynamic_quant/per_group_fp8/v2_vec16";
+constexpr const char* kGemmBf16 = "00_roofline/gemm_bf16/cublas";
+constexpr const char* kGemvW4a16 = "06_int4_gemv/int4t_gemv/v7_tiled_stream";
+constexpr const char* kGemmW4a16 = "07_w4a16_gemm/w4a16r_gemm/v7_wgmma_split_k";
+constexpr const char* kGemmFp8 = "08_fp8_gemm/fp8_gemm_blockwise/v5_tuned";
+constexpr const char* kRope = "05_elementwise/rope/v4_rope_vec16";
+constexpr const char* kCache = "05_elementwise/reshape_and_cache/v7_cache_vec16";
+constexpr const char* kAct = "05_elementwise/silu_and_mul/v1_act_vec16";
+constexpr const char* kActFp8 = "05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8";
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// "name must be DTYPE [a, b] (got DTYPE [c, d])", or ok.
+Status expect(const TensorRef& t, const std::string& name, DType dtype,
+              const std::vector<int64_t>& shape) {
+  if (t.dtype == dtype && t.shape == shape) return {};
+  return error(Code::kInvalidArgument, name + " must be " + dtype_name(dtype) + " " +
+                                           shape_str(shape) + " (got " + dtype_name(t.dtype) +
+                                           " " + shape_str(t.shape) + ")");
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A projection's tensors checked against [N, K] in the format.
+Status expect_linear(Format f, const Linear& lin, const std::string& name, int64_t n, int64_t k) {
+  const std::string what = name + " [N, K] = " + shape_str({n, k});
+  const int64_t kg = k / kGroup;
+  Status s = Check()
+                 .that(f == Format::kBf16 || k % kGroup == 0,
+                       what + ": K must be a multiple of 128 in format " + format_name(f))
+                 .that(f != Format::kW4a16 || n % 64 == 0,
+                       what + ": W4A16 needs N a multiple of 64 (chapter 07's tiles)")
+                 .that(f != Format::kFp8 || n % 16 == 0, what + ": FP8 needs N a multiple of 16")
+                 .status();
+  if (!s.ok()) return s;
+  const auto& t = lin.tensors;
+  switch (f) {
+    case Format::kBf16:
+      return expect(t[0], name + " weight", DType::kBF16, {n, k});
+    case Format::kW4a16:
+      if (s = expect(t[0], name + " w_tiled", DType::kU32,
+                     {ceil_div(n, 16) * 16, ceil_div(k / 8, 32) * 32});
+          !s.ok())
+        return s;
+      if (s = expect(t[1], name + " scales_nk", DType::kBF16, {n, kg}); !s.ok()) return s;
+      if (s = expect(t[2], name + " w_repacked", DType::kU32, {n / 64, 8 * k}); !s.ok()) return s;
+      return expect(t[3], name + " scales_kn", DType::kBF16, {kg, n});
+    case Format::kFp8:
+      if (s = expect(t[0], name + " weight", DType::kE4M3, {n, k}); !s.ok()) return s;
+      return expect(t[1], name + " scales", DType::kF32, {ceil_div(n, 128), kg});
+  }
+  return s;
+}
+
+// The [N, K] a projection's tensors claim (the first tensor's rows and columns, unpacked).
+void linear_dims(Format f, Linear* lin) {
+  const TensorRef& t = lin->tensors[0];
+  if (t.shape.size() != 2) return;
+  if (f == Format::kW4a16) {  // N, K from scales_nk [N, K/128]; the other three must agree
+    const TensorRef& s = lin->tensors[1];
+    if (s.shape.size() == 2) lin->n = s.dim(0), lin->k = s.dim(1) * kGroup;
+  } else {
+    lin->n = t.dim(0), lin->k = t.dim(1);
+  }
+}
+
+}  // namespace
+
+void slice(Format f, const Args& a, LayerTensors* out) {
+  LayerTensors& l = *out;
+  l.format = f;
+  l.eps = float(a.param("eps", 0));
+  const auto& in = a.inputs;
+  l.x = in[0], l.residual = in[1], l.positions = in[2], l.slot_mapping = in[3];
+  l.block_table = in[4], l.cos_sin = in[5], l.norm1 = in[6];
+  const int per = tensors_per_linear(f);
+  int i = 7;
+  for (Linear* lin : {&l.qkv, &l.o}) {
+    lin->tensors.assign(in.begin() + i, in.begin() + i + per);
+    i += per;
+  }
+  l.norm2 = in[i++];
+  for (Linear* lin : {&l.gate_up, &l.down}) {
+    lin->tensors.assign(in.begin() + i, in.begin() + i + per);
+    i += per;
+  }
+  for (Linear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down}) linear_dims(f, lin);
+  l.key_cache = a.outputs[0], l.value_cache = a.outputs[1];
+  l.out = a.outputs[2], l.residual_out = a.outputs[3];
+}
+
+Status describe(Format f, const Args& a, LayerTensors* out) {
+  const int n_in = input_count(f);
+  Status s = Check()
+                 .that(int(a.inputs.size()) == n_in && a.outputs.size() == 4,
+                       std::string("decoder_layer_") + format_name(f) + " takes " +
+                           std::to_string(n_in) + " inputs and 4 outputs (key_cache, value_cache, "
+                           "out, residual_out): see layer.h for the order")
+                 .that(a.params.count("eps") == 1, "decoder_layer needs the param eps")
+                 .status();
+  if (!s.ok()) return s;
+  LayerTensors l;
+  slice(f, a, &l);
+  const std::vector<TensorRef>& in = a.inputs;
+  // The shape, from x, the value cache and the projections.
+  LayerShape& sh = l.shape;
+  s = Check()
+          .that(l.x.dtype == DType::kBF16 && l.x.shape.size() == 2, "x must be bfloat16 [T, d]")
+          .that(l.value_cache.dtype == DType::kBF16 && l.value_cache.shape.size() == 4,
+                "value_cache must be bfloat16 [blocks, Hkv, D, bs] (the paged layout)")
+          .that(l.cos_sin.dtype == DType::kF32 && l.cos_sin.shape.size() == 2,
+                "cos_sin_cache must be float32 [P, D]")
+          .that(l.block_table.dtype == DType::kI64 && l.block_table.shape.size() == 1,
+                "block_table must be int64 [B]")
+          .status();
+  if (!s.ok()) return s;
+  sh.t = l.x.dim(0), sh.d = l.x.dim(1);
+  sh.num_blocks = l.value_cache.dim(0), sh.hkv = l.value_cache.dim(1);
+  sh.head_dim = l.value_cache.dim(2), sh.block_size = l.value_cache.dim(3);
+  sh.table_blocks = l.block_table.dim(0), sh.max_pos = l.cos_sin.dim(0);
+  const int64_t hd = sh.head_dim;
+  s = Check()
+          .positive(sh.t, "T")
+          .positive(sh.d, "d")
+          .that(sh.t <= 65535, "T must be at most 65535 (the attention grid)")
+          .positive(sh.num_blocks, "the cache's blocks")
+          .positive(sh.hkv, "Hkv")
+          .positive(sh.block_size, "block_size")
+          .positive(sh.table_blocks, "the block table's length")
+          .positive(sh.max_pos, "the cos_sin_cache's rows")
+          .that(hd > 0 && hd % 8 == 0 && hd <= kMaxHeadDim,
+                "D (value_cache dim 2) must be a multiple of 8 up to 256")
+          .that(l.cos_sin.dim(1) == hd, "cos_sin_cache must be [P, D]: RoPE over the whole head")
+          .that(l.qkv.k == sh.d, "qkv's K must be d = " + std::to_string(sh.d) + " (got " +
+                                     std::to_string(l.qkv.k) + ")")
+          .that(hd > 0 && l.qkv.n % hd == 0 && l.qkv.n / hd > 2 * sh.hkv,
+                "qkv's N must be (Hq + 2 Hkv) D with Hq >= 1")
+          .status();
+  if (!s.ok()) return s;
+  sh.hq = l.qkv.n / hd - 2 * sh.hkv;
+  sh.d_ff = l.gate_up.n / 2;
+  s = Check()
+          .that(sh.hq % sh.hkv == 0, "Hq = " + std::to_string(sh.hq) +
+                                         " must be a multiple of Hkv = " + std::to_string(sh.hkv))
+          .that(sh.d_ff > 0 && l.gate_up.n % 2 == 0, "gate_up's N must be 2 d_ff")
+          .that(f == Format::kBf16 || sh.d_ff % kGroup == 0,
+                "d_ff must be a multiple of 128 outside BF16 (the groups of the down GEMM's K)")
+          .status();
+  if (!s.ok()) return s;
+  const int64_t t = sh.t, d = sh.d;
+  if (s = expect_linear(f, l.qkv, "qkv", sh.qkv_n(), d); !s.ok()) return s;
+  if (s = expect_linear(f, l.o, "o", d, sh.hq * hd); !s.ok()) return s;
+  if (s = expect_linear(f, l.gate_up, "gate_up", 2 * sh.d_ff, d); !s.ok()) return s;
+  if (s = expect_linear(f, l.down, "down", d, sh.d_ff); !s.ok()) return s;
+  const struct {
+    const TensorRef* t;
+    const char* name;
+    DType dtype;
+    std::vector<int64_t> shape;
+  } fixed[] = {
+      {&l.residual, "residual", DType::kBF16, {t, d}},
+      {&l.positions, "positions", DType::kI64, {t}},
+      {&l.slot_mapping, "slot_mapping", DType::kI64, {t}},
+      {&l.norm1, "norm1", DType::kBF16, {d}},
+      {&l.norm2, "norm2", DType::kBF16, {d}},
+      {&l.key_cache, "key_cache", DType::kBF16, {sh.num_blocks, sh.hkv, hd / 8, sh.block_size, 8}},
+      {&l.out, "out", DType::kBF16, {t, d}},
+      {&l.residual_out, "residual_out", DType::kBF16, {t, d}},
+  };
+  for (const auto& e : fixed)
+    if (s = expect(*e.t, e.name, e.dtype, e.shape); !s.ok()) return s;
+
+  // Addresses: every tensor present and 16-byte aligned (the kernels' vector width); outputs
+  // apart from every input and from each other, except residual_out == residual (in place).
+  Check c;
+  for (size_t k = 0; k < in.size(); ++k)
+    c.not_null(in[k].data, ("input " + std::to_string(k)).c_str())
+        .aligned(in[k].data, 16, ("input " + std::to_string(k)).c_str());
+  for (size_t o = 0; o < a.outputs.size(); ++o)
+    c.not_null(a.outputs[o].data, ("output " + std::to_string(o)).c_str())
+        .aligned(a.outputs[o].data, 16, ("output " + std::to_string(o)).c_str());
+  for (size_t o = 0; o < a.outputs.size(); ++o) {
+    const TensorRef& y = a.outputs[o];
+    for (size_t k = 0; k < in.size(); ++k)
+      if (!(o == 3 && k == 1 && y.data == in[k].data))
+        c.disjoint(y.data, y.bytes(), in[k].data, in[k].bytes(),
+                   ("output " + std::to_string(o) + " and input " + std::to_string(k)).c_str());
+    for (size_t p = 0; p < o; ++p)
+      c.disjoint(y.data, y.bytes(), a.outputs[p].data, a.outputs[p].bytes(),
+                 ("outputs " + std::to_string(p) + " and " + std::to_string(o)).c_str());
+  }
+  s = c.that(std::isfinite(l.eps) && l.eps >= 0, "eps must be finite and >= 0")
+          .arch_at_least(f == Format::kBf16 ? 80 : 90)
+          .status();
+  if (!s.ok()) return s;
+  *out = std::move(l);
+  return {};
+}
+
+namespace {
+
+// Where each intermediate lives in the scratch (256-byte aligned pieces).
+struct Scratch {
+  int64_t r1, xn, xq, xs, qkv, q, k, v, o, attn_out, gu, act, aq, as, partials, bytes;
+  int splits;
+};
+
+Scratch plan_scratch(const LayerTensors& l) {
+  const LayerShape& s = l.shape;
+  Scratch p{};
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t here = at;
+    at += (bytes + 255) / 256 * 256;
+    return here;
+  };
+  const int64_t t = s.t, hd = s.head_dim, k_max = std::max(s.d, s.hq * hd);
+  p.splits = attention_splits(t, s.hq, s.table_blocks * s.block_size);
+  p.r1 = take(2 * t * s.d);
+  p.xn = take(2 * t * s.d);
+  p.xq = take(t * k_max);
+  p.xs = take(4 * t * (k_max / kGroup + 1));
+  p.qkv = take(2 * t * s.qkv_n());
+  p.q = take(2 * t * s.hq * hd);
+  p.k = take(2 * t * s.hkv * hd);
+  p.v = take(2 * t * s.hkv * hd);
+  p.o = take(2 * t * s.hq * hd);
+  p.attn_out = take(2 * t * s.d);
+  p.gu = take(2 * t * 2 * s.d_ff);
+  p.act = take(2 * t * s.d_ff);
+  p.aq = take(t * s.d_ff);
+  p.as = take(4 * t * (s.d_ff / kGroup + 1));
+  p.partials = take(p.splits > 1 ? 4 * t * s.hq * p.splits * (hd + 2) : 0);
+  p.bytes = at;
+  return p;
+}
+
+TensorRef at(void* base, int64_t offset, DType dtype, std::vector<int64_t> shape) {
+  return {static_cast<char*>(base) + offset, dtype, std::move(shape)};
+}
+
+// Builds the steps; returns the first missing version or bad step as a Status.
+class Builder {
+ public:
+  Builder(const LayerTensors& l, void* scratch, std::vector<Step>* steps)
+      : l_(l), scratch_(scratch), steps_(steps), plan_(plan_scratch(l)) {}
+
+  Status registered(const std::string& name, const char* version, Args args) {
+    const Version* v = nullptr;
+    Status s = Registry::get().require(version, "the decoder layer's step " + name, &v);
+    if (!s.ok()) return s;
+    steps_->push_back({name, version, std::move(args), v->launch});
+    return {};
+  }
+
+  // y = x . W^T in the layer's format; FP8 multiplies the group-quantized x (xq, xs).
+  Status gemm(const std::string& name, const Linear& w, const TensorRef& x, const TensorRef& xq,
+              const TensorRef& xs, const TensorRef& y) {
+    const auto& t = w.tensors;
+    switch (l_.format) {
+      case Format::kBf16:
+        return registered(name, kGemmBf16, {{x, t[0]}, {y}, {}});
+      case Format::kW4a16:
+        return l_.shape.t <= kGemvMaxT ? registered(name, kGemvW4a16, {{x, t[0], t[1]}, {y}, {}})
+                                       : registered(name, kGemmW4a16, {{x, t[2], t[3]}, {y}, {}});
+      case Format::kFp8:
+        return registered(name, kGemmFp8, {{xq, t[0], xs, t[1]}, {y}, {}});
+    }
+    return {};
+  }
+
+  // FP8 only: x [T, K] BF16 → codes [T, K] and scales [K/128, T] (chapter 03).
+  Status quant(const std::string& name, const TensorRef& x, TensorRef* xq, TensorRef* xs) {
+    const int64_t t = x.dim(0), k = x.dim(1);
+    *xq = at(scratch_, plan_.xq, DType::kE4M3, {t, k});
+    *xs = at(scratch_, plan_.xs, DType::kF32, {k / kGroup, t});
+    if (l_.format != Format::kFp8) return {};
+    return registered(name, kGroupQuant, {{x}, {*xq, *xs}, {}});
+  }
+
+  Status attention(const TensorRef& q, const TensorRef& o) {
+    const LayerShape& sh = l_.shape;
+    AttentionArgs aa{q.data,
+                     l_.key_cache.data,
+                     l_.value_cache.data,
+                     static_cast<const int64_t*>(l_.block_table.data),
+                     static_cast<const int64_t*>(l_.positions.data),
+                     o.data,
+                     reinterpret_cast<float*>(static_cast<char*>(scratch_) + plan_.partials),
+                     sh.t,
+                     sh.hq,
+                     sh.hkv,
+                     sh.head_dim,
+                     sh.num_blocks,
+                     sh.block_size,
+                     sh.table_blocks,
+                     plan_.splits};
+    steps_->push_back({"attention", "11_decoder_layer/runner/paged_attention", {{q}, {o}, {}},
+                       [aa](const Args&, cudaStream_t s) { return paged_attention(aa, s); }});
+    return {};
+  }
+
+  Status build() {
+    const LayerShape& sh = l_.shape;
+    const int64_t t = sh.t, d = sh.d, hd = sh.head_dim, hq_d = sh.hq * hd, kv_d = sh.hkv * hd;
+    void* s = scratch_;
+    const TensorRef r1 = at(s, plan_.r1, DType::kBF16, {t, d});
+    const TensorRef xn = at(s, plan_.xn, DType::kBF16, {t, d});
+    const TensorRef qkv = at(s, plan_.qkv, DType::kBF16, {t, sh.qkv_n()});
+    const TensorRef o = at(s, plan_.o, DType::kBF16, {t, hq_d});
+    const TensorRef attn_out = at(s, plan_.attn_out, DType::kBF16, {t, d});
+    const TensorRef gu = at(s, plan_.gu, DType::kBF16, {t, 2 * sh.d_ff});
+    const Args eps{{}, {}, {{"eps", double(l_.eps)}}};
+    TensorRef xq, xs;
+    Status st;
+
+    // Attention half.
+    if (st = registered("attn_norm", kNorm, {{l_.x, l_.residual, l_.norm1}, {xn, r1}, eps.params});
+        !st.ok())
+      return st;
+    if (st = quant("attn_quant", xn, &xq, &xs); !st.ok()) return st;
+    if (st = gemm("qkv_proj", l_.qkv, xn, xq, xs, qkv); !st.ok()) return st;
+    // q, k, v as dense [T, H, D]: views of the QKV row when T = 1, else split_qkv's copies.
+    char* qkv_base = static_cast<char*>(qkv.data);
+    TensorRef q{qkv_base, DType::kBF16, {t, sh.hq, hd}};
+    TensorRef k{qkv_base + 2 * hq_d, DType::kBF16, {t, sh.hkv, hd}};
+    TensorRef v{qkv_base + 2 * (hq_d + kv_d), DType::kBF16, {t, sh.hkv, hd}};
+    if (t > 1) {
+      q.data = static_cast<char*>(s) + plan_.q;
+      k.data = static_cast<char*>(s) + plan_.k;
+      v.data = static_cast<char*>(s) + plan_.v;
+      const void *src = qkv.data, *qp = q.data, *kp = k.data, *vp = v.data;
+      steps_->push_back({"split_qkv", "11_decoder_layer/runner/split_qkv", {{qkv}, {q, k, v}, {}},
+                         [=](const Args&, cudaStream_t stream) {
+                           return split_qkv(src, const_cast<void*>(qp), const_cast<void*>(kp),
+                                            const_cast<void*>(vp), t, hq_d, kv_d, stream);
+                         }});
+    }
+    if (st = registered("rope", kRope,
+                        {{l_.positions, q, k, l_.cos_sin}, {q, k}, {{"is_neox", 1}}});
+        !st.ok())
+      return st;
+    if (st = registered("cache_write", kCache,
+                        {{k, v, l_.slot_mapping}, {l_.key_cache, l_.value_cache}, {{"layout", 0}}});
+        !st.ok())
+      return st;
+    if (st = attention(q, o); !st.ok()) return st;
+    if (st = quant("o_quant", o, &xq, &xs); !st.ok()) return st;
+    if (st = gemm("o_proj", l_.o, o, xq, xs, attn_out); !st.ok()) return st;
+
+    // MLP half.
+    // BEGIN SOLUTION: the MLP half: ffn_norm (r2 into residual_out), its quant (FP8), gate_up_proj,
+    //   act (FP8: kActFp8 writes the codes aq, as itself), down_proj into out
+    if (st = registered("ffn_norm", kNorm, {{attn_out, r1, l_.norm2}, {xn, l_.residual_out},
+                                            eps.params});
+        !st.ok())
+      return st;
+    if (st = quant("ffn_quant", xn, &xq, &xs); !st.ok()) return st;
+    if (st = gemm("gate_up_proj", l_.gate_up, xn, xq, xs, gu); !st.ok()) return st;
+    const TensorRef act = at(s, plan_.act, DType::kBF16, {t, sh.d_ff});
+    const TensorRef aq = at(s, plan_.aq, DType::kE4M3, {t, sh.d_ff});
+    const TensorRef as = at(s, plan_.as, DType::kF32, {sh.d_ff / kGroup, t});
+    st = l_.format == Format::kFp8 ? registered("act", kActFp8, {{gu}, {aq, as}, {}})
+                                   : registered("act", kAct, {{gu}, {act}, {}});
+    if (!st.ok()) return st;
+    return gemm("down_proj", l_.down, act, aq, as, l_.out);
+    // STUB: return error(Code::kInvalidArgument, "TODO(exercise): the MLP half's steps");
+    // END SOLUTION
+  }
+
+ private:
+  const LayerTensors& l_;
+  void* scratch_;
+  std::vector<Step>* steps_;
+  Scratch plan_;
+};
+
+}  // namespace
+
+int64_t scratch_bytes(const LayerTensors& l) { return plan_scratch(l).bytes; }
+
+Status LayerRunner::build(const LayerTensors& l, void* scratch, LayerRunner* out) {
+  if (!scratch || reinterpret_cast<uintptr_t>(scratch) % 256 != 0)
+    return error(Code::kInvalidArgument, "the layer's scratch must be 256-byte aligned");
+  LayerRunner r;
+  Status s = Builder(l, scratch, &r.steps_).build();
+  if (!s.ok()) return s;
+  *out = std::move(r);
+  return {};
+}
+
+Status LayerRunner::run(cudaStream_t stream) const {
+  for (const Step& step : steps_) {
+    Status s = step.launch(step.args, stream);
+    if (!s.ok())
+      return error(s.code, "step " + step.name + " (" + step.version + "): " + s.message);
+  }
+  return {};
+}
+
+Status LayerRunner::capture(cudaStream_t stream, cudaGraphExec_t* exec) const {
+  if (!stream) return error(Code::kInvalidArgument, "capture needs a created stream, not stream 0");
+  cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) return error(Code::kCudaError, cudaGetErrorString(e));
+  const Status s = run(stream);
+  cudaGraph_t graph = nullptr;
+  e = cudaStreamEndCapture(stream, &graph);  // always: the stream must leave capture mode
+  if (s.ok() && e == cudaSuccess) e = cudaGraphInstantiate(exec, graph, 0);
+  if (graph) cudaGraphDestroy(graph);
+  if (!s.ok()) return s;
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return error(Code::kCudaError, std::string("decoder layer graph: ") + cudaGetErrorString(e));
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The op: one registered version per format, over a scratch kept for the process.
+
+namespace {
+
+Version layer_version(Format f) {
+  const std::string op = std::string("decoder_layer_") + format_name(f);
+  Version v = version_of(kChapter, op, "v0_runner",
+                         "the whole layer from the registered kernels, one stream, graph-ready",
+                         Kind::kVersion, {});
+  v.min_arch = f == Format::kBf16 ? 80 : 90;
+  v.kernels_per_launch = 0;  // many kernels: not mapped one to one in the ncu pass
+  v.launch = [f](const Args& a, cudaStream_t stream) -> Status {
+    LayerTensors l;
+    Status s = describe(f, a, &l);
+    if (!s.ok()) return s;
+    static Workspace workspace("decoder layer scratch");
+    void* scratch = nullptr;
+    if (s = workspace.get(scratch_bytes(l), &scratch); !s.ok()) return s;
+    LayerRunner runner;
+    if (s = LayerRunner::build(l, scratch, &runner); !s.ok()) return s;
+    return runner.run(stream);
+  };
+  // Every input once, out and residual_out, the new tokens' K and V written. The context's KV
+  // read is not here (positions live on the device): lkw.decoder_layer.layer_bound has it.
+  v.bytes = [](const Args& a) {
+    double b = 0;
+    for (const TensorRef& t : a.inputs) b += double(t.bytes());
+    const TensorRef& x = a.inputs.at(0);
+    const TensorRef& vc = a.outputs.at(1);
+    return b + 2.0 * double(x.bytes()) + 2.0 * 2.0 * x.dim(0) * vc.dim(1) * vc.dim(2);
+  };
+  // The projections' 2 T N K (attention's FLOPs depend on the context: layer_bound).
+  v.flops = [f](const Args& a) {
+    LayerTensors l;
+    slice(f, a, &l);
+    double params = 0;
+    for (const Linear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down})
+      params += double(lin->n) * double(lin->k);
+    return 2.0 * double(a.inputs.at(0).dim(0)) * params;
+  };
+  return v;
+}
+
+const Register kBf16{layer_version(Format::kBf16)};
+const Register kW4a16{layer_version(Format::kW4a16)};
+const Register kFp8{layer_version(Format::kFp8)};
+
+}  // namespace
+}  // namespace lkw::layer
