@@ -1,0 +1,579 @@
+"""Chapter 11's bench: the decoder layer, one workbook kernel swapped in at a time.
+
+    python -m lkw.layer_bench                  # every format, decode T = 1, 8, 32 (KV 2048), prefill
+    python -m lkw.layer_bench --quick          # decode T = 1 only, few replays
+    python -m lkw.layer_bench --write-results  # ... and write results/<gpu>/11_decoder_layer.json
+
+For each format (BF16, W4A16, FP8) and case it reports, all in one run, every time the median of
+CUDA-graph replays (the headline mode of lkw.bench: a decoder captures its step in a graph):
+
+1. the waterfall: the torch layer (lkw.layer_torch.torch_steps), then one workbook kernel swapped
+   in at a time, in layer order, the layer's graph time after each swap;
+2. the per-kernel table: each step of the all-workbook layer alone in a graph, its model bytes and
+   FLOPs (lkw.decoder_layer.step_models; FP8 here: ``models``) and % of its bound (bytes over the
+   copy ceiling measured in the same run, or FLOPs over the tensor peak, whichever is longer);
+   their sum against the graphed layer (what remains is named: the copies that make q and k
+   contiguous for the RoPE kernel when T > 1, allocations, and the gaps between kernels);
+3. the whole layer: graph time, the layer's byte and FLOP bound (``layer_bound``), % of it;
+4. peers in the same run: torch eager and torch.compile (BF16), each in a CUDA graph; the
+   production-kernel layer (lkw.layer_torch.production_steps, vLLM through lkw.peers; skipped with
+   the reason when absent); chapter 11's C++ runner through lkw._ext (skipped with the reason when
+   its op is not registered);
+5. the issue's goal table, computed from the rows.
+
+Inputs are rotated as lkw.bench rotates them: R copies of the layer (weights, caches, activations)
+in distinct memory, R large enough that they exceed twice the L2, and the graph runs the R layers
+one after another (as a model's layers run); the time per layer is the graph's time over R. Before
+timing, the all-workbook layer is checked against the float64 reference (lkw.layer_torch's
+reference_steps) on the first copy; after timing, once more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from lkw import decoder_layer as dl
+from lkw import fp8_gemm, layer_torch, peers, results
+
+CHAPTER = "11_decoder_layer"
+# chapter 11's C++ runner: op decoder_layer_<fmt>, its one version (solutions/11_decoder_layer/
+# layer.h); the name of the issue's brief (decoder_layer/<fmt>) is tried too.
+RUNNER_OPS = ("11_decoder_layer/decoder_layer_{fmt}/v0_runner", "11_decoder_layer/decoder_layer/{fmt}")
+KV_LEN = 2048
+CASES = [("decode", 1), ("decode", 8), ("decode", 32), ("prefill", 2048)]
+QUICK_CASES = [("decode", 1)]
+REPLAYS, QUICK_REPLAYS = 20, 5
+# The full layer against the float64 reference (torch SDPA in the layer, float64 attention in the
+# reference): relative Frobenius error of out and r2. Each BF16 step rounds (<= 2^-9 relative),
+# SDPA rounds P to BF16 (~2^-9 on o); FP8 adds the activation codes (one code, 2^-4, where a
+# kernel's BF16 input sits an ulp from the reference's: the norm's FP32 rstd is a few ulps off in
+# many rows, which moves a few % of the codes). A wrong step is off by O(1).
+LAYER_TOLERANCE = {"bf16": 1.5e-2, "w4a16": 1.5e-2, "fp8": 8e-2}
+GOAL_T1_BOUND_PCT = 75.0
+
+
+def case_name(kind: str, t: int) -> str:
+    return f"{kind} T={t}" + (f" KV={KV_LEN}" if kind == "decode" else "")
+
+
+def context_of(kind: str, t: int) -> int:
+    return KV_LEN if kind == "decode" else t
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte and FLOP models: lkw.decoder_layer's, for B sequences and for FP8
+
+
+def _fp8_models(cfg: dl.Config, t: int, context: int) -> list[dl.Cost]:
+    """step_models for FP8 where lkw.decoder_layer does not have the format yet: its GEMM rows as
+    decoder_layer (with FP8) writes them, E4M3 weights (1 B) and FP32 128 x 128 block scales, the
+    input as the GEMM reads it (1 B codes and FP32 1 x 128 group scales), BF16 out; the other
+    steps are BF16's (the norms and the attention write BF16)."""
+    def gemm(c: dl.Cost, n: int, k: int) -> dl.Cost:
+        wb = n * k + 4 * -(-n // fp8_gemm.BLOCK_N) * (k // fp8_gemm.BLOCK_K)
+        total = wb + t * k + 4 * t * (k // fp8_gemm.BLOCK_K) + 2 * t * n
+        return c._replace(chapter="08_fp8_gemm", bytes=total, weight_bytes=wb)
+
+    shapes = {"qkv_proj": (cfg.qkv_n, cfg.d), "o_proj": (cfg.d, cfg.hq * cfg.head_dim),
+              "gate_up_proj": (2 * cfg.d_ff, cfg.d), "down_proj": (cfg.d, cfg.d_ff)}
+    return [gemm(c, *shapes[c.name]) if c.name in shapes else c
+            for c in dl.step_models(cfg, t, context, "bf16")]
+
+
+def models(cfg: dl.Config, fmt: str, kind: str, t: int) -> list[dl.Cost]:
+    """Per-step costs of a case: prefill is one sequence of T tokens (decoder_layer.step_models);
+    decode is T sequences of one token each with KV_LEN tokens of context: the attention reads
+    every sequence's context, so its KV bytes and FLOPs are T times one sequence's."""
+    context = context_of(kind, t)
+    if fmt == "fp8" and "fp8" not in dl.FORMATS:
+        costs = _fp8_models(cfg, t, context)
+    else:
+        costs = dl.step_models(cfg, t, context, fmt)
+    if kind == "decode" and t > 1:
+        one = {c.name: c for c in dl.step_models(cfg, 1, context, "bf16")}["attention"]
+        costs = [c._replace(bytes=t * one.bytes, flops=t * one.flops, kv_bytes=t * one.kv_bytes)
+                 if c.name == "attention" else c for c in costs]
+    return costs
+
+
+def layer_bound(cfg: dl.Config, fmt: str, kind: str, t: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of the layer fused: every weight once, each sequence's KV cache read once and
+    the new tokens' K, V written, x and residual read, out and r2 written (decoder_layer's
+    layer_bound, per sequence for decode)."""
+    costs = models(cfg, fmt, kind, t)
+    weights = sum(c.weight_bytes for c in costs)
+    kv_token = cfg.hkv * cfg.head_dim * 2 * dl.KV_BYTES
+    seqs, context = (t, KV_LEN) if kind == "decode" else (1, t)
+    kv = seqs * context * kv_token + t * kv_token
+    return weights + kv + 4 * t * cfg.d * dl.BF16 + 8 * t, sum(c.flops for c in costs)
+
+
+def bound_us(nbytes: float, flops: float, gbps: float | None, tflops: float | None) -> float | None:
+    """The roofline time: the longer of bytes at the copy ceiling and FLOPs at the tensor peak."""
+    if not gbps:
+        return None
+    t = nbytes / gbps / 1e3
+    return max(t, flops / tflops / 1e6) if tflops else t
+
+
+# ---------------------------------------------------------------------------------------------
+# One case: R rotated copies of the layer, timed in CUDA graphs
+
+
+@dataclass
+class LayerSet:
+    w: layer_torch.LayerWeights
+    x: object
+    res: object
+    meta: layer_torch.Meta
+    cache: layer_torch.KVCache
+
+
+@dataclass
+class Case:
+    cfg: dl.Config
+    fmt: str
+    kind: str
+    t: int
+    sets: list[LayerSet]
+    cos_sin: object
+
+
+def l2_bytes() -> int:
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20) or 60 << 20)
+
+
+def rotations(cfg: dl.Config, fmt: str, kind: str, t: int) -> int:
+    """lkw.bench's rule: enough copies that they exceed twice the L2, plus one; at least two."""
+    nbytes, _ = layer_bound(cfg, fmt, kind, t)
+    return max(2, math.ceil(2 * l2_bytes() / nbytes) + 1)
+
+
+def make_case(cfg: dl.Config, fmt: str, kind: str, t: int, base: layer_torch.LayerWeights,
+              seed: int = 0) -> Case:
+    import torch
+
+    device = base.norm1.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    context = context_of(kind, t)
+    sets = []
+    for r in range(rotations(cfg, fmt, kind, t)):
+        if kind == "decode":
+            meta = layer_torch.decode_meta(t, context, device, seed=seed + r)
+        else:
+            meta = layer_torch.prefill_meta(t, device, seed=seed + r)
+        cache = layer_torch.new_cache(cfg, meta.block_tables.numel(), device, gen)
+        rng = np.random.default_rng(seed + r)
+        x, res = (layer_torch.from_bits(a, device) for a in dl.random_inputs(rng, cfg, t))
+        sets.append(LayerSet(base if r == 0 else base.clone(), x, res, meta, cache))
+    return Case(cfg, fmt, kind, t, sets, layer_torch.rope_cache(cfg, context + 64, device))
+
+
+def body_of(case: Case, steps: dict):
+    """The R layers, one after another (what the graph captures)."""
+
+    def body():
+        for s in case.sets:
+            layer_torch.forward(steps, case.cfg, s.w, s.x, s.res, s.meta, s.cache, case.cos_sin)
+
+    return body
+
+
+def time_graph(body, per_call: int, replays: int) -> dict:
+    """Capture body() once (after two warm-up calls on a side stream), replay it; the median
+    replay time over per_call (the calls it holds), with min and max."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    for _ in range(3):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for a, z in zip(starts, stops, strict=True):
+        a.record()
+        graph.replay()
+        z.record()
+    torch.cuda.synchronize()
+    us = sorted(1000.0 * a.elapsed_time(z) / per_call for a, z in zip(starts, stops, strict=True))
+    del graph
+    return {"graph_us": statistics.median(us), "graph_min_us": us[0], "graph_max_us": us[-1],
+            "replays": replays}
+
+
+def timed(name: str, fn, log=print) -> dict:
+    """fn() -> dict, or a row that says why it did not run."""
+    import torch
+
+    try:
+        return fn()
+    except peers.Absent as e:
+        log(f"  {name}: skipped: {e}")
+        return {"graph_us": None, "skipped": str(e)}
+    except Exception as e:  # noqa: BLE001  (a row that fails is recorded with its reason)
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        log(f"  {name}: did not run: {why}")
+        torch.cuda.synchronize()
+        return {"graph_us": None, "error": why}
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification against the float64 reference
+
+
+def rel_error(got, ref) -> float:
+    g, r = got.double(), ref.double()
+    if not bool(g.isfinite().all()):
+        return float("inf")
+    return float((g - r).norm() / r.norm())
+
+
+def verify(case: Case, steps: dict, which: int = 0) -> dict:
+    """The layer with `steps` against reference_steps on copy `which` (each on a clone of its
+    cache): out and r2 within LAYER_TOLERANCE[fmt]."""
+    s = case.sets[which]
+    ref_steps = layer_torch.reference_steps(case.cfg, case.fmt)
+    c_ref, c_got = s.cache.clone(), s.cache.clone()
+    out_r, r2_r = layer_torch.forward(ref_steps, case.cfg, s.w, s.x, s.res, s.meta, c_ref, case.cos_sin)
+    out_g, r2_g = layer_torch.forward(steps, case.cfg, s.w, s.x, s.res, s.meta, c_got, case.cos_sin)
+    err = max(rel_error(out_g, out_r), rel_error(r2_g, r2_r))
+    tol = LAYER_TOLERANCE[case.fmt]
+    return {"correct": err <= tol, "rel_error": err, "tolerance": tol}
+
+
+# ---------------------------------------------------------------------------------------------
+# The rows of one case
+
+
+def swappable(fmt: str, owner: dict[str, str]) -> list[str]:
+    """The steps the workbook replaces, in layer order: not attention (torch's everywhere), not
+    BF16's GEMMs (cuBLAS in both layers)."""
+    out = []
+    for name in layer_torch.STEP_NAMES:
+        if name == "attention" or owner[name].startswith("cuBLAS"):
+            continue
+        out.append(name)
+    return out
+
+
+def waterfall(case: Case, wb: dict, order: list[str], replays: int, log=print) -> list[dict]:
+    base = layer_torch.torch_steps(case.cfg, case.fmt)
+    rows, steps = [], dict(base)
+    r = len(case.sets)
+    row = timed("torch", lambda: time_graph(body_of(case, steps), r, replays), log)
+    rows.append({"swapped": "torch layer", **row})
+    log(f"  waterfall torch layer: {row['graph_us']}")
+    for name in order:
+        steps[name] = wb[name]
+        snapshot = dict(steps)
+        row = timed(name, lambda s=snapshot: time_graph(body_of(case, s), r, replays), log)
+        rows.append({"swapped": name, **row})
+        log(f"  waterfall + {name}: {row['graph_us']}")
+    return rows
+
+
+def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_gbps, tflops,
+               replays: int, log=print) -> list[dict]:
+    """Each step of the all-workbook layer alone, in a graph over the R copies, with the inputs
+    that step gets in the layer (a traced run)."""
+    traces = []
+    for s in case.sets:
+        tr = {}
+        layer_torch.forward(wb, case.cfg, s.w, s.x, s.res, s.meta, s.cache, case.cos_sin, trace=tr)
+        traces.append(tr)
+    rows = []
+    for c in costs:
+        def body(name=c.name):
+            for s, tr in zip(case.sets, traces, strict=True):
+                args = tr[name][0]
+                if name == "cache_write":
+                    args = (*args[:2], s.cache, args[3])
+                wb[name](*args)
+
+        row = timed(c.name, lambda b=body: time_graph(b, len(case.sets), replays), log)
+        b_us = bound_us(c.bytes, c.flops, ceiling_gbps, tflops)
+        us = row.get("graph_us")
+        rows.append({"step": c.name, "kernel": owner.get(c.name, ""), "chapter": c.chapter,
+                     "model_bytes": c.bytes, "flops": c.flops, "bound_us": b_us,
+                     "pct_bound": 100.0 * b_us / us if us and b_us else None, **row})
+    return rows
+
+
+def compiled_bf16(case: Case):
+    """torch.compile of the BF16 torch layer (Inductor, static shapes), one function of tensors so
+    the R copies share one compilation; compiled on the first (untimed) call."""
+    import torch
+
+    cfg, meta0 = case.cfg, case.sets[0].meta
+    steps = layer_torch.torch_steps(cfg, "bf16")
+
+    def flat(x, res, n1, wqkv, wo, n2, wgu, wd, pos, slots, tables, kc, vc, cos_sin):
+        p = lambda w: layer_torch.Proj("bf16", w, None, w.shape[0], w.shape[1])  # noqa: E731
+        w = layer_torch.LayerWeights("bf16", n1, p(wqkv), p(wo), n2, p(wgu), p(wd))
+        meta = layer_torch.Meta(pos, slots, tables, meta0.q_len)
+        return layer_torch.forward(steps, cfg, w, x, res, meta, layer_torch.KVCache(kc, vc), cos_sin)
+
+    torch._dynamo.reset()
+    fn = torch.compile(flat, dynamic=False, fullgraph=True)
+
+    def body():
+        for s in case.sets:
+            w = s.w
+            fn(s.x, s.res, w.norm1, w.qkv.weight, w.o.weight, w.norm2, w.gate_up.weight,
+               w.down.weight, s.meta.positions, s.meta.slots, s.meta.block_tables, s.cache.key,
+               s.cache.value, case.cos_sin)
+
+    return body
+
+
+# ---- chapter 11's C++ runner ------------------------------------------------------------------
+
+
+def runner_inputs(case: Case, s: LayerSet) -> tuple[list, list, dict]:
+    """THE ONE PLACE that assembles the C++ runner's arguments: (inputs, outputs, params) of
+    `_ext.launch(<runner op>, ...)`, in the order solutions/11_decoder_layer/layer.h documents:
+    inputs x, residual, positions, slot_mapping, block_table [blocks] (ONE sequence), cos_sin,
+    norm1, qkv's tensors, o's, norm2, gate_up's, down's; a projection's tensors are W (BF16);
+    the tiled words, scales [N, K/128], the repacked words, scales [K/128, N] (W4A16: chapter 06's
+    and 07's layouts); E4M3 W, block scales (FP8). Outputs key_cache, value_cache (updated in
+    place), out, residual_out; param eps. The runner takes one sequence: batched decode has no
+    runner row."""
+    import torch
+    from lkw import bench
+
+    if s.meta.batch != 1:
+        raise peers.Absent(f"the runner takes one sequence; this case has {s.meta.batch}")
+
+    def tensors(p: layer_torch.Proj) -> list:
+        if p.fmt == "bf16":
+            return [p.weight]
+        if p.fmt == "fp8":
+            return [p.weight, p.scales]
+        tiled = p.derived("int4t", lambda: (bench._torch_tiled_gemv_words(torch, p.weight),
+                                            p.scales.t().contiguous()))
+        repacked = p.derived("w4a16r", lambda: (bench._torch_repack(torch, p.weight), p.scales))
+        return [*tiled, *repacked]
+
+    w = s.w
+    inputs = [s.x, s.res, s.meta.positions, s.meta.slots, s.meta.block_tables[0], case.cos_sin,
+              w.norm1, *tensors(w.qkv), *tensors(w.o), w.norm2, *tensors(w.gate_up), *tensors(w.down)]
+    outputs = [s.cache.key, s.cache.value, torch.empty_like(s.x), torch.empty_like(s.res)]
+    return inputs, outputs, {"eps": case.cfg.eps}
+
+
+def runner_name(fmt: str, names: set[str]) -> str:
+    for pattern in RUNNER_OPS:
+        if pattern.format(fmt=fmt) in names:
+            return pattern.format(fmt=fmt)
+    raise peers.Absent(f"{RUNNER_OPS[0].format(fmt=fmt)} is not registered (built without chapter 11)")
+
+
+def runner_body(case: Case):
+    """The runner over the R copies; peers.Absent when its op is not registered or the case has
+    several sequences."""
+    name = runner_name(case.fmt, layer_torch.registered())
+    args = [runner_inputs(case, s) for s in case.sets]
+    dtypes = None
+    if case.fmt == "w4a16":  # int32 words travel as the runner's uint32
+        per = ["", "uint32", "", "uint32", ""]
+        dtypes = ["", "", "", "", "", "", ""] + per[1:] + per[1:] + [""] + per[1:] + per[1:] + [""] * 4
+
+    def body():
+        for inputs, outputs, params in args:
+            layer_torch.launch(name, inputs, outputs, params, dtypes=dtypes)
+
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def ceiling(log=print) -> tuple[float | None, float | None, str]:
+    """(copy ceiling GB/s in a graph, BF16 tensor peak TFLOP/s, what they are): chapter 00's best
+    copy measured now (lkw.bench), the tensor peak from the recorded cuBLAS run (lkw.results)."""
+    from lkw import bench
+
+    gbps = None
+    try:
+        best, version, _ = bench.measure_ceiling(warmup=5, iters=20, l2_bytes=l2_bytes(), log=log)
+        gbps = best.get("graph") or best.get("back_to_back")
+        what = f"copy ceiling: {version}, measured in this run"
+    except Exception as e:  # noqa: BLE001
+        what = f"copy ceiling not measured ({type(e).__name__}: {e})"
+    peak, shown = results.tensor_peak()
+    tflops = peak.get("graph") or peak.get("back_to_back") or peak.get("one_launch") if peak else None
+    return gbps, tflops, f"{what}; tensor peak: {shown}"
+
+
+def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_bf16, log=print) -> dict:
+    names = layer_torch.registered()
+    case = make_case(cfg, fmt, kind, t, base)
+    r = len(case.sets)
+    log(f"{fmt} {case_name(kind, t)}: {r} rotated copies")
+    owner = layer_torch.workbook_owner(fmt, t, names)
+    wb = layer_torch.workbook_steps(cfg, fmt, t, names)
+    check = verify(case, wb)
+    log(f"  workbook layer vs reference: rel error {check['rel_error']:.3g} "
+        f"(tolerance {check['tolerance']}): {'ok' if check['correct'] else 'WRONG'}")
+    costs = models(cfg, fmt, kind, t)
+    fall = waterfall(case, wb, swappable(fmt, owner), replays, log)
+    kernels = per_kernel(case, wb, costs, owner, ceiling_gbps, tflops, replays, log)
+    nbytes, flops = layer_bound(cfg, fmt, kind, t)
+    whole = {"workbook": fall[-1]}
+    whole["workbook"]["correct"] = check["correct"]
+    whole["torch_eager"] = fall[0]
+    try:
+        p_steps, p_what = layer_torch.production_steps(cfg, fmt)
+        whole["production"] = timed("production", lambda: time_graph(body_of(case, p_steps), r, replays), log)
+        whole["production"]["kernels"] = p_what
+    except peers.Absent as e:
+        log(f"  production layer: skipped: {e}")
+        whole["production"] = {"graph_us": None, "skipped": str(e)}
+    whole["runner"] = timed("runner", lambda: time_graph(runner_body(case), r, replays), log)
+    if fmt == "bf16" and compile_bf16:
+        whole["torch_compile"] = timed("torch.compile", lambda: time_graph(compiled_bf16(case), r, replays), log)
+    after = verify(case, wb, which=r - 1)
+    b_us = bound_us(nbytes, flops, ceiling_gbps, tflops)
+    us = whole["workbook"].get("graph_us")
+    summed = sum(k["graph_us"] for k in kernels if k.get("graph_us")) if kernels else None
+    return {
+        "format": fmt, "kind": kind, "t": t, "context": context_of(kind, t), "case": case_name(kind, t),
+        "rotations": r, "check": check, "check_after": after, "owner": owner,
+        "torch_paths": dict(layer_torch.TORCH_PATHS), "waterfall": fall, "kernels": kernels,
+        "kernel_sum_us": summed, "layer": whole, "bound_bytes": nbytes, "bound_flops": flops,
+        "bound_us": b_us, "pct_bound": 100.0 * b_us / us if us and b_us else None,
+        "unaccounted": ("q, k made contiguous for RoPE (T > 1), allocations, gaps between kernels"),
+    }
+
+
+def _us(run: dict, fmt: str, case: str, who: str) -> float | None:
+    for c in run["cases"]:
+        if c["format"] == fmt and c["case"] == case:
+            return c["layer"].get(who, {}).get("graph_us")
+    return None
+
+
+def goals(run: dict) -> list[dict]:
+    """The issue's goals, each with its measured value (None where a row is missing)."""
+    out = []
+
+    def ratio(a, b):
+        return b / a if a and b else None
+
+    def add(goal, value, target, unit="x"):
+        met = None if value is None else value >= target
+        out.append({"goal": goal, "value": value, "target": target, "unit": unit, "met": met})
+
+    for c in run["cases"]:
+        add(f"{c['format']} {c['case']}: workbook vs production layer",
+            ratio(c["layer"]["workbook"].get("graph_us"), c["layer"].get("production", {}).get("graph_us")), 1.0)
+    t1 = case_name("decode", 1)
+    w4 = next((c for c in run["cases"] if c["format"] == "w4a16" and c["case"] == t1), None)
+    add("w4a16 decode T=1: % of the layer's byte bound", w4 and w4["pct_bound"], GOAL_T1_BOUND_PCT, "%")
+    add("w4a16 decode T=1 vs torch.compile BF16",
+        ratio(_us(run, "w4a16", t1, "workbook"), _us(run, "bf16", t1, "torch_compile")), 2.5)
+    t32 = case_name("decode", 32)
+    add("w4a16 decode T=32 vs torch.compile BF16",
+        ratio(_us(run, "w4a16", t32, "workbook"), _us(run, "bf16", t32, "torch_compile")), 2.0)
+    pre = case_name("prefill", 2048)
+    add("fp8 prefill T=2048 vs torch.compile BF16",
+        ratio(_us(run, "fp8", pre, "workbook"), _us(run, "bf16", pre, "torch_compile")), 1.3)
+    for c in run["cases"]:
+        us, summed = c["layer"]["workbook"].get("graph_us"), c["kernel_sum_us"]
+        dev = abs(summed - us) / us * 100.0 if us and summed else None
+        out.append({"goal": f"{c['format']} {c['case']}: per-kernel sum within 10% of the layer",
+                    "value": dev, "target": 10.0, "unit": "% off", "met": None if dev is None else dev <= 10.0})
+    return out
+
+
+def print_run(run: dict, out=sys.stdout) -> None:
+    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for c in run["cases"]:
+        print(f"\n== {c['format']} {c['case']} ({c['rotations']} copies; check "
+              f"{'ok' if c['check']['correct'] else 'WRONG'}, rel error {c['check']['rel_error']:.2g})", file=out)
+        print("waterfall (µs per layer, in a graph):", file=out)
+        for w in c["waterfall"]:
+            print(f"  {w['swapped']:<14} {f(w.get('graph_us'))}", file=out)
+        print(f"{'step':<14} {'µs':>8} {'MB':>9} {'% bound':>8}  kernel", file=out)
+        for k in c["kernels"]:
+            print(f"  {k['step']:<12} {f(k.get('graph_us')):>8} {k['model_bytes'] / 1e6:>9.2f} "
+                  f"{f(k.get('pct_bound')):>8}  {k['kernel']}", file=out)
+        lay = c["layer"]
+        print(f"layer: workbook {f(lay['workbook'].get('graph_us'))} µs, sum of kernels "
+              f"{f(c['kernel_sum_us'])}, bound {f(c['bound_us'])} µs ({f(c['pct_bound'])}% of it)", file=out)
+        for who in ("torch_eager", "torch_compile", "production", "runner"):
+            if who in lay:
+                why = lay[who].get("skipped") or lay[who].get("error") or ""
+                print(f"  {who:<14} {f(lay[who].get('graph_us'))} µs {why}", file=out)
+    print("\ngoals:", file=out)
+    for g in run["goals"]:
+        met = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
+        print(f"  {g['goal']:<58} {f(g['value'], 2):>8} {g['unit']} (target {g['target']}) {met}", file=out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="decode T = 1 only, few replays")
+    ap.add_argument("--formats", default=",".join(layer_torch.FORMATS))
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (minutes)")
+    ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--json", help="also write the run here")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("layer_bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 2
+    from lkw import bench
+
+    cfg = dl.LLAMA3_8B
+    cases = QUICK_CASES if args.quick else CASES
+    replays = QUICK_REPLAYS if args.quick else REPLAYS
+    gbps, tflops, what = ceiling()
+    print(f"{torch.cuda.get_device_name()}: {what} ({gbps} GB/s, {tflops} TFLOP/s)")
+    run = {"chapter": CHAPTER, "gpu": torch.cuda.get_device_name(), "driver": bench._driver(),
+           "cuda": torch.version.cuda, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "commit": bench._commit(), "timing_modes": ["graph"], "headline": "graph",
+           "ceiling_gbps": gbps, "tensor_tflops": tflops, "ceiling_note": what,
+           "peer_libraries": peers.status(), "cases": []}
+    for fmt in args.formats.split(","):
+        base = layer_torch.layer_weights(cfg, fmt, "cuda", seed=0)
+        for kind, t in cases:
+            run["cases"].append(run_case(cfg, fmt, kind, t, base, replays=replays, ceiling_gbps=gbps,
+                                         tflops=tflops * (2 if fmt == "fp8" else 1) if tflops else None,
+                                         compile_bf16=not args.no_compile))
+            torch.cuda.empty_cache()
+        del base
+    run["goals"] = goals(run)
+    print_run(run)
+    text = json.dumps(run, indent=1, default=str)
+    if args.json:
+        open(args.json, "w").write(text)
+    if args.write_results:
+        path = results.results_dir() / results.gpu_slug(run["gpu"]) / f"{CHAPTER}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""lkw.layer_torch on the CPU: its float64 reference steps against lkw.decoder_layer's numpy layer,
+step by step, at the reduced shape (decoder_layer.TINY), for every format; the pieces the GPU
+layer relies on (the one float64 -> BF16 rounding, chapter 03's quantizers, the paged cache's
+write and gather, the batch metadata, GQA attention over several sequences); torch's own layer
+close to the reference; the bench's byte models (no torch needed). The workbook's kernels and
+the timing are GPU work: tests/python/test_layer_gpu.py."""
+
+import numpy as np
+import pytest
+from lkw import decoder_layer as dl
+from lkw import elementwise, formats, fp8_gemm, layer_bench, quant
+
+CFG = dl.TINY
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", reason="CPU torch is needed for lkw.layer_torch (pip install torch)")
+
+
+@pytest.fixture(scope="module")
+def lt(torch):
+    from lkw import layer_torch
+
+    return layer_torch
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy % 2**32
+    print("seed", seed)
+    return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# The numpy side of FP8, composed from the chapters' numpy references at the quantization points
+# of lkw.decoder_layer's FP8 format (the norms and the attention write BF16, a projection
+# quantizes a BF16 input per 1 x 128 group, act quantizes in its own kernel), so that its trace
+# holds act's FP8 output as layer_torch's does. decoder_layer's own FP8 layer, where it has one,
+# must give the same out and r2 (test below).
+
+
+def numpy_fp8_steps(cfg: dl.Config) -> dict:
+    def gemm(a, lin):
+        q, s = a if isinstance(a, tuple) else quant.per_group_fp8(a)
+        return fp8_gemm.fp8_gemm_blockwise(q, lin.weight, s, lin.scales)
+
+    return {"qkv_proj": gemm, "o_proj": gemm, "gate_up_proj": gemm, "down_proj": gemm,
+            "act": elementwise.silu_and_mul_fp8_per_group}
+
+
+def numpy_layer(fmt, w, x, res, positions, cache, cos_sin):
+    replace = numpy_fp8_steps(CFG) if fmt == "fp8" else None
+    return dl.layer(CFG, w, x, res, positions, cache, cos_sin, replace=replace)
+
+
+def as_numpy(lt, value):
+    """A torch step output as numpy bits, in the numpy trace's form."""
+    if isinstance(value, lt.Quantized):
+        return (value.q.view(__import__("torch").uint8).numpy(), value.scales.numpy())
+    if isinstance(value, tuple):
+        out = []
+        for v in value:
+            got = as_numpy(lt, v)
+            out.extend(got if isinstance(v, lt.Quantized) else [got])
+        return tuple(out)
+    return lt.to_bits(value)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "w4a16", "fp8"])
+def test_reference_steps_match_the_numpy_layer_step_by_step(torch, lt, fmt, rng):
+    """A prefill of 5 tokens, then a decode step, both layers on the same weights, inputs and
+    (shuffled, poisoned) paged cache: every step's outputs bit for bit, the cache too."""
+    seed = int(rng.integers(2**31))
+    w_np = lt.numpy_weights(CFG, fmt, seed)
+    w = lt.to_device(w_np, CFG, "cpu")
+    cache_np = dl.new_cache(CFG, 32, "paged", lt.BLOCK_SIZE, rng)
+    cache = lt.KVCache(lt.from_bits(cache_np.key), lt.from_bits(cache_np.value))
+    cos_sin_np = dl.rope_cache(CFG, 64)
+    cos_sin = torch.from_numpy(cos_sin_np)
+    steps = lt.reference_steps(CFG, fmt)
+    for positions in (np.arange(5), np.array([5])):
+        x_np, res_np = dl.random_inputs(rng, CFG, positions.size)
+        want = numpy_layer(fmt, w_np, x_np, res_np, positions, cache_np, cos_sin_np)
+        if fmt == "fp8" and "fp8" in dl.FORMATS:  # decoder_layer's own FP8 layer: the same numbers
+            own = dl.layer(CFG, w_np, x_np, res_np, positions, cache_np, cos_sin_np)
+            assert np.array_equal(own.out, want.out) and np.array_equal(own.residual, want.residual)
+        cache_np = want.cache
+        meta = lt.make_meta(positions, cache_np.block_table[None], positions.size, "cpu")
+        trace = {}
+        out, r2 = lt.forward(steps, CFG, w, lt.from_bits(x_np), lt.from_bits(res_np), meta, cache,
+                             cos_sin, trace=trace)
+        for name in dl.STEP_NAMES:
+            if name == "cache_write":
+                after = trace[name][1]
+                got = elementwise.gather_cache(lt.to_bits(after.key), lt.to_bits(after.value),
+                                               cache_np.slots(positions), "paged", CFG.head_dim)
+            else:
+                got = as_numpy(lt, trace[name][1])
+            ref = want.trace[name]
+            got, ref = (got, ref) if isinstance(ref, tuple) else ((got,), (ref,))
+            for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+                assert np.array_equal(np.asarray(g), np.asarray(r)), (
+                    f"{fmt}, T = {positions.size}: step {name} output {i} differs from the numpy layer")
+        assert np.array_equal(lt.to_bits(out), want.out) and np.array_equal(lt.to_bits(r2), want.residual)
+        assert np.array_equal(lt.to_bits(cache.key), cache_np.key), "the whole key cache, untouched slots too"
+        assert np.array_equal(lt.to_bits(cache.value), cache_np.value)
+
+
+def test_a_wrong_step_is_named(torch, lt, rng):
+    """The per-step comparison catches a mutant: RoPE rotating by the wrong position."""
+    w = lt.layer_weights(CFG, "bf16", "cpu", seed=1)
+    meta = lt.prefill_meta(4, "cpu")
+    cos_sin = lt.rope_cache(CFG, 16, "cpu")
+    x, res = (lt.from_bits(a) for a in dl.random_inputs(rng, CFG, 4))
+    steps = lt.reference_steps(CFG, "bf16")
+    mutant = dict(steps, rope=lambda pos, q, k, cs: lt.ref_rope(pos + 1, q, k, cs))
+    good, bad = {}, {}
+    lt.forward(steps, CFG, w, x, res, meta, lt.new_cache(CFG, 1, "cpu"), cos_sin, trace=good)
+    lt.forward(mutant, CFG, w, x, res, meta, lt.new_cache(CFG, 1, "cpu"), cos_sin, trace=bad)
+    first = next(n for n in dl.STEP_NAMES if not all(
+        torch.equal(a, b) for a, b in zip(*(as_tuple(t[n][1]) for t in (good, bad)), strict=True)))
+    assert first == "rope"
+
+
+def as_tuple(v):
+    if hasattr(v, "key"):
+        return (v.key, v.value)
+    return tuple(v) if isinstance(v, tuple) else (v,)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces
+
+
+def test_f64_to_bf16_rounds_once(torch, lt, rng):
+    x = rng.standard_normal(20000) * np.exp2(rng.integers(-40, 40, 20000))
+    x = np.concatenate([x, [1 + 2.0**-8 + 2.0**-30, -(1 + 2.0**-8 + 2.0**-30), 0.0, -0.0, 1e300, np.inf,
+                            -np.inf, 3.3895313892515355e38]])
+    got = lt.to_bits(lt.f64_to_bf16(torch.from_numpy(x)))
+    assert np.array_equal(got, formats.f64_to_bf16(x))
+    assert lt.to_bits(lt.f64_to_bf16(torch.tensor([np.nan], dtype=torch.float64)))[0] & 0x7FFF > 0x7F80
+
+
+def test_quantizers_match_chapter_03_bit_for_bit(torch, lt, rng):
+    from lkw import golden
+
+    x = golden.with_outliers(rng, golden.activations(rng, 7, 512, 4.0))
+    q, s = lt.quant_per_token(lt.from_bits(x))
+    want_q, want_s = quant.per_token_fp8(x)
+    assert np.array_equal(q.view(torch.uint8).numpy(), want_q) and np.array_equal(s.numpy(), want_s)
+    q, s = lt.quant_per_group(lt.from_bits(x))
+    want_q, want_s = quant.per_group_fp8(x)
+    assert np.array_equal(q.view(torch.uint8).numpy(), want_q) and np.array_equal(s.numpy(), want_s)
+
+
+def test_e4m3_saturates_as_the_kernels_do(torch, lt):
+    got = lt.e4m3(torch.tensor([470.0, -1000.0, 448.0, 0.5], dtype=torch.float32)).float().tolist()
+    assert got == [448.0, -448.0, 448.0, 0.5]
+
+
+def test_cache_write_and_gather_agree_with_chapter_05(torch, lt, rng):
+    tables = lt.block_tables(2, 40, seed=int(rng.integers(1000)))
+    cache = lt.new_cache(CFG, tables.size, "cpu")
+    positions = np.array([3, 39])
+    meta = lt.make_meta(positions, tables, 1, "cpu")
+    k = elementwise.heads(rng, 2, CFG.hkv, CFG.head_dim)
+    v = elementwise.heads(rng, 2, CFG.hkv, CFG.head_dim)
+    lt.torch_cache_write(lt.from_bits(k), lt.from_bits(v), cache, meta.slots)
+    slots = meta.slots.numpy()
+    kc0, vc0 = (np.zeros(s.shape, np.uint16) for s in (cache.key, cache.value))
+    want_k, want_v = elementwise.reshape_and_cache(k, v, kc0, vc0, slots, "paged")
+    assert np.array_equal(lt.to_bits(cache.key), want_k) and np.array_equal(lt.to_bits(cache.value), want_v)
+    gk, gv = lt.gather_kv(cache, meta)  # (B,L,Hkv,D): sequence b's position p at row p
+    for b, p in enumerate(positions):
+        assert np.array_equal(lt.to_bits(gk[b, p]), k[b]) and np.array_equal(lt.to_bits(gv[b, p]), v[b])
+
+
+def test_advance_moves_positions_and_slots_in_place(torch, lt):
+    tables = lt.block_tables(3, 64, seed=5)
+    meta = lt.decode_meta(3, 15, "cpu", capacity=64, seed=5)
+    slots_ptr = meta.slots.data_ptr()
+    lt.advance(meta)
+    lt.advance(meta)
+    want = lt.make_meta(np.full(3, 16), tables, 1, "cpu")
+    assert torch.equal(meta.positions, want.positions) and torch.equal(meta.slots, want.slots)
+    assert meta.slots.data_ptr() == slots_ptr, "a graph reads the same tensor: no reallocation"
+
+
+def test_batched_attention_is_each_sequence_alone(torch, lt, rng):
+    """Three sequences of one new token each, different lengths: the reference attention of the
+    batch equals decoder_layer.attention of each sequence on its own cache."""
+    lengths = [5, 17, 33]
+    tables = lt.block_tables(3, 48, seed=3)
+    cache = lt.new_cache(CFG, tables.size, "cpu", torch.Generator().manual_seed(int(rng.integers(99))))
+    meta = lt.make_meta(np.array(lengths) - 1, tables, 1, "cpu")
+    q = elementwise.heads(rng, 3, CFG.hq, CFG.head_dim)
+    got = lt.to_bits(lt.ref_attention(CFG)(lt.from_bits(q), cache, meta))
+    for b, n in enumerate(lengths):
+        one = dl.KVCache("paged", lt.to_bits(cache.key), lt.to_bits(cache.value), tables[b], lt.BLOCK_SIZE)
+        want = dl.attention(q[b : b + 1], one, [n - 1], CFG.hkv)
+        assert np.array_equal(got[b : b + 1], want), f"sequence {b}"
+    sdpa = lt.sdpa_attention(CFG)(lt.from_bits(q), cache, meta).double()
+    ref = lt.ref_attention(CFG)(lt.from_bits(q), cache, meta).double()
+    assert float((sdpa - ref).norm() / ref.norm()) < 1e-2, "torch SDPA close to the float64 attention"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "w4a16", "fp8"])
+def test_torch_layer_is_close_to_the_reference(torch, lt, fmt, rng):
+    """torch_steps (BF16 ops, torch's FP8 / INT4 paths or their fallbacks) against the float64
+    reference: the same numbers up to BF16 roundings, within the bench's layer tolerance."""
+    w = lt.layer_weights(CFG, fmt, "cpu", seed=int(rng.integers(1000)))
+    meta = lt.decode_meta(4, 40, "cpu")
+    cos_sin = lt.rope_cache(CFG, 64, "cpu")
+    cache = lt.new_cache(CFG, meta.block_tables.numel(), "cpu", torch.Generator().manual_seed(1))
+    x, res = (lt.from_bits(a) for a in dl.random_inputs(rng, CFG, 4))
+    ref = lt.forward(lt.reference_steps(CFG, fmt), CFG, w, x, res, meta, cache.clone(), cos_sin)
+    got = lt.forward(lt.torch_steps(CFG, fmt), CFG, w, x, res, meta, cache.clone(), cos_sin)
+    for g, r in zip(got, ref, strict=True):
+        err = float((g.double() - r.double()).norm() / r.double().norm())
+        assert err < layer_bench.LAYER_TOLERANCE[fmt], f"{fmt}: {err:.3g}"
+
+
+def test_workbook_steps_need_their_versions(torch, lt):
+    """Built against a registry without a version, a workbook step says which one it needs."""
+    with pytest.raises(LookupError, match="rope"):
+        lt.workbook_steps(CFG, "bf16", 1, names=set(lt.WORKBOOK["norm"]))
+    names = {n for role in lt.WORKBOOK.values() for n in role[:1]}
+    owner = lt.workbook_owner("w4a16", 1, names)
+    assert owner["qkv_proj"].startswith("06_int4_gemv/") and "not a workbook kernel" in owner["attention"]
+    assert lt.workbook_owner("w4a16", 32, names)["down_proj"].startswith("07_w4a16_gemm/")
+    assert lt.workbook_owner("fp8", 1, names)["o_proj"].startswith("03_dynamic_quant/")
+
+
+# ---------------------------------------------------------------------------------------------
+# The bench's models (no torch)
+
+
+def test_models_agree_with_decoder_layer_where_they_overlap():
+    cfg = dl.LLAMA3_8B
+    for fmt in ("bf16", "w4a16"):
+        assert layer_bench.models(cfg, fmt, "decode", 1) == dl.decode_model(fmt)
+        assert layer_bench.layer_bound(cfg, fmt, "decode", 1) == dl.layer_bound(cfg, 1, 2048, fmt)
+        assert layer_bench.models(cfg, fmt, "prefill", 2048) == dl.prefill_model(fmt)
+
+
+def test_batched_decode_reads_every_sequences_cache():
+    cfg = dl.LLAMA3_8B
+    one = {c.name: c for c in layer_bench.models(cfg, "w4a16", "decode", 1)}
+    many = {c.name: c for c in layer_bench.models(cfg, "w4a16", "decode", 32)}
+    assert many["attention"].kv_bytes == 32 * one["attention"].kv_bytes
+    b1, _ = layer_bench.layer_bound(cfg, "w4a16", "decode", 1)
+    b32, _ = layer_bench.layer_bound(cfg, "w4a16", "decode", 32)
+    kv = cfg.hkv * cfg.head_dim * 4
+    assert b32 - b1 == 31 * 2048 * kv + 31 * kv + 31 * (4 * cfg.d * 2 + 8)
+
+
+def test_fp8_model_is_one_byte_per_weight():
+    cfg = dl.LLAMA3_8B
+    costs = {c.name: c for c in layer_bench.models(cfg, "fp8", "decode", 1)}
+    n, k = cfg.qkv_n, cfg.d
+    assert costs["qkv_proj"].weight_bytes == n * k + 4 * (n // 128) * (k // 128)
+    assert costs["qkv_proj"].bytes == n * k + 4 * (n // 128) * (k // 128) + k + 4 * (k // 128) + 2 * n
+    w = sum(c.weight_bytes for c in costs.values())
+    w_bf16 = sum(c.weight_bytes for c in layer_bench.models(cfg, "bf16", "decode", 1))
+    assert 0.5 < w / w_bf16 < 0.51, "FP8 weights are half of BF16's, plus 1/4096 of scales"
+    if "fp8" in dl.FORMATS:  # decoder_layer's own FP8 model, where it has one
+        assert layer_bench._fp8_models(cfg, 1, 2048) == dl.decode_model("fp8")
