@@ -2,7 +2,7 @@
 // set is never built, so top-p needs no threshold and top-k no select (the approach FlashInfer
 // describes for its sampling kernels).
 //
-// Since v2: a new op, `sample` (temperature, top-k, top-p, min-p per row, Philox randomness). A
+// Since v2: `sample` without a sort (v0 sorts; temperature, top-k, top-p, min-p, Philox). A
 // round draws a token j from the tokens whose key z is above `low` (an inverse CDF in index order,
 // select.cuh's PrefixSearch), then counts and weighs the tokens above z_j: j is kept iff fewer than
 // k are above it, their mass is below p·M and its own mass is at least min_p·max. Every filter

@@ -2,10 +2,10 @@
 // every filter and the draw run on chip.
 //
 // Since v3: v3 reads the row about twice a round from L2 (or HBM, once B rows exceed the L2). Here
-// a cluster of 8 CTAs (a launcher argument) splits the row; each copies its slice into shared memory with one
-// bulk copy (the copy engine, no registers on the way) and divides by T in place. Then the exact
-// thresholds of v2, cluster-wide: top-k by a radix select of counts, top-p by one of the integer
-// mass within top-k (so no M(K) pass: pass 0's total IS M(K)), each pass merging the CTAs'
+// a cluster of 8 CTAs (a launcher argument) splits the row; each copies its slice into shared
+// memory with one bulk copy (the copy engine, no registers on the way), divides by T in place. The
+// exact thresholds of v2, cluster-wide: top-k by a radix select of counts, top-p by one of the
+// integer mass within top-k (no M(K) pass: pass 0's total IS M(K)), each pass merging the CTAs'
 // histograms through distributed shared memory (one cluster barrier a pass, double-buffered);
 // min-p needs only the max. The draw is an inverse CDF in index order: each CTA totals its slice,
 // the CTAs' totals are exchanged, and the one CTA where u·total falls searches its slice. One
@@ -13,6 +13,10 @@
 // Expect: HBM bytes = the row once; ~12 cluster barriers and ~10 passes over shared memory a row,
 // which B = 1 spreads over 8 SMs. SASS: UBLKCP (the bulk copy), MATCH.ANY, no ATOMS.CAST.
 #include <cooperative_groups.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "lkw/ptx.cuh"
 #include "select.cuh"
@@ -53,7 +57,8 @@ struct ClusterMerge {
     cluster.sync();
     for (int d = threadIdx.x; d < kBuckets; d += kThreads) {
       unsigned long long sum = 0;
-      for (unsigned r = 0; r < cluster.num_blocks(); ++r) sum += cluster.map_shared_rank(mine, r)[d];
+      for (unsigned r = 0; r < cluster.num_blocks(); ++r)
+        sum += cluster.map_shared_rank(mine, r)[d];
       sh.hist[d] = sum;
     }
     __syncthreads();
@@ -88,8 +93,8 @@ __global__ void __launch_bounds__(kThreads) fused_cluster_kernel(SampleArgs a, i
       ptx::mbarrier_init(&loaded_bar, 1);
       ptx::mbarrier_arrive_expect_tx(&loaded_bar, unsigned(4 * len));
       if (len > 0)
-        ptx::bulk_load(z_sh, static_cast<const float*>(a.logits) + row * v + first, unsigned(4 * len),
-                       &loaded_bar);
+        ptx::bulk_load(z_sh, static_cast<const float*>(a.logits) + row * v + first,
+                       unsigned(4 * len), &loaded_bar);
     }
     __syncthreads();  // the barrier is initialized before anyone waits on it
     ptx::mbarrier_wait(&loaded_bar, 0);
@@ -154,7 +159,8 @@ __global__ void __launch_bounds__(kThreads) fused_cluster_kernel(SampleArgs a, i
   RowStream stream(a.seed_offset, row);
   const float u = stream.uniform();
   float total = 0.0f;
-  for (unsigned r = 0; r < ranks; ++r) total = __fadd_rn(total, cluster.map_shared_rank(&slice_sh, r)->total);
+  for (unsigned r = 0; r < ranks; ++r)
+    total = __fadd_rn(total, cluster.map_shared_rank(&slice_sh, r)->total);
   const float target = __fmul_rn(u, total);
   float before = 0.0f;
   unsigned owner = ranks;  // the first CTA whose running total passes the target
@@ -177,6 +183,40 @@ __global__ void __launch_bounds__(kThreads) fused_cluster_kernel(SampleArgs a, i
 #endif
 }
 
+constexpr int kPortableRanks = 8;  // the largest cluster every sm_90 device must launch
+
+// A cluster above kPortableRanks CTAs is non-portable: the kernel must opt in, and whether the
+// device can co-schedule one at all (that many SMs of one GPC free for CTAs of this size) is the
+// occupancy calculator's answer, asked once per device, kernel and slice. 0 clusters: a refusal
+// that says why, never a launch that fails on the device.
+Status large_cluster_fits(const void* kernel, const cudaLaunchConfig_t& config, int ranks) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t>, int> known;  // → clusters that fit
+  std::lock_guard<std::mutex> lock(mutex);
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  const auto key = std::make_tuple(device, kernel, config.dynamicSmemBytes);
+  auto it = known.find(key);
+  if (e == cudaSuccess && it == known.end()) {
+    int clusters = 0;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    if (e == cudaSuccess) it = known.emplace(key, clusters).first;
+  }
+  const std::string what = "a cluster of " + std::to_string(ranks) + " CTAs";
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // a refused query must not surface as the next launch's error
+    return error(Code::kCudaError, std::string(kSample) + ", " + what + ": " +
+                                       cudaGetErrorString(e));
+  }
+  if (it->second > 0) return {};
+  return error(Code::kUnsupportedArch,
+               "this device cannot co-schedule " + what + " with " +
+                   std::to_string(config.dynamicSmemBytes) +
+                   " B of dynamic shared memory each (cudaOccupancyMaxActiveClusters = 0); "
+                   "v4_fused_cluster's 8 is portable");
+}
+
 template <bool kBf16, bool kBulk>
 Status launch(const SampleArgs& a, int ranks, int64_t slice, int bytes, cudaStream_t stream) {
   auto kernel = fused_cluster_kernel<kBf16, kBulk>;
@@ -193,13 +233,19 @@ Status launch(const SampleArgs& a, int ranks, int64_t slice, int bytes, cudaStre
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
+  if (ranks > kPortableRanks) {
+    const Status fits = large_cluster_fits(reinterpret_cast<const void*>(kernel), config, ranks);
+    if (!fits.ok()) return fits;
+  }
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, a, slice);
-  if (e != cudaSuccess) return error(Code::kCudaError, std::string(kSample) + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return error(Code::kCudaError, std::string(kSample) + ": " + cudaGetErrorString(e));
   return last_launch_status(kSample);
 }
 
 // kRanks: the cluster's CTAs (a knob: more spread a row over more SMs, at the price of more
-// distributed-shared-memory traffic per barrier; a slice must fit kMaxSliceBytes).
+// distributed-shared-memory traffic per barrier; a slice must fit kMaxSliceBytes; above 8 the
+// device may refuse, large_cluster_fits).
 template <int kRanks>
 Status sample_v4(const SampleArgs& a, cudaStream_t stream) {
   Status s = validate_sample(a);
@@ -223,21 +269,26 @@ Status sample_v4(const SampleArgs& a, cudaStream_t stream) {
 
 Version v4() {
   Version v = sample_version(
-      "v4_fused_cluster", "a cluster per row holds it in shared memory: read once, exact thresholds",
-      sample_v4<8>, {{"fused_cluster_kernelILb0ELb1E", {"sm_90a"}, {"UBLKCP", "MATCH.ANY"}, {"ATOMS.CAST"},
-                   true, "the slice by one bulk copy, warp-aggregated histograms, nothing spilled"}});
+      "v4_fused_cluster",
+      "a cluster per row holds it in shared memory: read once, exact thresholds",
+      sample_v4<kPortableRanks>,
+      {{"fused_cluster_kernelILb0ELb1E", {"sm_90a"}, {"UBLKCP", "MATCH.ANY"}, {"ATOMS.CAST"}, true,
+        "the slice by one bulk copy, warp-aggregated histograms, nothing spilled"}});
   v.min_arch = 90;
   return v;
 }
 const Register kV4{v4()};
-// The ablation: the cluster size (benched, tested, never graded).
-Version cluster4() {
-  Version v = sample_version("ablation_v4_cluster4", "v4 with a cluster of 4 CTAs a row", sample_v4<4>,
-                             {}, Kind::kAblation);
+// The ablations: the cluster size (benched, tested, never graded). 16 is non-portable.
+Version cluster(const char* id, const char* summary, SampleLaunch launch) {
+  Version v = sample_version(id, summary, launch, {}, Kind::kAblation);
   v.min_arch = 90;
   return v;
 }
-const Register kCluster4{cluster4()};
+const Register kCluster4{cluster("ablation_v4_cluster4", "v4 with a cluster of 4 CTAs a row",
+                                 sample_v4<4>)};
+const Register kCluster16{cluster("ablation_v4_cluster16",
+                                  "v4 with a cluster of 16 CTAs a row (non-portable)",
+                                  sample_v4<16>)};
 
 }  // namespace
 }  // namespace lkw::sampling

@@ -3,16 +3,17 @@ pass a chi-square test against the exact filtered distribution (lkw.sampling.ren
 filter_keep), and the same test fails the draws of a deliberately wrong sampler (the filters off,
 the temperature ignored, top-p judged on the whole row instead of after top-k); every draw lies in
 the support and every likely token is drawn, ties at the k-th value and inside the top-p boundary
-included; v4 draws the reference's token for its Philox uniform u_0 (lkw.sampling.
-sample_mismatches) and v3 the token of lkw.sampling.pivot_rejection_sample wherever no float32
-sum can tip one of its decisions; a seed_offset replays bit for bit and offset + 68 draws anew;
-rejection_sample emits the target's distribution (the speculative decoding guarantee) where the
-q/p-swapped mutant does not, and decides token for token as lkw.sampling.rejection_sample does.
+included; v0 (sorted thresholds) and v4 with its cluster ablations (4 and 16 CTAs) draw the
+reference's token for their Philox uniform u_0 (lkw.sampling.sample_mismatches) and v3 the token
+of lkw.sampling.pivot_rejection_sample wherever no float32 sum can tip one of its decisions; a
+seed_offset replays bit for bit and offset + 68 draws anew; rejection_sample emits the target's
+distribution (the speculative decoding guarantee) where the q/p-swapped mutant does not, and
+decides token for token as lkw.sampling.rejection_sample does.
 
 Every input and every Philox seed_offset below is fixed, so a failure repeats. Without the
 extension, torch or a GPU (or with chapter 10 not built) the GPU tests skip and say why; the checks
-that the statistical cases can fail at all need no GPU. GPU cost: about 80 launches, 58 of them of
-200,000 rows of at most 100 tokens (seconds on an H200, most of it v4's eight-CTA clusters).
+that the statistical cases can fail at all need no GPU. GPU cost: about 120 launches, 92 of them
+of 200,000 rows of at most 100 tokens (seconds on an H200, most of it v4's eight-CTA clusters).
 """
 
 import functools
@@ -324,9 +325,11 @@ PIVOT_ROUNDS = 64  # v3's rounds (MAX_ROUNDS); a row needing more makes the refe
 # How each version's token follows from its row's Philox uniforms (the kernels' headers):
 # inverse_cdf: lkw.sampling.sample with u_0; pivot: lkw.sampling.pivot_rejection_sample with u_r.
 DRAW_RULES = {
+    "v0_sort_cub": "inverse_cdf",
     "v3_pivot_rejection": "pivot",
     "v4_fused_cluster": "inverse_cdf",
     "ablation_v4_cluster4": "inverse_cdf",
+    "ablation_v4_cluster16": "inverse_cdf",
 }
 SAMPLERS = ("version", "ablation")  # the token-for-token, greedy and replay tests take both
 

@@ -1,7 +1,8 @@
 """lkw.sampling, chapter 10's reference: the filters agree with a full sort walked tie group by
 tie group (and, on small rows, with their pairwise definitions), the sampled token with a direct
 CDF search on the same u, the radix select with sorting, the speculative rejection sampler with
-a slow loop written from its docstring; the samplers' output distributions pass a fixed-seed
+a slow loop written from its docstring, v0's sort-based sampler (a float32 emulation) with the
+contract and not its sorted-order shortcut; the samplers' output distributions pass a fixed-seed
 chi-square test that the mutants (renormalization skipped, top-p one token off, q and p swapped)
 fail; keep_mismatches catches the boundary and tie mutants; a float32 emulation of a kernel's
 CDF agrees wherever the reference calls the row certain; the Philox model gives Random123's known
@@ -432,6 +433,63 @@ def test_sample_mismatches_catches_the_mutants(rng):
     assert outside.size >= 8 and np.isin(outside, bad).all()
     with pytest.raises(ValueError):
         sampling.sample_mismatches(tokens[:-1], keys, mass, u)
+
+
+def sort_based_sample(x, u, t, top_k, top_p, min_p, sorted_draw=False):
+    """v0_sort_cub's `sample` in float32 numpy, row by row: z = x / T sorted descending; top-k's
+    cut the k-th sorted key; top-p's the key at the first sorted position whose float32 running
+    mass expf(z - max z) of the keys top-k kept reaches p * M(K); min-p on each token's own mass;
+    the draw the first index of the kept masses' float32 prefix sum in INDEX order past u * total
+    (sorted_draw: the same search over the sorted row, the obvious shortcut). Greedy rows (T = 0)
+    take the lowest index of max x. Returns (tokens int64 [B], keep bool [B, V])."""
+    b, v = x.shape
+    tokens, keep = np.argmax(x, axis=1), np.zeros(x.shape, bool)
+    for r in range(b):
+        if not t[r] > 0:
+            continue
+        z = (x[r] / t[r]).astype(np.float32)
+        order = np.argsort(-z, kind="stable")
+        s = z[order]
+        mass = np.exp(z - s[0]).astype(np.float32)  # (V,) index order
+        tau = s[top_k[r] - 1] if 0 < top_k[r] < v else np.float32(-np.inf)
+        if top_p[r] < 1:
+            c = np.cumsum(np.where(s >= tau, mass[order], np.float32(0)), dtype=np.float32)
+            tau = max(tau, s[np.flatnonzero(c >= top_p[r] * c[-1])[0]])
+        w = np.where((z >= tau) & (mass >= min_p[r]), mass, np.float32(0))  # (V,)
+        keep[r] = w > 0
+        ids = order if sorted_draw else np.arange(v)
+        c = np.cumsum(w[ids], dtype=np.float32)
+        tokens[r] = ids[np.flatnonzero((c > u[r] * c[-1]) & (w[ids] > 0))[0]]
+    return tokens, keep
+
+
+def test_thresholds_read_off_a_sorted_row_and_an_index_order_draw_are_the_contract(rng):
+    """v0's rule: its kept set is filter_keep but for uncertain tokens, on LM rows with ties too,
+    and its token is admissible (sample_mismatches) for the same u; walking the sorted row
+    instead draws from the same set but, for the same u, other tokens in most rows."""
+    b, v = 96, 3000
+    x = np.concatenate([sampling.lm_logits(rng, b // 2, v),
+                        sampling.lm_logits(rng, b // 2, v, ties=True)])
+    t = rng.choice(np.float32([0.0, 0.6, 1.0, 1.4]), b)
+    top_k = rng.choice(np.int32([0, -1, 1, 7, 50, v]), b)
+    top_p = rng.choice(np.float32([1.0, 0.9, 0.6]), b)
+    min_p = rng.choice(np.float32([0.0, 0.0, 0.05]), b)
+    u = rng.random(b).astype(np.float32)
+    filters = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    tokens, keep = sort_based_sample(x, u, t, **filters)
+    greedy, sampled = t == 0, np.flatnonzero(t > 0)
+    assert 10 <= greedy.sum() <= b - 48
+    assert np.array_equal(tokens[greedy], np.argmax(x[greedy], axis=1))
+    keys, mass = sampling.from_logits(x[sampled], t[sampled])
+    rows = {f: a[sampled] for f, a in filters.items()}
+    assert sampling.keep_mismatches(keep[sampled], keys, mass, **rows).size == 0
+    assert sampling.sample_mismatches(tokens[sampled], keys, mass, u[sampled], **rows).size == 0
+    by_rank, _ = sort_based_sample(x, u, t, sorted_draw=True, **filters)
+    assert keep[sampled, by_rank[sampled]].all()  # the same support
+    differ = np.flatnonzero(by_rank[sampled] != tokens[sampled])
+    assert differ.size >= sampled.size // 10, "the sorted walk should draw other tokens"
+    bad = sampling.sample_mismatches(by_rank[sampled], keys, mass, u[sampled], **rows)
+    assert np.isin(bad, differ).all() and bad.size >= differ.size * 3 // 4  # caught, not forgiven
 
 
 def test_sampled_distribution_passes_chi_square_and_mutants_fail():

@@ -4,9 +4,11 @@
 //                          before any launch (on the host, where CI runs)
 //   TopPVersions/*         v0 (sort + scan) and v2 (radix select of the integer mass) keep the same
 //                          tokens, so write the same bits, on rows whose sums are exact in FP32
-//   SampleVersions/*       every sampler: greedy rows exact, rows with one admissible token exact,
+//   SampleVersions/*       every sampler (versions and ablations: v0's sort, v4's clusters of 4
+//                          and 16): greedy rows exact, rows with one admissible token exact,
 //                          top-k and min-p support, BF16 as FP32, replay bit for bit with the same
-//                          seed and offset, another offset another draw; nothing written outside
+//                          seed and offset, another offset another draw; nothing written outside;
+//                          a non-portable cluster runs or is refused as such, never a CUDA error
 //   RejectionVersions/*    the accepted prefix is the drafts, then one token, then −1; a draft
 //                          the target never picks is rejected; a draft model equal to the target
 //                          has every draft accepted; the replacement lies where p > q
@@ -35,12 +37,16 @@ const Version& version(const std::string& op, const std::string& id) {
   return *v;
 }
 
-std::vector<const Version*> versions_of(const char* op) {
+std::vector<const Version*> versions_of(const char* op, bool ablations = false) {
   std::vector<const Version*> out;
   for (const Version* v : Registry::get().chapter(kChapter))
-    if (v->op == op && v->kind == Kind::kVersion) out.push_back(v);
+    if (v->op == op && (v->kind == Kind::kVersion || (ablations && v->kind == Kind::kAblation)))
+      out.push_back(v);
   return out;
 }
+
+// The samplers: every version of `sample` and its ablations (a knob changes no promise).
+std::vector<const Version*> samplers() { return versions_of(kSample, true); }
 
 void* at(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -77,7 +83,7 @@ TEST(HostSampleRules, RefusesBadArguments) {
     a.outputs[0].data = at(0x100000 + 256);
     EXPECT_EQ(v->launch(a, nullptr).code, Code::kInvalidArgument) << v->name() << ": overlap";
   }
-  for (const Version* v : versions_of(kSample)) {
+  for (const Version* v : samplers()) {
     auto bad = [&](Args a, const char* what) {
       EXPECT_EQ(v->launch(a, nullptr).code, Code::kInvalidArgument) << v->name() << ": " << what;
     };
@@ -253,7 +259,7 @@ int64_t argmax(const SampleCase& c, int64_t row) {
 TEST(SampleVersions, GreedyAndSingleTokenRowsAreExact) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   std::mt19937 rng(lkw::test::random_seed("chapter 10 random inputs") + 3);
-  for (const Version* ver : versions_of(kSample)) {
+  for (const Version* ver : samplers()) {
     if (skip(*ver)) continue;
     for (const auto& [b, v] : {std::pair<int64_t, int64_t>{12, 1000}, {6, 4099}, {6, 1}, {6, 128256}})
       for (bool bf16 : {false, true}) {
@@ -285,7 +291,7 @@ TEST(SampleVersions, GreedyAndSingleTokenRowsAreExact) {
 TEST(SampleVersions, SupportReplayAndOffsets) {
   if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   std::mt19937 rng(lkw::test::random_seed("chapter 10 random inputs") + 4);
-  for (const Version* ver : versions_of(kSample)) {
+  for (const Version* ver : samplers()) {
     if (skip(*ver)) continue;
     for (const auto& [b, v] : {std::pair<int64_t, int64_t>{64, 1000}, {16, 4099}, {8, 32000}}) {
       SampleCase c = sample_case(rng, b, v);
@@ -312,6 +318,34 @@ TEST(SampleVersions, SupportReplayAndOffsets) {
             << ver->name() << " row " << r << ": below min-p";
       }
     }
+  }
+}
+
+// A cluster of 16 CTAs is non-portable: the device may not co-schedule it. The ablation must then
+// say so (kUnsupportedArch, naming the occupancy query) before launching, never fail as a launch.
+// Where it runs, it draws v4's token in every row that admits one token (the golden cases check
+// the rest).
+TEST(SampleVersions, NonPortableClusterRunsOrIsRefusedAsSuch) {
+  if (device_arch() < 0) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  const Version& v16 = version(kSample, "ablation_v4_cluster16");
+  if (skip(v16)) GTEST_SKIP() << v16.name() << " needs sm_" << v16.min_arch;
+  std::mt19937 rng(lkw::test::random_seed("chapter 10 random inputs") + 6);
+  for (const int64_t v : {int64_t(1), int64_t(4099), int64_t(1) << 19}) {  // slices of 1 to 32K
+    SampleCase c = sample_case(rng, 4, v);
+    c.t = {0.0f, 0.8f, 1.2f, 0.5f};
+    c.k = {0, 1, 0, 0};
+    c.min_p = {0.0f, 0.0f, 1.0f, 0.0f};
+    c.p = {1.0f, 1.0f, 1.0f, 1e-9f};  // each row one admissible token: the argmax
+    std::vector<Tensor> out = {{DType::kI32, {c.b}, {}}};
+    const Status s = run(v16, c.inputs(), out);
+    if (s.code == Code::kUnsupportedArch) {
+      EXPECT_NE(s.message.find("cudaOccupancyMaxActiveClusters"), std::string::npos) << s.str();
+      GTEST_SKIP() << "refused, as it must be where 16 CTAs cannot be co-scheduled: " << s.str();
+    }
+    ASSERT_TRUE(s.ok()) << v16.name() << " V = " << v << ": " << s.str();
+    const std::vector<int32_t> got = values<int32_t>(out[0]);
+    for (int64_t r = 0; r < c.b; ++r)
+      EXPECT_EQ(got[size_t(r)], argmax(c, r)) << v16.name() << " V = " << v << ", row " << r;
   }
 }
 
