@@ -81,9 +81,10 @@ using GroupedLaunch = Status (*)(const GroupedArgs& a, cudaStream_t stream);
 // check_schedule holds what every grouped GEMM checks of x, the schedule and out (x_rows rows of
 // K, out_rows rows of out_n); each op adds the checks of its weights (GroupedArgs,
 // GroupedW4a16Args). x has a row per token and out one per slot, but for moe_grouped_gemm_sum,
-// whose x (h) has a row per slot and out one per token.
+// whose x (h) has a row per slot and out one per token. x_bytes: bytes of an x element (FP8: 1).
 template <class Grouped>
-Check check_schedule(const Grouped& a, int64_t x_rows, int64_t out_rows, int64_t out_n) {
+Check check_schedule(const Grouped& a, int64_t x_rows, int64_t out_rows, int64_t out_n,
+                     int x_bytes = 2) {
   const int64_t out_bytes = 2 * out_rows * out_n;
   Check c;
   c.not_null(a.x, "x")
@@ -106,7 +107,7 @@ Check check_schedule(const Grouped& a, int64_t x_rows, int64_t out_rows, int64_t
       .aligned(a.out, 16, "out")
       .aligned(a.sorted_ids, 4, "sorted_token_ids")
       .aligned(a.expert_ids, 4, "expert_ids")
-      .disjoint(a.out, out_bytes, a.x, 2 * x_rows * a.k, "out and x")
+      .disjoint(a.out, out_bytes, a.x, x_bytes * x_rows * a.k, "out and x")
       .disjoint(a.out, out_bytes, a.sorted_ids, 4 * a.rows, "out and sorted_token_ids")
       .disjoint(a.out, out_bytes, a.expert_ids, 4 * (a.rows / a.block_m), "out and expert_ids");
   return c;

@@ -18,6 +18,9 @@
 //   moe_grouped_gemm_w4a16  moe_grouped_gemm with INT4 weights: w uint32 [E, N/64, 8K] (each
 //                      expert in chapter 07's repacked layout, lkw.w4a16.repack), scales BF16
 //                      [E, K/G, N]: W_hat[e] = s · (q − 8), G ∈ {32, 64, 128} or K
+//   moe_grouped_gemm_fp8, _silu_fp8, _sum_fp8  the three with FP8 operands (W8A8): x and w E4M3
+//                      with chapter 08's blockwise scales, x_scales FP32 [K/128, rows of x],
+//                      w_scales FP32 [E, ceil(N/128), K/128] (experts_fp8.cuh)
 //   moe_sum            y BF16 [T, k, d], topk_weights FP32 [T, k] → out BF16 [T, d]:
 //                      out[t] = Σ_j w[t, j] · y[t, j] in FP32 in j order, one BF16 rounding
 //   moe_block          x BF16 [T, d], router logits FP32 [T, E], w_gate_up BF16 [E, 2·d_ff, d],
@@ -31,12 +34,13 @@
 // for the result and reports it; check_ids = 0 leaves the launch asynchronous (a CUDA graph).
 // Order inside a run is unspecified: the tests compare runs as multisets (golden.h).
 //
-// The ops' contracts and registry entries: align.cuh, router.cuh, experts.cuh, experts_w4a16.cuh;
-// this header holds what they share.
+// The ops' contracts and registry entries: align.cuh, router.cuh, experts.cuh, experts_w4a16.cuh,
+// experts_fp8.cuh; this header holds what they share.
 // versions (one sequence for the chapter; each file's name says its family):
 //   v0_align_sort → v1_align_global_atomics → v2_align_shared_counting → v3_align_multi_block,
 //   v4_topk_thread_per_token → v5_topk_warp_per_token → v6_topk_vec16_lanes,
-//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16, v7 → v12_grouped_wgmma,
+//   v7_grouped_mma → v8_grouped_silu_epilogue, v7 → v10_grouped_w4a16, v7 → v12_grouped_wgmma
+//   → v15_grouped_fp8, v10 → v14_grouped_w4a16_gemv,
 //   v9_sum_vec16 → v11_sum_thread_per_piece.
 // Bytes are the roofline minimum: ids read once, every output slot written once (the align fills
 // its whole capacity); logits read once, weights and ids written once; the grouped GEMM

@@ -20,7 +20,12 @@
 //   mutant_next_group_scale moe_grouped_gemm_w4a16 with the scales of group (g + 1) mod K/G
 //                           for group g (v10 run on a rotated copy of the scales): a scale row
 //                           indexed one group off. With one group (G = K) it changes nothing.
+//   mutant_next_k_block_scale  moe_grouped_gemm_fp8 with the weight block scale of K block
+//                           (kb + 1) mod K/128 for block kb (v15 run on a rotated copy of
+//                           w_scales): the block scale of the wrong K block. With K = 128 it
+//                           changes nothing.
 #include "align.cuh"
+#include "experts_fp8.cuh"
 #include "experts_w4a16.cuh"
 
 namespace lkw::moe {
@@ -193,6 +198,41 @@ Status grouped_w4a16_next_group(const GroupedW4a16Args& a, cudaStream_t stream) 
   return v10->launch(args, stream);
 }
 
+__global__ void next_k_block_kernel(const float* __restrict__ scales, float* __restrict__ out,
+                                    int64_t count, int64_t blocks) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // one scale of [E·NB, KB]
+  if (i >= count) return;
+  const int64_t kb = i % blocks;
+  out[i] = scales[i - kb + (kb + 1) % blocks];
+}
+
+Status grouped_fp8_next_k_block(const GroupedFp8Args& a, cudaStream_t stream) {
+  Status s = validate_grouped_fp8(a);
+  if (!s.ok()) return s;
+  const int64_t kb = a.k / kFp8Block, nb = fp8_n_blocks(a.n), count = a.num_experts * nb * kb;
+  void* rotated = nullptr;
+  s = align_workspace(4 * count, &rotated);
+  if (!s.ok()) return s;
+  next_k_block_kernel<<<unsigned(ceil_div(count, 256)), 256, 0, stream>>>(
+      a.w_scales, static_cast<float*>(rotated), count, kb);
+  s = last_launch_status("mutant_next_k_block_scale");
+  if (!s.ok()) return s;
+  const Version* v15 = nullptr;
+  s = Registry::get().require(std::string(kChapter) + "/" + kGroupedFp8Op + "/v15_grouped_fp8",
+                              "mutant_next_k_block_scale", &v15);
+  if (!s.ok()) return s;
+  Args args;
+  args.inputs = {{const_cast<uint8_t*>(a.x), DType::kE4M3, {a.t, a.k}},
+                 {const_cast<uint8_t*>(a.w), DType::kE4M3, {a.num_experts, a.n, a.k}},
+                 {const_cast<float*>(a.x_scales), DType::kF32, {kb, a.t}},
+                 {rotated, DType::kF32, {a.num_experts, nb, kb}},
+                 {const_cast<int32_t*>(a.sorted_ids), DType::kI32, {a.rows}},
+                 {const_cast<int32_t*>(a.expert_ids), DType::kI32, {a.rows / a.block_m}}};
+  args.outputs = {{a.out, DType::kBF16, {a.t * a.topk, a.n}}};
+  args.params = {{"topk", double(a.topk)}, {"block_m", double(a.block_m)}};
+  return v15->launch(args, stream);
+}
+
 const Register kWrongExpert{grouped_version(false, "mutant_wrong_expert",
                                             "each block multiplies by the next expert's weights",
                                             grouped_wrong_expert, {}, Kind::kMutant)};
@@ -202,6 +242,11 @@ const Register kNextGroupScale{grouped_w4a16_version("mutant_next_group_scale",
 const Register kWeightsReversed{sum_version("mutant_weights_reversed",
                                             "weight k − 1 − j applied to row j",
                                             sum_weights_reversed, {}, Kind::kMutant)};
+
+const Register kNextKBlockScale{grouped_fp8_version(
+    Fp8Epilogue::kStore, "mutant_next_k_block_scale",
+    "K block kb multiplied by block kb + 1's weight scale", grouped_fp8_next_k_block, {},
+    Kind::kMutant)};
 
 }  // namespace
 }  // namespace lkw::moe

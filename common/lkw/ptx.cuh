@@ -306,10 +306,42 @@ __device__ __forceinline__ void wgmma_bf16_ss<64>(float (&d)[32], uint64_t desc_
 // 08's v4 does at every 128-k block). FP8 operands must be K-major (the transpose bits exist only
 // for 16-bit types); both descriptors are wgmma_desc_k_major_sw128's: a 128-byte swizzled row is
 // 128 FP8 values, and k-step s of a stage starts 32·s bytes further, as BF16's k16 does. The
-// accumulator layout is the BF16 form's. N = 64, 128 or 256.
+// accumulator layout is the BF16 form's. N = 16, 32 (a few
+// gathered rows: chapter 09's v15), 64, 128 or 256.
 template <int N>
 __device__ __forceinline__ void wgmma_e4m3_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                               bool accumulate);
+template <>
+__device__ __forceinline__ void wgmma_e4m3_ss<16>(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
+                                                  bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+#else
+  __trap();  // sm_90a only: the launchers check the device first
+#endif
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3_ss<32>(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                  bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+#else
+  __trap();  // sm_90a only: the launchers check the device first
+#endif
+}
 template <>
 __device__ __forceinline__ void wgmma_e4m3_ss<64>(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                    bool accumulate) {

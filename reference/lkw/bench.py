@@ -1961,6 +1961,179 @@ def _dequantized_peers(peers_bf16: dict[str, Callable], routed: np.ndarray) -> d
     return {name: wrap(f) for name, f in peers_bf16.items()}
 
 
+MOE_FP8_T = (16, 4096)  # decode-like and prefill
+MOE_FP8_SAMPLE_EXPERTS = 16  # experts the sampled reference dequantizes (DeepSeek's: 29M weights)
+
+
+def grouped_fp8_sample_reference(host, slot_expert, topk: int, rows: int, epilogue: str):
+    """The FP8 grouped op's first output rows, BF16 bits, and their frob tolerance
+    (lkw.golden.grouped_fp8_tolerance_from_rows on exactly these rows): slots 0 .. rows - 1
+    ("store", "silu"), or the tokens of those slots ("sum": rows a multiple of topk), from the
+    exact dequantized operands (lkw.moe.fp8_experts), one expert at a time."""
+    from lkw import golden, moe
+
+    x, w = np.asarray(host[0]).view(np.uint8), host[1]
+    xs, ws = np.asarray(host[2]).view(np.float32), host[3]
+    experts = np.asarray(slot_expert).reshape(-1)[:rows]
+    out = None
+    for e in np.unique(experts):
+        s = np.flatnonzero(experts == e)
+        xr = s if epilogue == "sum" else s // topk  # x's rows: the slot's (sum) or its token's
+        x_hat, w_hat = moe.fp8_experts(x[xr], np.asarray(w[e : e + 1]).view(np.uint8),
+                                       np.ascontiguousarray(xs[:, xr]),
+                                       np.asarray(ws[e : e + 1]).view(np.float32))
+        if out is None:
+            out = np.zeros((rows, w_hat.shape[1]))
+        out[s] = x_hat @ w_hat[0].T  # (rows of e,N)
+    k_dim = x.shape[1]
+    if epilogue == "store":
+        return formats.f64_to_bf16(out), golden.grouped_fp8_tolerance_from_rows(out, k_dim)
+    if epilogue == "silu":
+        tol = golden.grouped_fp8_tolerance_from_rows(out, k_dim, "silu")
+        return formats.f64_to_bf16(moe.silu_and_mul(out)), tol
+    weights = np.asarray(host[6]).view(np.float32)[: rows // topk].astype(np.float64)  # (tokens,k)
+    summed = np.einsum("tj,tjn->tn", weights, out.reshape(*weights.shape, -1))
+    tol = golden.grouped_fp8_tolerance_from_rows(out, k_dim, "sum", weights)
+    return formats.f64_to_bf16(summed), tol
+
+
+def _fp8_grouped_peers(ids: np.ndarray, num_experts: int, epilogue: str) -> dict[str, Callable]:
+    """Peers of the FP8 grouped ops: torch._scaled_mm (cuBLASLt's blockwise FP8 GEMM, where this
+    torch runs it) in a loop over the routed experts, each expert's gathered rows padded to a
+    multiple of 16 (cuBLASLt's FP8 rows); and the BF16 peers of the same op (torch._grouped_mm,
+    the matmul loop) on the operands dequantized to BF16 once, untimed: the layer without an FP8
+    kernel. SiLU-and-mul and the weighted sum in torch after the GEMM, as the BF16 peers do."""
+    sum_op = epilogue == "sum"
+    routing = np.asarray(ids).reshape(-1, 1) if sum_op else ids  # sum: every slot its own row
+    slots_np, rows_np, counts = _expert_order(routing, num_experts)
+
+    def dequantized(torch, inputs):
+        x, w, xs, ws = inputs[:4]
+        x_hat = _fp8_dequant_bf16(torch, x, xs, "blockwise", "a")
+        w_hat = torch.zeros(w.shape, dtype=torch.bfloat16, device=w.device)
+        for e in (int(r) for r in np.unique(ids)):
+            w_hat[e] = _fp8_dequant_bf16(torch, w[e], ws[e], "blockwise", "b")
+        return x_hat, w_hat
+
+    def finish(torch, y):
+        if epilogue != "silu":
+            return y
+        half = y.shape[1] // 2
+        return torch.nn.functional.silu(y[:, :half]) * y[:, half:]
+
+    def weighted(torch, y, tw):
+        return (y.view(tw.shape[0], tw.shape[1], -1).float() * tw[..., None]).sum(dim=1).to(torch.bfloat16)
+
+    def scaled_mm_loop(torch, inputs):
+        x, w, xs, ws = inputs[:4]
+        rows = torch.from_numpy(rows_np).to(x.device)
+        slots = torch.from_numpy(slots_np).to(x.device)
+        n_out = w.shape[1] // 2 if epilogue == "silu" else w.shape[1]
+        out = torch.empty(routing.size, n_out, dtype=torch.bfloat16, device=x.device)
+        ends = np.cumsum(counts)
+        calls = []
+        for e in range(num_experts):
+            if not counts[e]:
+                continue
+            a, b = int(ends[e] - counts[e]), int(ends[e])
+            padded = -(-(b - a) // 16) * 16
+            pick = torch.cat([rows[a:b], rows[a:a + 1].expand(padded - (b - a))])
+            x_e, xs_e = x.index_select(0, pick), xs.index_select(1, pick).contiguous()
+            calls.append((_torch_blockwise_call(torch, x_e, w[e], xs_e, ws[e]), a, b))
+
+        def call():
+            for gemm, a, b in calls:
+                out.index_copy_(0, slots[a:b], finish(torch, gemm()[: b - a]))
+            return weighted(torch, out, inputs[6]) if sum_op else out
+
+        return call
+
+    base = _grouped_torch_peers(routing, num_experts, epilogue == "silu")
+
+    def bf16(factory):
+        def peer(torch, inputs):
+            x_hat, w_hat = dequantized(torch, inputs)
+            inner = factory(torch, [x_hat, w_hat])
+            return (lambda: weighted(torch, inner(), inputs[6])) if sum_op else inner
+
+        return peer
+
+    return {"torch_scaled_mm_loop": scaled_mm_loop,
+            **{f"{name}_bf16_dequantized": bf16(f) for name, f in base.items()}}
+
+
+def moe_fp8_cases() -> list[Case]:
+    """The FP8 grouped GEMMs (v15) at MOE_GEMM_MODELS' shapes, T in MOE_FP8_T: gate_up with
+    SiLU-and-mul (N = 2·inter, K = d), down (N = d, K = inter), and down with the weighted sum (x a
+    row per slot). E4M3 codes and scales as chapter 08's bench draws them (_fp8_make), in the
+    ops' layouts; uniform routing drawn on the host, aligned on the GPU (_torch_align), BLOCK_M 64.
+    The reference computes the first MOE_GEMM_SAMPLE slots, stopping before a 17th expert
+    (grouped_fp8_sample_reference). Peers: _fp8_grouped_peers, at twice the frob bound (they round
+    the GEMM to BF16 before SiLU-and-mul or the sum, or dequantize to BF16)."""
+    from lkw import moe
+
+    cases = []
+    bm = MOE_BLOCK_M
+    fp8_ops = (("moe_grouped_gemm_silu_fp8", "silu"), ("moe_grouped_gemm_fp8", "store"),
+               ("moe_grouped_gemm_sum_fp8", "sum"))
+    for e, k, d, inter in MOE_GEMM_MODELS.values():
+        for t in MOE_FP8_T:
+            ids, routed, cap = _uniform_routing(t, e, k, bm)
+            sampled = _rows_within_experts(ids, min(MOE_GEMM_SAMPLE, t * k), MOE_FP8_SAMPLE_EXPERTS)
+            for op, epilogue in fp8_ops:
+                n, kk = (2 * inter, d) if epilogue == "silu" else (d, inter)
+                rows = max(k, sampled // k * k) if epilogue == "sum" else sampled
+                x_rows = t * k if epilogue == "sum" else t
+
+                def make(torch, gen, t=t, e=e, k=k, n=n, kk=kk, ids=ids, cap=cap, x_rows=x_rows,
+                         epilogue=epilogue):
+                    dev = {"device": "cuda", "generator": gen}
+
+                    def codes(*shape):
+                        v = torch.randn(*shape, **dev) * FP8_CODE_SPREAD
+                        return v.clamp_(-448, 448).to(torch.float8_e4m3fn)
+
+                    def scales(*shape):
+                        return torch.exp2(torch.rand(*shape, **dev) * 4 - 10)
+
+                    x = codes(x_rows, kk)
+                    w = torch.empty(e, n, kk, dtype=torch.float8_e4m3fn, device="cuda")
+                    for i in range(e):  # one expert at a time: no [E, N, K] FP32 temporary
+                        w[i] = codes(n, kk)
+                    xs, ws = scales(kk // 128, x_rows), scales(e, -(-n // 128), kk // 128)
+                    routing = torch.from_numpy(ids).to("cuda")
+                    sorted_ids, expert_ids, _ = _torch_align(torch, routing, e, bm, cap)
+                    inputs = [x, w, xs, ws, sorted_ids, expert_ids]
+                    if epilogue == "sum":
+                        inputs.append(_torch_topk_weights(torch, gen, t, k))
+                    out_shape = (t, n) if epilogue == "sum" else (t * k, n // 2 if epilogue == "silu" else n)
+                    return inputs, [torch.empty(*out_shape, dtype=torch.bfloat16, device="cuda")]
+
+                holder: list[Case] = []
+
+                def expected(host, ids=ids, k=k, rows=rows, epilogue=epilogue, holder=holder):
+                    out, tol = grouped_fp8_sample_reference(host, ids, k, rows, epilogue)
+                    bound = float(tol[len("frob:"):])
+                    holder[0].tolerance = tol  # the bound of the rows checked
+                    holder[0].peer_tolerance = f"frob:{2 * bound:.4g}"
+                    return [out]
+
+                dtypes = ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "int32", "int32"]
+                dtypes += ["float32"] * (epilogue == "sum") + ["bfloat16"]
+                params = {"block_m": bm, "routed_experts": routed}
+                if epilogue != "sum":
+                    params["topk"] = k
+                case = Case(
+                    op, f"t={t},e={e},k={k},n={n},k_dim={kk},block_m={bm}", dtypes, make, expected,
+                    tolerance="frob:0.01",  # replaced by the reference's
+                    sample_rows=rows // k if epilogue == "sum" else rows, reference_sees_all=True,
+                    params=params, torch_peers=_fp8_grouped_peers(ids, e, epilogue),
+                    peer_tolerance="frob:0.02")
+                holder.append(case)
+                cases.append(case)
+    return cases
+
+
 MOE_BLOCK_T = (1, 16, 128)
 MOE_BLOCK_SAMPLE = 8  # leading tokens the reference computes
 
@@ -2551,7 +2724,7 @@ CHAPTERS: dict[str, Callable[[], list[Case]]] = {
     "07_w4a16_gemm": w4a16_gemm_cases,
     "08_fp8_gemm": fp8_gemm_cases,
     "09_moe": lambda: moe_cases() + moe_gemm_cases() + moe_gemm_sum_cases() + moe_w4a16_cases()
-    + moe_block_cases(),
+    + moe_fp8_cases() + moe_block_cases(),
     "10_sampling": lambda: sampling_cases() + top_p_renorm_cases() + sample_cases() + rejection_sample_cases(),
 }
 
@@ -2625,6 +2798,8 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(("moe_grouped_gemm", "moe_grouped_gemm_sum"), "e=256,"),
         Part(("moe_sum", "moe_block")),
         Part(("moe_grouped_gemm_w4a16",)),
+        Part(("moe_grouped_gemm_silu_fp8", "moe_grouped_gemm_fp8", "moe_grouped_gemm_sum_fp8"), "e=(8|128),"),
+        Part(("moe_grouped_gemm_silu_fp8", "moe_grouped_gemm_fp8", "moe_grouped_gemm_sum_fp8"), "e=256,"),
     ],
     "10_sampling": [
         Part(("top_k_mask_logits",)),

@@ -296,6 +296,30 @@ OPS = {
         ("bfloat16",),
         ("topk", "block_m"),
     ),
+    # FP8 experts (chapter 08's blockwise scales): x, w E4M3, x_scales [K/128, rows of x], w_scales
+    # [E, ceil(N/128), K/128], the align's arrays (, topk_weights) -> out, as the BF16 three.
+    **{
+        op: Op(
+            lambda x, w, xs, ws, s, e, fn=fn, **p: fn(
+                x, w, xs, ws, s, e, int(p["block_m"]), int(p["topk"])
+            ).view(np.uint16),
+            ("float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "int32", "int32"),
+            ("bfloat16",),
+            ("topk", "block_m"),
+        )
+        for op, fn in (
+            ("moe_grouped_gemm_fp8", moe.grouped_gemm_fp8),
+            ("moe_grouped_gemm_silu_fp8", moe.grouped_gemm_silu_fp8),
+        )
+    },
+    "moe_grouped_gemm_sum_fp8": Op(
+        lambda h, w, hs, ws, s, e, tw, **p: moe.grouped_gemm_sum_fp8(
+            h, w, hs, ws, s, e, tw, int(p["block_m"])
+        ).view(np.uint16),
+        ("float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "int32", "int32", "float32"),
+        ("bfloat16",),
+        ("block_m",),
+    ),
     "moe_sum": Op(
         lambda y, w: moe.moe_sum(y.view(ml_dtypes.bfloat16), w).view(np.uint16),
         ("bfloat16", "float32"),
@@ -1653,6 +1677,96 @@ GROUPED_W4A16_CASES = (
     ("pairs", 16, 2, 16, 128, 256, 64, 16, "uniform"),  # two rows an expert: v14's kRows = 2
 )
 
+# The FP8 grouped GEMMs (tag, T, topk, E, N, K, BLOCK_M, routing), on chapter 08's data
+# (fp8_gemm.activations: rows of different magnitude, x100 outliers; fp8_gemm.weights with
+# FP8_K_BLOCK_SPREAD: K blocks of different magnitude, so a wrong K block's scale shows). Chapter
+# 08's rules: N a multiple of 16, K of 128; K = 128 (one block) in "min" and "skip" only. N = 144
+# and 272 end inside a 128-row scale block; gate_up N = 272 and 144 put the up rows' start (136,
+# 72) inside a block shared with gate rows; T·topk = 132, 300 and 150 are no multiple of BLOCK_M;
+# "decode" is one token on eight of 64 experts; tiles of 16, 32 and 64 rows all run.
+GROUPED_FP8_CASES = (
+    ("uniform", 128, 2, 8, 256, 512, 64, "uniform"),
+    ("decode", 1, 8, 64, 144, 256, 64, "uniform"),
+    ("e60", 33, 4, 60, 272, 384, 16, "uniform"),
+    ("hot", 300, 1, 8, 144, 256, 64, "hot"),
+    ("k1", 100, 1, 16, 64, 256, 32, "zipf"),
+    ("skip", 40, 2, 6, 96, 128, 16, "skip"),
+    ("min", 5, 2, 4, 16, 128, 16, "uniform"),
+    ("big", 256, 4, 8, 384, 1024, 64, "uniform"),
+)
+GROUPED_SILU_FP8_CASES = (
+    ("uniform", 128, 2, 8, 256, 512, 64, "uniform"),
+    ("decode", 1, 8, 64, 272, 256, 64, "uniform"),
+    ("e60", 33, 4, 60, 144, 384, 16, "uniform"),
+    ("hot", 300, 1, 8, 272, 256, 64, "hot"),
+    ("min", 5, 2, 4, 16, 128, 16, "uniform"),
+    ("big", 256, 4, 8, 528, 1024, 64, "uniform"),
+)
+# The sum: "masked" masks a third of the slots (-1) and every slot of token 0 (its row must come
+# out 0), T·topk = 150; "decode" sums eight experts' rows into one token.
+GROUPED_SUM_FP8_CASES = (
+    ("uniform", 128, 2, 8, 256, 512, 64, "uniform"),
+    ("decode", 1, 8, 64, 144, 256, 64, "uniform"),
+    ("masked", 50, 3, 12, 80, 384, 16, "masked"),
+    ("n272", 33, 4, 60, 272, 256, 16, "uniform"),
+    ("min", 5, 2, 4, 16, 128, 16, "uniform"),
+)
+
+
+def grouped_fp8_inputs(rng, rows: int, e: int, n: int, k: int):
+    """x E4M3 bits [rows, K] with x_scales [K/128, rows] (chapter 03's per_group_fp8 of
+    fp8_gemm.activations), w E4M3 bits [E, N, K] with w_scales [E, ceil(N/128), K/128]
+    (fp8_gemm.per_block_fp8 of each expert's fp8_gemm.weights, K blocks spread)."""
+    x, x_scales = fp8_gemm.quantize_a(fp8_gemm.activations(rng, rows, k), "blockwise")
+    experts = [
+        fp8_gemm.quantize_b(fp8_gemm.weights(rng, n, k, 0.0, FP8_K_BLOCK_SPREAD), "blockwise")
+        for _ in range(e)
+    ]
+    w = np.stack([q for q, _ in experts])  # (E,N,K)
+    w_scales = np.stack([s for _, s in experts]).astype(np.float32)  # (E,NB,KB)
+    return x, w, x_scales, w_scales
+
+
+def grouped_fp8_tolerance(x, w, x_scales, w_scales, sorted_ids, expert_ids, block_m: int,
+                          topk: int, epilogue: str = "store", weights=None) -> str:
+    """frob:BOUND for the FP8 grouped ops: grouped_fp8_tolerance_from_rows on the exact GEMM
+    rows (every slot's, of the dequantized operands)."""
+    x_hat, w_hat = moe.fp8_experts(x, w, x_scales, w_scales)
+    rows = moe.grouped_gemm(
+        x_hat, w_hat, sorted_ids, expert_ids, block_m, 1 if epilogue == "sum" else topk
+    )  # (T*k,N)
+    return grouped_fp8_tolerance_from_rows(rows, x.shape[1], epilogue, weights)
+
+
+def grouped_fp8_tolerance_from_rows(rows, k_dim: int, epilogue: str = "store", weights=None) -> str:
+    """frob:BOUND for an FP8 grouped op against its golden output (the float64 result rounded
+    once to BF16), from the exact GEMM rows rows [slots, N] (gate || up for "silu"; the slots of
+    weights [T, k] for "sum"; rows no run names are 0). The kernels' GEMM carries chapter 08's
+    error without its output rounding, e = error_bound(K) - 2^-8 (128-k promotion) of the rows'
+    Frobenius norm, a random walk of each row's own size: about e rms(row i) in each element of
+    row i. The epilogue passes it on with gain G: 1 for "store"; for "silu", h = silu(g) u moves
+    by silu'(g) u dg + silu(g) du, so G = sqrt(sum_i rms_i^2 sum_n (silu'(g)^2 u^2 + silu(g)^2))
+    / ||h||; for "sum", out[t] = sum_j w_tj row_tj, G = sqrt(N sum_tj w_tj^2 rms_tj^2) / ||out||
+    (the FP32 atomic adds are far below e). BOUND = 2^-8 (the kernel's one rounding) + G e +
+    FP8_GOLDEN_ROUNDING."""
+    rows = np.asarray(rows, np.float64)
+    e_gemm = fp8_gemm.error_bound(k_dim) - fp8_gemm.BF16_TERM
+    if epilogue == "silu":
+        gate, up = np.split(rows, 2, axis=1)
+        rms_sq = np.mean(rows * rows, axis=1, keepdims=True)  # (slots,1)
+        sig = 1.0 / (1.0 + np.exp(-gate))
+        silu, dsilu = gate * sig, sig * (1.0 + gate * (1.0 - sig))
+        gain = np.sqrt(np.sum(rms_sq * (dsilu**2 * up**2 + silu**2))) / np.linalg.norm(silu * up)
+    elif epilogue == "sum":
+        w = np.asarray(weights, np.float64)  # (T,k)
+        rms_sq = np.mean(rows * rows, axis=1).reshape(w.shape)  # (T,k)
+        out = np.einsum("tj,tjn->tn", w, rows.reshape(*w.shape, -1))
+        gain = np.sqrt(rows.shape[1] * np.sum(w * w * rms_sq)) / np.linalg.norm(out)
+    else:
+        gain = 1.0
+    return f"frob:{round_up(fp8_gemm.BF16_TERM + gain * e_gemm + FP8_GOLDEN_ROUNDING)}"
+
+
 # (T, k, d): DeepSeek's d = 7168 at T = 1, k = 1, d = 8 (one piece), d = 2056 (not a multiple of
 # 256: lanes with fewer pieces), T = 513 (a partial block of 8 warps).
 SUM_CASES = ((1, 8, 7168), (37, 1, 8), (100, 6, 2056), (513, 2, 4096), (64, 8, 2048))
@@ -1742,6 +1856,32 @@ def moe_cases(rng: np.random.Generator) -> list[Case]:
         case_id = f"moe_grouped_gemm_w4a16_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_g{g}_m{block_m}"
         params = {"topk": topk, "block_m": block_m, "group_size": g}
         cases.append(Case(case_id, "moe_grouped_gemm_w4a16", tol, list(inputs), params))
+    fp8_tables = (("moe_grouped_gemm_fp8", "store", GROUPED_FP8_CASES),
+                  ("moe_grouped_gemm_silu_fp8", "silu", GROUPED_SILU_FP8_CASES),
+                  ("moe_grouped_gemm_sum_fp8", "sum", GROUPED_SUM_FP8_CASES))
+    for op, epilogue, table in fp8_tables:
+        for tag, t, topk, e, n, k, block_m, routing in table:
+            if routing == "masked":  # a third of the slots masked (-1), and every slot of token 0
+                ids = _align_ids(rng, t, topk, e, "masked")
+                ids[0] = -1
+                sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, block_m)
+            else:
+                sorted_ids, expert_ids = grouped_align(rng, t, topk, e, block_m, routing)
+            x_rows = t * topk if epilogue == "sum" else t
+            x, w, xs, ws = grouped_fp8_inputs(rng, x_rows, e, n, k)
+            inputs = [x, w, xs, ws, sorted_ids, expert_ids]
+            params = {"block_m": block_m}
+            if epilogue != "sum":
+                params["topk"] = topk
+            tw = None
+            if epilogue == "sum":
+                tw = rng.random((t, topk)).astype(np.float32) + np.float32(0.05)
+                tw = (tw / tw.sum(axis=1, keepdims=True)).astype(np.float32)  # (T,k)
+                inputs.append(tw)
+            tol = grouped_fp8_tolerance(x, w, xs, ws, sorted_ids, expert_ids, block_m, topk,
+                                        epilogue, tw)
+            case_id = f"{op}_{tag}_t{t}_top{topk}_e{e}_n{n}_k{k}_m{block_m}"
+            cases.append(Case(case_id, op, tol, inputs, params))
     for t, k, d in SUM_CASES:
         y = gemv_activations(rng, t * k, d).reshape(t, k, d)  # (T,k,d)
         w = rng.random((t, k)).astype(np.float32) + np.float32(0.05)

@@ -4,7 +4,9 @@
     ids -> moe_align_block_size -> sorted_token_ids, expert_ids, num_tokens_post_padded
     x [T, d] -> grouped_gemm (W1 = gate || up) -> SiLU(gate) * up -> grouped_gemm (W2)
     -> moe_sum (the k rows of a token, weighted) -> y [T, d]
-    (grouped_gemm_w4a16: the same GEMM with INT4 expert weights in chapter 07's layout)
+    (grouped_gemm_w4a16: the same GEMM with INT4 expert weights in chapter 07's layout;
+    grouped_gemm_fp8, _silu_fp8, _sum_fp8: the three GEMMs with FP8 operands and chapter 08's
+    blockwise scales)
 
 A token's k choices are named by the flat index i = t * k + j of topk_ids (the slot); row i of
 every [T * k, ...] intermediate belongs to slot i. The align step is a counting sort of the slots
@@ -23,7 +25,7 @@ what they cost the grouped GEMM: padding waste and load imbalance.
 import ml_dtypes
 import numpy as np
 
-from lkw import w4a16
+from lkw import fp8_gemm, w4a16
 from lkw.formats import f64_to_bf16
 
 FLOAT_DTYPES = (np.float32, np.float64, ml_dtypes.bfloat16)
@@ -299,6 +301,59 @@ def grouped_gemm_w4a16(x, w, scales, sorted_token_ids, expert_ids, block_m: int,
     return f64_to_bf16(out).view(ml_dtypes.bfloat16)
 
 
+def fp8_experts(x, w, x_scales, w_scales) -> tuple[np.ndarray, np.ndarray]:
+    """(x_hat [rows, K], w_hat [E, N, K]) in float64, exact: chapter 08's blockwise dequantization
+    (lkw.fp8_gemm.dequant_a, dequant_b) of E4M3 bits x uint8 [rows, K] with x_scales float32
+    [K/128, rows] (1 x 128 groups, column-major as chapter 03's per_group_fp8 writes them) and of
+    each expert's w[e] uint8 [N, K] with w_scales[e] float32 [ceil(N/128), K/128]. Shapes outside
+    chapter 08's contract (N, K multiples of 16, K of 128) raise ValueError."""
+    w, w_scales = np.asarray(w), np.asarray(w_scales)
+    if w.ndim != 3 or w_scales.ndim != 3 or w.shape[0] != w_scales.shape[0]:
+        raise ValueError(
+            "w [E, N, K] and w_scales [E, N/128, K/128] must agree on E: "
+            f"{w.shape}, {w_scales.shape}"
+        )
+    x_hat = fp8_gemm.dequant_a(x, w[0], x_scales, w_scales[0], "blockwise")  # (rows,K)
+    w_hat = np.stack(
+        [fp8_gemm.dequant_b(x, w[e], x_scales, w_scales[e], "blockwise") for e in range(w.shape[0])]
+    )  # (E,N,K)
+    return x_hat, w_hat
+
+
+def grouped_gemm_fp8(x, w, x_scales, w_scales, sorted_token_ids, expert_ids, block_m: int,
+                     topk: int):
+    """The moe_grouped_gemm_fp8 kernels' output: grouped_gemm on the exact dequantized operands
+    (fp8_experts), rounded ONCE to bfloat16 [T * topk, N]. The kernels sum each 128-k block in the
+    tensor core and promote it, scaled, into FP32 (chapter 08's v4): the comparison is chapter
+    08's relative Frobenius error (lkw.golden.grouped_fp8_tolerance)."""
+    x_hat, w_hat = fp8_experts(x, w, x_scales, w_scales)
+    out = grouped_gemm(x_hat, w_hat, sorted_token_ids, expert_ids, block_m, topk)  # (T*k,N)
+    return f64_to_bf16(out).view(ml_dtypes.bfloat16)
+
+
+def grouped_gemm_silu_fp8(x, w, x_scales, w_scales, sorted_token_ids, expert_ids, block_m: int,
+                          topk: int):
+    """The moe_grouped_gemm_silu_fp8 kernels' output: silu(gate) * up of the exact dequantized
+    gate_up (w = gate || up, its block scales over the whole [N, K] matrix, so a 128-row block may
+    hold gate and up rows), rounded ONCE to bfloat16 [T * topk, N / 2]."""
+    x_hat, w_hat = fp8_experts(x, w, x_scales, w_scales)
+    out = grouped_gemm(x_hat, w_hat, sorted_token_ids, expert_ids, block_m, topk)  # (T*k,N)
+    return f64_to_bf16(silu_and_mul(out)).view(ml_dtypes.bfloat16)
+
+
+def grouped_gemm_sum_fp8(h, w, h_scales, w_scales, sorted_token_ids, expert_ids, topk_weights,
+                         block_m: int):
+    """The moe_grouped_gemm_sum_fp8 kernels' output: grouped_gemm_sum_bf16 on the exact
+    dequantized operands, h E4M3 bits [T * k, K] (a row per slot) with h_scales [K/128, T * k]:
+    bfloat16 [T, N], rounded ONCE; a masked slot adds nothing."""
+    h_hat, w_hat = fp8_experts(h, w, h_scales, w_scales)
+    weights = np.asarray(topk_weights, dtype=np.float64)  # (T,k)
+    t, k = weights.shape
+    rows = grouped_gemm(h_hat, w_hat, sorted_token_ids, expert_ids, block_m, 1)  # (T*k,N)
+    out = np.einsum("tj,tjn->tn", weights, rows.reshape(t, k, -1))
+    return f64_to_bf16(out).view(ml_dtypes.bfloat16)
+
+
 def routed_experts(expert_ids, num_experts: int | None = None) -> int:
     """How many distinct experts the blocks of an align name (ids >= 0, and < num_experts when
     given): the experts whose weights a grouped GEMM reads (its byte model's param
@@ -323,6 +378,15 @@ def grouped_gemm_w4a16_bytes(t: int, topk: int, n: int, d: int, group: int, rout
     an expert) and BF16 scales (N * d / G * 2), instead of BF16 weights (2 N d)."""
     dense = grouped_gemm_bytes(t, topk, n, d, 0, rows, block_m)
     return dense + routed * (n * d // 2 + 2 * n * (d // group))
+
+
+def grouped_gemm_fp8_bytes(t: int, topk: int, n: int, d: int, routed: int, rows: int,
+                           block_m: int, silu: bool = False) -> int:
+    """grouped_gemm_bytes with FP8 operands: x [T, d] and the routed experts' weights one byte an
+    element, plus their FP32 blockwise scales (x: [d/128, T]; an expert's: [ceil(N/128), d/128])."""
+    out_n = n // 2 if silu else n
+    scales = 4 * (d // 128) * (t + routed * -(-n // 128))
+    return t * d + routed * n * d + scales + 4 * rows + 4 * (rows // block_m) + 2 * t * topk * out_n
 
 
 def silu_and_mul(gate_up: np.ndarray) -> np.ndarray:

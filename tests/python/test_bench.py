@@ -781,6 +781,27 @@ def test_moe_cases_are_issue_45_s_routing_and_expert_shapes():
     assert all(c.params == {"k": int(c.shape.split(",")[2][2:]), "renormalize": 1} for c in bf16)
 
 
+def test_moe_fp8_cases_cover_the_three_models_at_decode_and_prefill():
+    """The FP8 grouped ops (v15) at every MOE_GEMM_MODELS model's gate_up and down shapes, T = 16
+    and 4096, with the golden ops' dtypes and params, the scaled_mm loop and the BF16 peers."""
+    from lkw import golden
+
+    cases = [c for c in bench.cases_of("09_moe") if c.op.endswith("_fp8")]
+    shapes = {(c.op, c.shape) for c in cases}
+    assert {16, 4096} <= set(bench.MOE_FP8_T)
+    for e, k, d, inter in bench.MOE_GEMM_MODELS.values():
+        for t in bench.MOE_FP8_T:
+            down = f"t={t},e={e},k={k},n={d},k_dim={inter},block_m=64"
+            assert ("moe_grouped_gemm_silu_fp8", f"t={t},e={e},k={k},n={2 * inter},k_dim={d},block_m=64") in shapes
+            assert ("moe_grouped_gemm_fp8", down) in shapes
+            assert ("moe_grouped_gemm_sum_fp8", down) in shapes
+    for c in cases:
+        op = golden.OPS[c.op]
+        assert c.dtypes == [*op.inputs, *op.outputs], c.op
+        assert set(op.params) - {"topk"} <= set(c.params) and "routed_experts" in c.params
+        assert "torch_scaled_mm_loop" in c.torch_peers and "torch_loop_bf16_dequantized" in c.torch_peers
+
+
 def test_topk_softmax_bf16_cases_make_exact_bf16_logits_the_reference_and_torch_agree_on(monkeypatch):
     """The BF16 case's logits, (level - E/2)/32, are exact in BF16: the reference on their bits
     equals the FP32 case's on the same levels, and the torch peer (softmax in FP32) matches both."""

@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 import pytest
-from lkw import formats, golden, moe
+from lkw import formats, fp8_gemm, golden, moe
 
 
 @pytest.fixture(scope="module")
@@ -423,3 +423,123 @@ def test_block_rows_per_token_are_the_layer_reference(cases):
         assert c.tolerance == f"close:8e-3:{atol:.3g}"
         few, _ = golden.moe_block_rows(*c.inputs, topk, renorm, 1)
         np.testing.assert_array_equal(formats.f64_to_bf16(few), want[:1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The FP8 grouped GEMMs (v15): chapter 08's blockwise scales on chapter 09's schedule
+
+FP8_OPS = {
+    "moe_grouped_gemm_fp8": "store",
+    "moe_grouped_gemm_silu_fp8": "silu",
+    "moe_grouped_gemm_sum_fp8": "sum",
+}
+
+
+def _fp8_kernel_emulation(c, w_scales=None):
+    """v15's arithmetic on a case: each 128-k block's sum in the tensor core as chapter 08's model
+    has it (fp8_gemm.tc_accumulate, 32 products a step, 13 fraction bits), times the FP32 product
+    x_scale * w_scale, added into an FP32 total; then the op's epilogue in FP32 (silu(g) * u; the
+    weighted rows added into the token's FP32 row) and one BF16 rounding. w_scales: a replacement
+    (the mutant's rotated copy)."""
+    x, w, xs, ws = c.inputs[:4]
+    sorted_ids, expert_ids = c.inputs[4], c.inputs[5]
+    ws = ws if w_scales is None else w_scales
+    epilogue = FP8_OPS[c.op]
+    block_m = int(c.params["block_m"])
+    tw = c.inputs[6] if epilogue == "sum" else None
+    topk = tw.shape[1] if epilogue == "sum" else int(c.params["topk"])
+    slots = (tw.shape[0] if epilogue == "sum" else x.shape[0]) * topk
+    xv = formats.decode(x, formats.E4M3)  # (rows,K)
+    k = x.shape[1]
+    rows = np.zeros((slots, w.shape[1]), np.float32)
+    for b, e in enumerate(expert_ids):
+        run = sorted_ids[b * block_m : (b + 1) * block_m]
+        run = run[(run >= 0) & (run < slots)]
+        if not 0 <= e < w.shape[0] or run.size == 0:
+            continue
+        x_rows = run if epilogue == "sum" else run // topk
+        wv = formats.decode(w[e], formats.E4M3)  # (N,K)
+        w_scale = np.repeat(ws[e], fp8_gemm.BLOCK_N, axis=0)[: w.shape[1]]  # (N,KB)
+        total = np.zeros((run.size, w.shape[1]), np.float32)
+        for kb in range(k // fp8_gemm.BLOCK_K):
+            acc = np.zeros_like(total)
+            for k0 in range(kb * 128, kb * 128 + 128, fp8_gemm.MMA_K):
+                products = xv[x_rows, None, k0 : k0 + 32] * wv[None, :, k0 : k0 + 32]
+                acc = fp8_gemm.tc_accumulate(acc, products, fp8_gemm.TC_ACC_BITS)
+            scale = (xs[kb, x_rows][:, None] * w_scale[None, :, kb]).astype(np.float32)
+            total = (total + scale.astype(np.float64) * acc).astype(np.float32)
+        rows[run] = total
+    if epilogue == "store":
+        out = rows
+    elif epilogue == "silu":
+        gate, up = np.split(rows, 2, axis=1)
+        out = (gate / (np.float32(1) + np.exp(-gate)) * up).astype(np.float32)
+    else:
+        out = np.einsum("tj,tjn->tn", tw.astype(np.float32), rows.reshape(*tw.shape, -1))
+    return formats.f32_to_bf16(out.astype(np.float32))
+
+
+def test_grouped_fp8_cases_cover_the_edges(cases):
+    """Each FP8 op has decode's few rows, T·topk no multiple of BLOCK_M, N ending inside a 128-row
+    scale block (gate_up: up rows starting inside one), K of several blocks; the sum a masked
+    token; every case routes each slot (but the masked ones) and holds chapter 08's layouts."""
+    for op, epilogue in FP8_OPS.items():
+        got = by_op(cases, op)
+        assert got, op
+        tags = {c.id[len(op) + 1 :].split("_")[0] for c in got}
+        assert "decode" in tags and "min" in tags, op
+        for c in got:
+            x, w, xs, ws = c.inputs[:4]
+            t_k = c.inputs[6].size if epilogue == "sum" else x.shape[0] * int(c.params["topk"])
+            n, k = w.shape[1], w.shape[2]
+            assert x.dtype == w.dtype == np.uint8 and xs.dtype == ws.dtype == np.float32, c.id
+            assert xs.shape == (k // 128, x.shape[0]), c.id
+            assert ws.shape == (w.shape[0], -(-n // 128), k // 128), c.id
+            routed = c.inputs[4][(c.inputs[4] >= 0) & (c.inputs[4] < t_k)]
+            if "masked" not in c.id:
+                assert np.array_equal(np.sort(routed), np.arange(t_k)), c.id
+        assert any(c.inputs[1].shape[1] % 128 for c in got), f"{op}: N inside a scale block"
+        assert any(c.inputs[1].shape[2] >= 512 for c in got), f"{op}: several K blocks"
+        assert any(
+            (c.inputs[6].size if epilogue == "sum" else c.inputs[0].shape[0] * c.params["topk"])
+            % c.params["block_m"] for c in got
+        ), f"{op}: T·topk no multiple of BLOCK_M"
+    silu = by_op(cases, "moe_grouped_gemm_silu_fp8")
+    assert any((c.inputs[1].shape[1] // 2) % 128 for c in silu), "up rows start inside a block"
+    masked = [c for c in by_op(cases, "moe_grouped_gemm_sum_fp8") if "masked" in c.id]
+    assert masked and np.all(golden.expected_outputs(masked[0])[0][0] == 0)
+
+
+def test_grouped_fp8_emulation_stays_inside_and_the_mutant_falls_outside(cases):
+    """v15's arithmetic (chapter 08's tensor-core model, promotion every 128 k) lands inside each
+    case's frob bound; the mutant's slip (each K block multiplied by the next block's weight
+    scale, mutant_next_k_block_scale) lands far outside wherever K holds two blocks or more."""
+    for op in FP8_OPS:
+        for c in by_op(cases, op):
+            if c.inputs[1].size > 2**21:
+                continue
+            ref = golden.expected_outputs(c)[0]
+            bound = float(c.tolerance[len("frob:") :])
+            ref = golden.values("bfloat16", ref)
+            error = fp8_gemm.rel_frobenius_error(_fp8_kernel_emulation(c), ref)
+            assert error <= bound, (c.id, error, bound)
+            if op == "moe_grouped_gemm_fp8" and c.inputs[3].shape[2] > 1:
+                rotated = np.roll(c.inputs[3], -1, axis=2)  # block kb gets block kb + 1's scale
+                slip = fp8_gemm.rel_frobenius_error(_fp8_kernel_emulation(c, rotated), ref)
+                assert slip > 10 * bound, (c.id, slip, bound)
+
+
+def test_grouped_fp8_tolerance_gain_is_one_for_the_store_and_grows_with_silu():
+    """The store passes the GEMM's error on unchanged; SiLU-and-mul weighs it by silu'(g)·u and
+    silu(g) (a gain above 1 on N(0, 1) gate and up); the bound never drops below the two
+    roundings."""
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((40, 64))
+    plain = float(golden.grouped_fp8_tolerance_from_rows(rows, 512)[5:])
+    silu = float(golden.grouped_fp8_tolerance_from_rows(rows, 512, "silu")[5:])
+    e = fp8_gemm.error_bound(512) - fp8_gemm.BF16_TERM
+    assert abs(plain - (2 * 2.0**-8 + e)) < 1e-6
+    assert silu > plain
+    weights = np.full((10, 4), 0.25)
+    summed = float(golden.grouped_fp8_tolerance_from_rows(rows, 512, "sum", weights)[5:])
+    assert summed >= 2 * 2.0**-8

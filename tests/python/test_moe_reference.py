@@ -519,3 +519,86 @@ def test_waste_and_imbalance_by_hand(rng):
     ids[0, 0] = -1  # a masked slot is no row: counts 4, 3, 2
     assert moe.padding_waste(ids, 3, 4) == pytest.approx(3 / 9)
     assert moe.imbalance(ids, 3) == pytest.approx(4 / 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The FP8 grouped GEMMs: chapter 08's blockwise GEMM per expert, on chapter 09's schedule
+
+
+def fp8_problem(rng, rows, e, n, k):
+    from lkw import golden
+
+    return golden.grouped_fp8_inputs(rng, rows, e, n, k)
+
+
+def test_grouped_gemm_fp8_is_chapter_08s_blockwise_gemm_per_run(rng):
+    """Each run's rows are fp8_gemm_blockwise of the run's tokens and its expert, bit for bit
+    (both round the same float64 product once); rows of a masked slot stay 0."""
+    from lkw import fp8_gemm
+
+    t, topk, e, n, k, bm = 9, 2, 4, 144, 256, 16
+    x, w, xs, ws = fp8_problem(rng, t, e, n, k)
+    ids = moe.routing_ids(rng, t, e, topk, "uniform")
+    ids[0, 0] = -1  # a masked slot
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, bm)
+    out = moe.grouped_gemm_fp8(x, w, xs, ws, sorted_ids, expert_ids, bm, topk).view(np.uint16)
+    assert out.shape == (t * topk, n) and np.all(out[0] == 0)
+    for slot in range(1, t * topk):
+        tok, ex = slot // topk, int(ids.reshape(-1)[slot])
+        want = fp8_gemm.fp8_gemm_blockwise(x[tok : tok + 1], w[ex], xs[:, tok : tok + 1], ws[ex])
+        assert np.array_equal(out[slot], want[0]), slot
+
+
+def test_grouped_gemm_silu_and_sum_fp8_round_the_exact_result_once(rng):
+    t, topk, e, n, k, bm = 6, 3, 5, 272, 384, 16
+    x, w, xs, ws = fp8_problem(rng, t, e, n, k)
+    ids = moe.routing_ids(rng, t, e, topk, "uniform")
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, bm)
+    x_hat, w_hat = moe.fp8_experts(x, w, xs, ws)
+    exact = moe.grouped_gemm(x_hat, w_hat, sorted_ids, expert_ids, bm, topk)  # (T*k,N)
+    silu = moe.grouped_gemm_silu_fp8(x, w, xs, ws, sorted_ids, expert_ids, bm, topk)
+    assert np.array_equal(silu.view(np.uint16), formats.f64_to_bf16(moe.silu_and_mul(exact)))
+    h, _, hs, _ = fp8_problem(rng, t * topk, 1, 16, k)  # a row per slot
+    ids[1] = -1  # token 1 fully masked: its row is 0
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, bm)
+    tw = rng.random((t, topk)).astype(np.float32)
+    got = moe.grouped_gemm_sum_fp8(h, w, hs, ws, sorted_ids, expert_ids, tw, bm).view(np.uint16)
+    h_hat, _ = moe.fp8_experts(h, w, hs, ws)
+    rows = moe.grouped_gemm(h_hat, w_hat, sorted_ids, expert_ids, bm, 1).reshape(t, topk, n)
+    want = np.einsum("tj,tjn->tn", tw.astype(np.float64), rows)
+    assert np.array_equal(got, formats.f64_to_bf16(want))
+    assert np.all(got[1] == 0)
+
+
+def test_fp8_experts_refuse_scales_of_the_wrong_layout(rng):
+    x, w, xs, ws = fp8_problem(rng, 5, 3, 144, 256)
+    with pytest.raises(ValueError):
+        moe.fp8_experts(x, w, np.ascontiguousarray(xs.T), ws)  # row-major x_scales
+    with pytest.raises(ValueError):
+        moe.fp8_experts(x, w, xs, ws[:2])  # scales of two experts for three
+    with pytest.raises(ValueError):
+        moe.fp8_experts(x, w, xs, ws[:, :1])  # ceil(N/128) = 2 rows of blocks
+
+
+def test_the_bench_sample_is_the_golden_reference(rng):
+    """lkw.bench's sampled FP8 reference (one expert at a time, the leading slots) gives the
+    golden reference's leading rows, for each epilogue."""
+    from lkw import bench
+
+    t, topk, e, n, k, bm = 7, 2, 4, 272, 256, 16
+    x, w, xs, ws = fp8_problem(rng, t, e, n, k)
+    ids = moe.routing_ids(rng, t, e, topk, "uniform")
+    sorted_ids, expert_ids, _ = moe.moe_align_block_size(ids, e, bm)
+    host = [x, w, xs, ws, sorted_ids, expert_ids]
+    full = moe.grouped_gemm_fp8(x, w, xs, ws, sorted_ids, expert_ids, bm, topk).view(np.uint16)
+    got, tol = bench.grouped_fp8_sample_reference(host, ids, topk, 6, "store")
+    assert np.array_equal(got, full[:6]) and tol.startswith("frob:")
+    full = moe.grouped_gemm_silu_fp8(x, w, xs, ws, sorted_ids, expert_ids, bm, topk)
+    got, _ = bench.grouped_fp8_sample_reference(host, ids, topk, 6, "silu")
+    assert np.array_equal(got, full.view(np.uint16)[:6])
+    h, _, hs, _ = fp8_problem(rng, t * topk, 1, 16, k)
+    tw = rng.random((t, topk)).astype(np.float32)
+    full = moe.grouped_gemm_sum_fp8(h, w, hs, ws, sorted_ids, expert_ids, tw, bm).view(np.uint16)
+    got, _ = bench.grouped_fp8_sample_reference([h, w, hs, ws, sorted_ids, expert_ids, tw], ids,
+                                                topk, 6, "sum")
+    assert np.array_equal(got, full[:3])
