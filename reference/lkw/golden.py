@@ -2327,9 +2327,11 @@ def sampling_cases(rng: np.random.Generator) -> list[Case]:
 # reference only where a value lands on the other side of a rounding (FP32 sums, rsqrtf,
 # tensor-core accumulation, the FP32 softmax): a one-ulp step (2^-8) on some elements, carried
 # through at most four more roundings, stays under 2^-8 x 4 ~ 0.016 even if every element moved;
-# FP8 adds the few E4M3 codes (2^-4 each) such a step flips. A wrong head, mask, slot, residual
-# or rounding point is O(0.1) and more.
-LAYER_FROB = {"bf16": 0.02, "w4a16": 0.02, "fp8": 0.04}
+# FP8 adds the E4M3 codes (2^-4 each) such a step flips: at this size one 1 x 128 group is a
+# whole row, so a norm's rstd an FP32 ulp off moves codes across the row, and torch's own FP8
+# layer is a few % off at a reduced shape. A wrong head, mask, slot, residual or rounding point
+# is O(0.1) and more.
+LAYER_FROB = {"bf16": 0.02, "w4a16": 0.02, "fp8": 0.08}
 # The caches, element by element (the new tokens' K after RoPE and V, the rest unchanged): a few
 # BF16 ulps of the value, or of the largest pair member after a rotation near cancellation.
 LAYER_CACHE = {"bf16": "close:0.016:0.03", "w4a16": "close:0.016:0.03", "fp8": "close:0.03:0.06"}
