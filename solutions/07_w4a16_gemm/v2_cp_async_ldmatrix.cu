@@ -80,11 +80,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) a_fragment<kMTiles>(a[mt], a_sh, mt, ks, lane);
       const int64_t group_idx = k0 >> group_shift;
+      const uint8_t* z_row = zeros ? zeros + group_idx * n + n0 + g : nullptr;  // (K/G, N)
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         const uint2 wd = *reinterpret_cast<const uint2*>(b_sh + (8 * j + g) * kBRowWords + 2 * ks);
         const __nv_bfloat162 s2 = scale_pair(scales, group_idx, n0 + 8 * j + g, n);
-        const uint32_t bias = zero_bias_at(zeros, group_idx, n0 + 8 * j + g, n);
+        const uint32_t bias = zero_bias_of(z_row, 8 * j);
         const uint32_t b0 = bits_of(__hmul2(nibble_pair_minus_zero(wd.x >> (8 * t), bias), s2));
         const uint32_t b1 = bits_of(__hmul2(nibble_pair_minus_zero(wd.y >> (8 * t), bias), s2));
 #pragma unroll
