@@ -456,7 +456,13 @@ Version layer_version(Format f) {
   const std::string op = std::string("decoder_layer_") + format_name(f);
   Version v = version_of(kChapter, op, "v0_runner",
                          "the whole layer from the registered kernels, one stream, graph-ready",
-                         Kind::kVersion, {});
+                         Kind::kVersion,
+                         // The runner's own kernels (the steps' kernels are their chapters').
+                         {{"attention_kernel", {}, {"MUFU.EX2"}, {}, true,
+                           "attention: the softmax's exponentials on the SFU, nothing spilled"},
+                          {"combine_kernel", {}, {}, {}, true, "split combine: nothing spilled"},
+                          {"split_qkv_kernel", {}, {"LDG.E.128", "STG.E.128"}, {}, true,
+                           "the q | k | v split copies 16 bytes at a time"}});
   v.min_arch = f == Format::kBf16 ? 80 : 90;
   v.kernels_per_launch = 0;  // many kernels: not mapped one to one in the ncu pass
   v.launch = [f](const Args& a, cudaStream_t stream) -> Status {
