@@ -153,4 +153,4 @@ if data is not None:
     for g in data.get("goals", [])[:40]:
         met = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
         value = "-" if g["value"] is None else f"{g['value']:.2f}"
-        print(f"{g['goal']:<60} {value:>8} {g['unit']:<6} target {g['target']}: {met}")
+        print(f"{g['goal']:<66} {value:>8} {g['unit']:<6} target {g['target']}: {met}")

@@ -852,7 +852,9 @@ def notebook_results(chapter: str) -> dict | None:
 
 
 def example(chapter: str) -> dict:
-    """A made-up run in the schema that tools/bench.py writes; NOT a measurement (its GPU says so).
+    """A made-up run in the schema that tools/bench.py writes (chapter 11: the schema of
+    ``python -m lkw.layer_bench --write-results``, ``_layer_example``); NOT a measurement (its GPU
+    says so).
 
     The tests build the book and execute the notebooks on it, before any real run exists.
     """
@@ -871,6 +873,8 @@ def example(chapter: str) -> dict:
 
     n = 1 << 26
     ceiling = 8 * n / 140.0 / 1e3  # the example's "v2_inflight" time is 140 µs
+    if chapter == "11_decoder_layer":  # the layer bench records cases of the layer, not rows
+        return _layer_example(ceiling)
     if chapter == "00_roofline":
         memcpy = 142.0
         rows = [
@@ -1190,3 +1194,95 @@ def example(chapter: str) -> dict:
         "cuda": "0.0", "date": "2000-01-01T00:00:00Z", "commit": "example",
         "ceiling_gbps": ceiling, "ceiling_version": "00_roofline/copy/v2_inflight", "rows": rows,
     }
+
+
+def _layer_example(ceiling: float) -> dict:
+    """Chapter 11's made-up run in the schema lkw.layer_bench writes (its main and run_case): every
+    format and case of a full run, with the bench's own byte models, bounds, step owners (every
+    workbook version registered) and goal table; only the times are invented (each kernel at a
+    share of its bound plus a launch, torch's ops slower). NOT a measurement (its GPU says so)."""
+    import math
+
+    from lkw import layer_bench as lb
+    from lkw import layer_torch, peers
+
+    cfg, tflops, l2 = lb.dl.LLAMA3_8B, 600.0, 60 << 20  # the example's BF16 tensor rate, its L2
+    names = {v for versions in layer_torch.WORKBOOK.values() for v in versions}
+    share = {"attn_norm": 0.6, "qkv_proj": 0.75, "rope": 0.3, "cache_write": 0.3, "attention": 0.5,
+             "o_proj": 0.6, "ffn_norm": 0.6, "gate_up_proj": 0.8, "act": 0.7, "down_proj": 0.75}
+    torch_path = {"w4a16": "torch._weight_int4pack_mm (tinygemm)",
+                  "fp8": "torch._scaled_mm, blockwise scales"}
+    gemm = {"bf16": "cuBLAS (torch @)", "w4a16": "vllm marlin_gemm",
+            "fp8": "vllm cutlass_scaled_mm (blockwise)"}
+    norm = "vllm fused_add_rms_norm"
+
+    def graph(us: float) -> dict:  # lkw.layer_bench.time_graph's row
+        return {"graph_us": us, "graph_min_us": 0.97 * us, "graph_max_us": 1.05 * us,
+                "replays": lb.REPLAYS}
+
+    paths, cases = {}, []
+    for fmt in layer_torch.FORMATS:
+        peak = tflops * (2 if fmt == "fp8" else 1)  # the bench's FP8 rate: twice the BF16 peak
+        if fmt in torch_path:
+            paths[fmt] = torch_path[fmt]
+        quant = "torch per-group quant + " if fmt == "fp8" else ""
+        production = {  # lkw.layer_torch.production_steps' names
+            "attn_norm": norm, "qkv_proj": quant + gemm[fmt], "rope": "vllm rotary_embedding",
+            "cache_write": "vllm reshape_and_cache",
+            "attention": "torch scaled_dot_product_attention", "o_proj": quant + gemm[fmt],
+            "ffn_norm": norm, "gate_up_proj": quant + gemm[fmt],
+            "act": "vllm silu_and_mul_per_block_quant" if fmt == "fp8" else "vllm silu_and_mul",
+            "down_proj": gemm[fmt]}
+        for kind, t in lb.CASES:
+            owner = layer_torch.workbook_owner(fmt, t, names)
+            kernels = []
+            for c in lb.models(cfg, fmt, kind, t):
+                b_us = lb.bound_us(c.bytes, c.flops, ceiling, peak)
+                us = b_us / share[c.name] + 2.0
+                kernels.append({"step": c.name, "kernel": owner[c.name], "chapter": c.chapter,
+                                "model_bytes": c.bytes, "flops": c.flops, "bound_us": b_us,
+                                "pct_bound": 100.0 * b_us / us, **graph(us)})
+            alone = {k["step"]: k["graph_us"] for k in kernels}
+            summed = sum(alone.values())
+            order = lb.swappable(fmt, owner)
+            saved = {s: alone[s] * (0.6 if s.endswith("_proj") else 2.0) for s in order}
+            us = 1.04 * summed + sum(saved.values())
+            fall = [{"swapped": "torch layer", **graph(us)}]
+            for s in order:
+                us -= saved[s]
+                fall.append({"swapped": s, **graph(us)})
+            tol = lb.LAYER_TOLERANCE[fmt]
+            check = {"correct": True, "rel_error": tol / 5, "tolerance": tol}
+            layer = {"workbook": fall[-1], "torch_eager": fall[0]}  # the same rows, as the bench's
+            layer["workbook"]["correct"] = True
+            layer["production"] = {**graph(0.9 * us), "kernels": dict(production)}
+            seqs = t if kind == "decode" else 1
+            layer["runner"] = graph(0.97 * us) if seqs == 1 else {
+                "graph_us": None, "skipped": f"the runner takes one sequence; this case has {seqs}"}
+            if fmt == "bf16":
+                layer["torch_compile"] = graph(0.75 * fall[0]["graph_us"])
+            nbytes, flops = lb.layer_bound(cfg, fmt, kind, t)
+            b_us = lb.bound_us(nbytes, flops, ceiling, peak)
+            cases.append({
+                "format": fmt, "kind": kind, "t": t, "context": lb.context_of(kind, t),
+                "case": lb.case_name(kind, t),
+                "rotations": max(2, math.ceil(2 * l2 / nbytes) + 1),
+                "check": check, "check_after": dict(check), "owner": owner,
+                "torch_paths": dict(paths), "waterfall": fall, "kernels": kernels,
+                "kernel_sum_us": summed, "layer": layer, "bound_bytes": nbytes,
+                "bound_flops": flops, "bound_us": b_us, "pct_bound": 100.0 * b_us / us,
+                "unaccounted": "q, k made contiguous for RoPE (T > 1), allocations, gaps between "
+                               "kernels",
+            })
+    run = {"chapter": lb.CHAPTER, "gpu": "EXAMPLE GPU (not a measurement)", "driver": "0.0",
+           "cuda": "0.0", "date": "2000-01-01T00:00:00Z", "commit": "example",
+           "timing_modes": ["graph"], "headline": "graph", "ceiling_gbps": ceiling,
+           "tensor_tflops": tflops,
+           "ceiling_note": "copy ceiling: 00_roofline/copy/v2_inflight, made up for the example; "
+                           "tensor peak: made up for the example (not a measurement)",
+           "peer_libraries": {name: {"available": name == "vllm",
+                                     "detail": "example (not a measurement)"}
+                              for name in peers.LIBRARIES},
+           "cases": cases}
+    run["goals"] = lb.goals(run)
+    return run

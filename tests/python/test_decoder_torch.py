@@ -266,3 +266,29 @@ def test_fp8_model_is_one_byte_per_weight():
     assert 0.5 < w / w_bf16 < 0.51, "FP8 weights are half of BF16's, plus 1/4096 of scales"
     if "fp8" in dl.FORMATS:  # decoder_layer's own FP8 model, where it has one
         assert layer_bench._fp8_models(cfg, 1, 2048) == dl.decode_model("fp8")
+
+
+def test_the_example_run_is_in_the_bench_s_schema():
+    """results.example("11_decoder_layer") (the notebook's stand-in before a real run) is what
+    layer_bench writes: its print_run and goals read it, a case per format and CASES entry, each
+    with every step's kernel row and a waterfall in swap order."""
+    import io
+    import json
+
+    from lkw import results
+
+    run = json.loads(json.dumps(results.example("11_decoder_layer")))
+    assert run["chapter"] == layer_bench.CHAPTER and "not a measurement" in run["gpu"]
+    layer_bench.print_run(run, out=io.StringIO())
+    assert run["goals"] == layer_bench.goals(run)
+    formats = dict.fromkeys(c["format"] for c in run["cases"])
+    assert [(c["format"], c["kind"], c["t"]) for c in run["cases"]] == [
+        (f, k, t) for f in formats for k, t in layer_bench.CASES]
+    for c in run["cases"]:
+        assert c["case"] == layer_bench.case_name(c["kind"], c["t"])
+        assert [k["step"] for k in c["kernels"]] == list(dl.STEP_NAMES)
+        swapped = [w["swapped"] for w in c["waterfall"]]
+        assert swapped == ["torch layer", *layer_bench.swappable(c["format"], c["owner"])]
+        assert c["layer"]["workbook"] == c["waterfall"][-1] and c["layer"]["workbook"]["correct"]
+        assert (c["bound_bytes"], c["bound_flops"]) == layer_bench.layer_bound(
+            dl.LLAMA3_8B, c["format"], c["kind"], c["t"])

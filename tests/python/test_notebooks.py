@@ -18,13 +18,14 @@ NotebookClient = pytest.importorskip("nbclient").NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CHAPTERS = [
     "00_roofline", "01_formats", "02_int4_dequant", "03_dynamic_quant", "04_rmsnorm", "05_elementwise",
-    "06_int4_gemv", "07_w4a16_gemm", "08_fp8_gemm", "09_moe", "10_sampling",
+    "06_int4_gemv", "07_w4a16_gemm", "08_fp8_gemm", "09_moe", "10_sampling", "11_decoder_layer",
 ]
 # Figures a notebook draws without a measurement: chapter 02's instruction mix, chapter 05's FP32
 # angle error, chapter 08's promotion model, chapter 09's padding waste and imbalance (computed on
-# the host); chapter 10's radix-select passes, sampled against exact, and the pivot rounds.
+# the host); chapter 10's radix-select passes, sampled against exact, and the pivot rounds;
+# chapter 11's bytes per step of the layer (its byte model).
 STATIC_FIGURES = {"02_int4_dequant": 1, "03_dynamic_quant": 1, "05_elementwise": 1, "08_fp8_gemm": 1,
-                  "09_moe": 2, "10_sampling": 3}
+                  "09_moe": 2, "10_sampling": 3, "11_decoder_layer": 1}
 # Figures it draws on a recorded run: the static ones, then the measured ones.
 RECORDED_FIGURES = {
     "02_int4_dequant": 3,  # mix, versions side by side, mix against time
@@ -35,6 +36,7 @@ RECORDED_FIGURES = {
     "08_fp8_gemm": 2,  # the promotion model, TFLOP/s per shape
     "09_moe": 4,  # waste against BLOCK_M, waste and imbalance against T, align and top-k against T
     "10_sampling": 5,  # passes, sampled vs exact, pivot rounds, time per shape, time vs B
+    "11_decoder_layer": 3,  # bytes per step, the waterfall, each kernel on the roofline
 }
 # A cell prints at most this many lines: one screen. Longer tables belong to the book or to
 # `print(results.text_table(data))`, which a reader asks for.
@@ -81,6 +83,14 @@ def printed(outputs: list[dict]) -> str:
     return "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
 
 
+def first_entry(recorded: dict) -> str:
+    """What a notebook's table must name from a run: its first row's version. Chapter 11's run
+    (lkw.layer_bench) holds cases of the whole layer instead of rows of versions: its first case."""
+    if recorded["chapter"] == "11_decoder_layer":
+        return recorded["cases"][0]["case"]
+    return recorded["rows"][0]["version"]
+
+
 def figures(outputs: list[dict]) -> int:
     return sum("image/png" in o.get("data", {}) for o in outputs)
 
@@ -94,7 +104,7 @@ def test_replay_plots_the_recorded_run(chapter, tmp_path, monkeypatch):
     outputs = execute(chapter, tmp_path, monkeypatch)
     text = printed(outputs)
     assert f"Replay: {path}" in text
-    assert recorded["commit"] in text and recorded["rows"][0]["version"] in text, "no table printed"
+    assert recorded["commit"] in text and first_entry(recorded) in text, "no table printed"
     assert figures(outputs) >= RECORDED_FIGURES.get(chapter, 1), "a figure is missing"
 
 
