@@ -325,7 +325,7 @@ def compiled_bf16(case: Case):
     steps = layer_torch.torch_steps(cfg, "bf16")
 
     def flat(x, res, n1, wqkv, wo, n2, wgu, wd, pos, slots, tables, kc, vc, cos_sin):
-        p = lambda w: layer_torch.Proj("bf16", w, None, w.shape[0], w.shape[1])  # noqa: E731
+        p = lambda w: layer_torch.Proj("bf16", w, None, w.shape[0], w.shape[1])
         w = layer_torch.LayerWeights("bf16", n1, p(wqkv), p(wo), n2, p(wgu), p(wd))
         meta = layer_torch.Meta(pos, slots, tables, meta0.q_len)
         return layer_torch.forward(steps, cfg, w, x, res, meta, layer_torch.KVCache(kc, vc), cos_sin)
@@ -356,6 +356,7 @@ def runner_inputs(case: Case, s: LayerSet) -> tuple[list, list, dict]:
     place), out, residual_out; param eps. The runner takes one sequence: batched decode has no
     runner row."""
     import torch
+
     from lkw import bench
 
     if s.meta.batch != 1:
@@ -505,7 +506,7 @@ def goals(run: dict) -> list[dict]:
 
 
 def print_run(run: dict, out=sys.stdout) -> None:
-    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
     for c in run["cases"]:
         print(f"\n== {c['format']} {c['case']} ({c['rotations']} copies; check "
               f"{'ok' if c['check']['correct'] else 'WRONG'}, rel error {c['check']['rel_error']:.2g})", file=out)

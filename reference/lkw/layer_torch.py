@@ -303,7 +303,7 @@ def new_cache(cfg: dl.Config, num_blocks: int, device, gen=None) -> KVCache:
     if gen is None:
         return KVCache(torch.zeros(ks, dtype=torch.bfloat16, device=device),
                        torch.zeros(vs, dtype=torch.bfloat16, device=device))
-    mk = lambda s: torch.randn(s, generator=gen, device=device).to(torch.bfloat16)  # noqa: E731
+    mk = lambda s: torch.randn(s, generator=gen, device=device).to(torch.bfloat16)
     return KVCache(mk(ks), mk(vs))
 
 
@@ -329,7 +329,7 @@ def make_meta(positions, block_tables, q_len: int, device) -> Meta:
     tables = np.asarray(block_tables, np.int64)
     seq = np.arange(pos.size) // q_len
     slots = tables[seq, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
     return Meta(t(pos), t(slots), t(tables), q_len)
 
 
@@ -398,7 +398,7 @@ def forward(steps: dict, cfg: dl.Config, w: LayerWeights, x, residual, meta: Met
     missing = set(STEP_NAMES) - set(steps)
     if missing:
         raise ValueError(f"steps missing: {sorted(missing)}")
-    t, hd = x.shape[0], cfg.head_dim
+    hd = cfg.head_dim
 
     def call(name, *args):
         out = steps[name](*args)
@@ -567,7 +567,7 @@ def sdpa_attention(cfg: dl.Config):
     """torch's scaled_dot_product_attention over the gathered paged cache (not a workbook kernel:
     chapter 11 does not teach attention). GQA without repeating K and V: the G query heads of a
     KV head are G * q_len query rows of one attention head."""
-    torch = _torch()
+    _torch()  # a clear error without torch, before the import below
     import torch.nn.functional as F
 
     def attention(q, cache: KVCache, meta: Meta):
@@ -1010,7 +1010,6 @@ def make_stack(cfg: dl.Config, fmt: str, device, n_layers: int = 4, seed: int = 
 def logits(stack: Stack, out, residual):
     """The last layer's (out, r2) -> float64 logits [T, V]: the final residual add and RMSNorm
     (the reference's), then the LM head in float64. The same function for every run."""
-    torch = _torch()
     y, _ = _ref_norm(stack.cfg.eps)(out, residual, stack.final_norm)
     return y.double() @ stack.lm_head.double().t()
 

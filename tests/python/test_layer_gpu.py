@@ -25,7 +25,7 @@ try:
     from lkw import _ext  # noqa: F401
 except ImportError as e:
     pytest.skip(f"lkw._ext is not built ({e}): cmake --build build", allow_module_level=True)
-from lkw import layer_torch as lt  # noqa: E402
+from lkw import layer_torch as lt
 
 CFG = dl.LLAMA3_8B
 FORMATS = lt.FORMATS
@@ -195,7 +195,7 @@ def test_four_layer_greedy_decode_gives_the_reference_tokens(names, fmt):
     forced) within LOGIT_TOLERANCE of the reference's."""
     stack = lt.make_stack(CFG, fmt, "cuda", n_layers=4, seed=21)
     ref, margins, ref_logits = lt.greedy_decode(stack, lambda t: lt.reference_steps(CFG, fmt))
-    wb = lambda t: with_ref_attention(lt.workbook_steps(CFG, fmt, t, names))  # noqa: E731
+    wb = lambda t: with_ref_attention(lt.workbook_steps(CFG, fmt, t, names))
     free, _, _ = lt.greedy_decode(stack, wb)
     forced, _, logits = lt.greedy_decode(stack, wb, forced=ref)
     print(f"{fmt}: reference {ref}\n{fmt}: workbook  {free}\nsmallest top-2 margin {min(margins):.3g}")
