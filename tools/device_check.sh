@@ -4,7 +4,7 @@
 # DRAM bytes) and refresh the results; grade the exercise trees. Uses the machine's own python3
 # (torch, numpy, ml_dtypes, nanobind, pytest must be there); writes logs and results under $OUT
 # (default ./device-out).
-#   tools/device_check.sh build test sanitize peers bench ncu promotion grade   # any subset, in this order
+#   tools/device_check.sh build test sanitize peers bench ncu layer promotion grade  # any subset, in this order
 # peers: where the ignored folder .peers/ holds copies of the peer kit (../shared/peers/README.md:
 # its wheels, fi_aot_*.tar.xz, vllm_so/), install the wheels into $LKW_PEERS_SITE (default
 # /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
@@ -143,6 +143,21 @@ if has bench; then
     PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/bench.py "${args[@]}" 2>&1 | tee -a "$log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   fi
+fi
+
+if has layer; then
+  # Chapter 11's layer bench (python -m lkw.layer_bench), merged into the recorded run: the whole
+  # matrix is more than one device call, so LKW_LAYER_ARGS names a part, e.g.
+  # "--formats w4a16 --cases 'decode 1,decode 32'" (with the peers stage first for the
+  # production-kernel layer).
+  step "layer bench"
+  for d in results/*/; do
+    compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
+  done
+  eval "set -- ${LKW_LAYER_ARGS:-}"
+  PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_RESULTS_DIR="$out/results" LKW_COMMIT="${LKW_COMMIT:-}" \
+    PYTHONUNBUFFERED=1 timeout "${LKW_PART_TIMEOUT:-480}" "$py" -m lkw.layer_bench --write-results --merge "$@" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "layer bench failed or timed out"; status=1; }
 fi
 
 if has promotion; then

@@ -37,16 +37,17 @@ import math
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from lkw import decoder_layer as dl
-from lkw import fp8_gemm, layer_torch, peers, results
+from lkw import layer_torch, peers, results
 
 CHAPTER = "11_decoder_layer"
 # chapter 11's C++ runner: op decoder_layer_<fmt>, its one version (solutions/11_decoder_layer/
-# layer.h); the name of the issue's brief (decoder_layer/<fmt>) is tried too.
-RUNNER_OPS = ("11_decoder_layer/decoder_layer_{fmt}/v0_runner", "11_decoder_layer/decoder_layer/{fmt}")
+# layer.h).
+RUNNER_OP = "11_decoder_layer/decoder_layer_{fmt}/v0_runner"
 KV_LEN = 2048
 CASES = [("decode", 1), ("decode", 8), ("decode", 32), ("prefill", 2048)]
 QUICK_CASES = [("decode", 1)]
@@ -72,31 +73,12 @@ def context_of(kind: str, t: int) -> int:
 # Byte and FLOP models: lkw.decoder_layer's, for B sequences and for FP8
 
 
-def _fp8_models(cfg: dl.Config, t: int, context: int) -> list[dl.Cost]:
-    """step_models for FP8 where lkw.decoder_layer does not have the format yet: its GEMM rows as
-    decoder_layer (with FP8) writes them, E4M3 weights (1 B) and FP32 128 x 128 block scales, the
-    input as the GEMM reads it (1 B codes and FP32 1 x 128 group scales), BF16 out; the other
-    steps are BF16's (the norms and the attention write BF16)."""
-    def gemm(c: dl.Cost, n: int, k: int) -> dl.Cost:
-        wb = n * k + 4 * -(-n // fp8_gemm.BLOCK_N) * (k // fp8_gemm.BLOCK_K)
-        total = wb + t * k + 4 * t * (k // fp8_gemm.BLOCK_K) + 2 * t * n
-        return c._replace(chapter="08_fp8_gemm", bytes=total, weight_bytes=wb)
-
-    shapes = {"qkv_proj": (cfg.qkv_n, cfg.d), "o_proj": (cfg.d, cfg.hq * cfg.head_dim),
-              "gate_up_proj": (2 * cfg.d_ff, cfg.d), "down_proj": (cfg.d, cfg.d_ff)}
-    return [gemm(c, *shapes[c.name]) if c.name in shapes else c
-            for c in dl.step_models(cfg, t, context, "bf16")]
-
-
 def models(cfg: dl.Config, fmt: str, kind: str, t: int) -> list[dl.Cost]:
     """Per-step costs of a case: prefill is one sequence of T tokens (decoder_layer.step_models);
     decode is T sequences of one token each with KV_LEN tokens of context: the attention reads
     every sequence's context, so its KV bytes and FLOPs are T times one sequence's."""
     context = context_of(kind, t)
-    if fmt == "fp8" and "fp8" not in dl.FORMATS:
-        costs = _fp8_models(cfg, t, context)
-    else:
-        costs = dl.step_models(cfg, t, context, fmt)
+    costs = dl.step_models(cfg, t, context, fmt)
     if kind == "decode" and t > 1:
         one = {c.name: c for c in dl.step_models(cfg, 1, context, "bf16")}["attention"]
         costs = [c._replace(bytes=t * one.bytes, flops=t * one.flops, kv_bytes=t * one.kv_bytes)
@@ -380,10 +362,10 @@ def runner_inputs(case: Case, s: LayerSet) -> tuple[list, list, dict]:
 
 
 def runner_name(fmt: str, names: set[str]) -> str:
-    for pattern in RUNNER_OPS:
-        if pattern.format(fmt=fmt) in names:
-            return pattern.format(fmt=fmt)
-    raise peers.Absent(f"{RUNNER_OPS[0].format(fmt=fmt)} is not registered (built without chapter 11)")
+    name = RUNNER_OP.format(fmt=fmt)
+    if name not in names:
+        raise peers.Absent(f"{name} is not registered (built without chapter 11)")
+    return name
 
 
 def runner_body(case: Case):
@@ -530,12 +512,27 @@ def print_run(run: dict, out=sys.stdout) -> None:
         print(f"  {g['goal']:<58} {f(g['value'], 2):>8} {g['unit']} (target {g['target']}) {met}", file=out)
 
 
+def merge(recorded: dict, run: dict) -> dict:
+    """The recorded run with this run's (format, case) rows in place of its own and the goals
+    recomputed; the run's GPU must be the recorded one's."""
+    if recorded.get("gpu") != run["gpu"]:
+        raise ValueError(f"cannot merge a {run['gpu']} run into a {recorded.get('gpu')} one")
+    new = {(c["format"], c["case"]) for c in run["cases"]}
+    kept = [c for c in recorded.get("cases", []) if (c["format"], c["case"]) not in new]
+    merged = dict(run, cases=kept + run["cases"])
+    merged["goals"] = goals(merged)
+    return merged
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="decode T = 1 only, few replays")
     ap.add_argument("--formats", default=",".join(layer_torch.FORMATS))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (minutes)")
     ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--cases", help="only these cases, e.g. 'decode 1,prefill 2048' (default: all)")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --write-results: keep the recorded run's other (format, case) rows")
     ap.add_argument("--json", help="also write the run here")
     args = ap.parse_args(argv)
     import torch
@@ -547,6 +544,8 @@ def main(argv=None) -> int:
 
     cfg = dl.LLAMA3_8B
     cases = QUICK_CASES if args.quick else CASES
+    if args.cases:  # a device call holds a part of the matrix: run it in parts, --merge each
+        cases = [(kind, int(t)) for kind, t in (c.split() for c in args.cases.split(","))]
     replays = QUICK_REPLAYS if args.quick else REPLAYS
     gbps, tflops, what = ceiling()
     print(f"{torch.cuda.get_device_name()}: {what} ({gbps} GB/s, {tflops} TFLOP/s)")
@@ -567,10 +566,12 @@ def main(argv=None) -> int:
     print_run(run)
     text = json.dumps(run, indent=1, default=str)
     if args.json:
-        open(args.json, "w").write(text)
+        Path(args.json).write_text(text)
     if args.write_results:
         path = results.results_dir() / results.gpu_slug(run["gpu"]) / f"{CHAPTER}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
+        if args.merge and path.is_file():
+            text = json.dumps(merge(json.loads(path.read_text()), run), indent=1, default=str)
         path.write_text(text)
         print(f"wrote {path}")
     return 0

@@ -264,8 +264,23 @@ def test_fp8_model_is_one_byte_per_weight():
     w = sum(c.weight_bytes for c in costs.values())
     w_bf16 = sum(c.weight_bytes for c in layer_bench.models(cfg, "bf16", "decode", 1))
     assert 0.5 < w / w_bf16 < 0.51, "FP8 weights are half of BF16's, plus 1/4096 of scales"
-    if "fp8" in dl.FORMATS:  # decoder_layer's own FP8 model, where it has one
-        assert layer_bench._fp8_models(cfg, 1, 2048) == dl.decode_model("fp8")
+    assert layer_bench.models(cfg, "fp8", "decode", 1) == dl.decode_model("fp8")
+
+
+def test_merge_replaces_a_run_s_own_cases_and_keeps_the_rest():
+    """--merge: a part of the matrix (a device call's worth) replaces its (format, case) rows of
+    the recorded run and keeps the others; the goals are recomputed; another GPU is refused."""
+    from lkw import results as res
+
+    recorded = res.example("11_decoder_layer")
+    part = dict(recorded, cases=[dict(c, marker=1) for c in recorded["cases"][:2]])
+    merged = layer_bench.merge(recorded, part)
+    keys = [(c["format"], c["case"]) for c in merged["cases"]]
+    assert sorted(keys) == sorted((c["format"], c["case"]) for c in recorded["cases"])
+    assert sum("marker" in c for c in merged["cases"]) == 2
+    assert merged["goals"] == layer_bench.goals(merged)
+    with pytest.raises(ValueError, match="cannot merge"):
+        layer_bench.merge(recorded, dict(part, gpu="another GPU"))
 
 
 def test_the_example_run_is_in_the_bench_s_schema():
