@@ -68,10 +68,16 @@ if has sanitize; then
       # under a sanitizer, which serializes the kernel; ctest runs them, and the race mutants have
       # their own racecheck run below.
       filter="-*Host*:*Validation*:Chapter/Mutant.*"; [ "$tool" = racecheck ] && filter="$filter:*cublas*"
+      run_log="$out/sanitize_${tool}_$c.log"
       LKW_GOLDEN_DIR=build/golden timeout "${LKW_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
-        --error-exitcode 9 "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" >>"$log" 2>&1
+        --error-exitcode 9 "$t" --gtest_filter="${LKW_SANITIZE_FILTER:-$filter}" >"$run_log" 2>&1
       rc=$?
-      tail -4 "$log"
+      cat "$run_log" >>"$log"
+      tail -4 "$run_log"
+      # A filter that matches no test checks nothing: say so, and count it as a failure.
+      ran=$(grep -aoE '^\[==========\] [0-9]+ tests? from' "$run_log" | tail -1 | grep -oE '[0-9]+' | head -1)
+      echo "$tool ran ${ran:-no} tests of $t"
+      [ $rc = 0 ] && [ "${ran:-0}" = 0 ] && { echo "$tool: no test of $t matched the filter"; rc=8; }
       # Each test's "[ RUN ]" line is in the log (no --gtest_brief), so a run the timeout stops names
       # the test it stopped in.
       [ $rc = 124 ] && echo "$tool timed out in: $(grep -a '^\[ RUN' "$log" | tail -1)" | tee -a "$log"
