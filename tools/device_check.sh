@@ -169,8 +169,11 @@ fi
 if has promotion; then
   # Chapter 08's promotion experiment (tools/promotion.py): v4 with and without promotion against K.
   step "promotion experiment"
+  # The results folder of this GPU (lkw.results.gpu_slug: h100, h200, ...).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | PYTHONPATH=reference "$py" -c \
+    "import sys; from lkw.results import gpu_slug; print(gpu_slug(sys.stdin.read().strip()))")
   PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_COMMIT="${LKW_COMMIT:-}" "$py" tools/promotion.py \
-    --write "$out/results/h200/experiments/08_promotion.json" 2>&1 | tee -a "$log" || status=1
+    --write "$out/results/$gpu/experiments/08_promotion.json" 2>&1 | tee -a "$log" || status=1
 fi
 
 if has grade; then
