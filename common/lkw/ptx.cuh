@@ -306,8 +306,8 @@ __device__ __forceinline__ void wgmma_bf16_ss<64>(float (&d)[32], uint64_t desc_
 // 08's v4 does at every 128-k block). FP8 operands must be K-major (the transpose bits exist only
 // for 16-bit types); both descriptors are wgmma_desc_k_major_sw128's: a 128-byte swizzled row is
 // 128 FP8 values, and k-step s of a stage starts 32·s bytes further, as BF16's k16 does. The
-// accumulator layout is the BF16 form's. N = 16, 32 (a few
-// gathered rows: chapter 09's v15), 64, 128 or 256.
+// accumulator layout is the BF16 form's. N = 16 or 32 (a few gathered rows: chapter 09's v15),
+// 64, 128 or 256.
 template <int N>
 __device__ __forceinline__ void wgmma_e4m3_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                               bool accumulate);

@@ -1,6 +1,6 @@
-// Chapter 10's device building blocks, shared by the versions from v1 on: the radix select
-// (histograms of 8-bit digits of an order-preserving key, warp-aggregated), the search of a
-// prefix sum in index order (the inverse CDF, and the top-p boundary of a sorted row), and the
+// Chapter 10's device building blocks, shared by the versions: the radix select (histograms of
+// 8-bit digits of an order-preserving key, warp-aggregated), the search of a prefix sum in index
+// order (the inverse CDF, and the top-p boundary of a sorted row), the greedy argmax, and the
 // Philox stream of a row. A version file reads as its stages; these are the stages' tools.
 //
 // Determinism: every sum here has one fixed association (a thread's run, then cub's block tree),
@@ -258,6 +258,21 @@ struct PrefixSearch {
     const int64_t index = c < chunks ? sh.found : sh.last;
     __syncthreads();  // sh is reused by the caller's next search
     return index;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Greedy: a block's (or a cluster's) largest logit and its index, the lower index on a tie (the
+// reference's argmax), reduced with ArgMaxOp (cub::BlockReduce, then across CTAs).
+struct ArgMax {
+  float x;
+  int64_t i;  // -1: no element
+};
+struct ArgMaxOp {
+  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
+    if (a.i < 0) return b;
+    if (b.i < 0) return a;
+    return (a.x > b.x || (a.x == b.x && a.i < b.i)) ? a : b;
   }
 };
 

@@ -65,18 +65,6 @@ __global__ void __launch_bounds__(kThreads)
 // sample, stage 1 (a block per row): z = x / T into the workspace, the keys the sort orders and
 // the filters compare (x itself where T is not positive: greedy), and the greedy token, the lowest
 // index of the largest logit, written for every row: the draw replaces it where T > 0.
-struct ArgMax {
-  float x;
-  int64_t i;  // -1: no element
-};
-struct Better {  // the larger logit, the lower index on a tie
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.i < 0) return b;
-    if (b.i < 0) return a;
-    return (a.x > b.x || (a.x == b.x && a.i < b.i)) ? a : b;
-  }
-};
-
 __global__ void __launch_bounds__(kThreads) scale_rows_kernel(SampleArgs a, float* __restrict__ z) {
   __shared__ typename cub::BlockReduce<ArgMax, kThreads>::TempStorage argmax_sh;
   const int64_t row = blockIdx.x, v = a.v;
@@ -88,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) scale_rows_kernel(SampleArgs a, floa
     z[row * v + i] = scaled ? __fdiv_rn(xi, t) : xi;            // (B, V)
     if (best.i < 0 || xi > best.x) best = {xi, i};
   }
-  best = cub::BlockReduce<ArgMax, kThreads>(argmax_sh).Reduce(best, Better{});
+  best = cub::BlockReduce<ArgMax, kThreads>(argmax_sh).Reduce(best, ArgMaxOp{});
   if (threadIdx.x == 0) a.tokens[row] = int32_t(best.i);
 }
 

@@ -22,17 +22,6 @@ constexpr int kThreads = 512, kItems = 16;
 constexpr int kMaxRounds = 64;  // then a draw from above `high`, where every key is kept
 using Search = PrefixSearch<kThreads, kItems>;
 
-struct ArgMax {
-  float x;
-  int64_t i;  // -1: no element
-};
-struct ArgMaxOp {
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.i < 0) return b;
-    if (b.i < 0) return a;
-    return (a.x > b.x || (a.x == b.x && a.i < b.i)) ? a : b;
-  }
-};
 struct Sum4Op {  // count above j, mass above j, count above the pivot, mass above the pivot
   __device__ float4 operator()(const float4& a, const float4& b) const {
     return {__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w)};

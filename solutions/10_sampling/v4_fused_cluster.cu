@@ -31,17 +31,6 @@ constexpr int kMaxSliceBytes = 176 * 1024;  // the slice of z; static shared mem
 using Search = PrefixSearch<kThreads, kItems>;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the kernel's helpers: clusters are sm_90
-struct ArgMax {
-  float x;
-  int64_t i;  // -1: no element
-};
-struct Better {  // the larger logit, the lower index on a tie
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.i < 0) return b;
-    if (b.i < 0) return a;
-    return (a.x > b.x || (a.x == b.x && a.i < b.i)) ? a : b;
-  }
-};
 struct Slice {  // what a CTA tells the others about its slice's draw
   float total;
   int64_t last;  // its last index of positive weight, in the row (-1: none)
@@ -108,11 +97,11 @@ __global__ void __launch_bounds__(kThreads) fused_cluster_kernel(SampleArgs a, i
   ArgMax best{-INFINITY, -1};
   for (int64_t i = threadIdx.x; i < len; i += kThreads)
     if (best.i < 0 || z_sh[i] > best.x) best = {z_sh[i], first + i};
-  best = cub::BlockReduce<ArgMax, kThreads>(argmax_tmp).Reduce(best, Better{});
+  best = cub::BlockReduce<ArgMax, kThreads>(argmax_tmp).Reduce(best, ArgMaxOp{});
   if (threadIdx.x == 0) best_sh = best;
   cluster.sync();
   best = {-INFINITY, -1};
-  for (unsigned r = 0; r < ranks; ++r) best = Better{}(best, *cluster.map_shared_rank(&best_sh, r));
+  for (unsigned r = 0; r < ranks; ++r) best = ArgMaxOp{}(best, *cluster.map_shared_rank(&best_sh, r));
   const float zmax = __fdiv_rn(best.x, t);
   if (!(t > 0.0f) || !isfinite(zmax)) {  // greedy (or nothing to sample, or x / T overflowed)
     if (rank == 0 && threadIdx.x == 0) a.tokens[row] = int32_t(best.i);
