@@ -201,7 +201,6 @@ Status per_token_int8_vec16(const QuantArgs& a, cudaStream_t stream);
 // ---------------------------------------------------------------------------------------------
 // Host helpers
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int round_up_to_warp(int64_t threads) { return int(ceil_div(threads, 32) * 32); }
 
 // How many blocks of `kernel` the whole device holds at once (occupancy × SMs): the grid of a

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "lkw/status.h"
+#include "lkw/tensor.h"
 
 namespace lkw::gemv {
 
@@ -20,8 +21,6 @@ constexpr int kTileRows = 16;  // rows of an mma A operand: the rows a warp's ti
 constexpr int kIterK = 256;    // k per step: 4 lanes × 2 chunks × 32 weights
 constexpr int kMaxSplits = 64;
 constexpr int kBlockWarps = 16;  // warps of a persistent block (one block per SM)
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // A tile's split-K partial sums in the workspace: S·M·16 floats, rounded up to whole 128-byte
 // lines so that the lines can be dropped from L2 once summed (a line never holds two tiles').

@@ -132,13 +132,9 @@ inline Status granularity_of(const TensorRef& sa, const TensorRef& sb, int64_t m
              is(sb, {nb, kb})) {
     *g = Granularity::kBlockwise;
   } else {
-    auto shape = [](const TensorRef& t) {
-      std::string s = "[";
-      for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-      return s + "]";
-    };
     return error(Code::kInvalidArgument,
-                 "fp8_gemm: scales s_a " + shape(sa) + " and s_b " + shape(sb) +
+                 "fp8_gemm: scales s_a " + shape_text(sa.shape) + " and s_b " +
+                     shape_text(sb.shape) +
                      " name no granularity: tensor [1], [1]; rowwise [M, 1], [N, 1]; blockwise "
                      "[K/128, M] (or [M, K/128] with a_scales_row_major), [ceil(N/128), K/128]");
   }

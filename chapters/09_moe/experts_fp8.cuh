@@ -92,12 +92,6 @@ inline Status validate_grouped_fp8(const GroupedFp8Args& a) {
       .status();
 }
 
-inline std::string shape_text(std::initializer_list<int64_t> dims) {
-  std::string s = "[";
-  for (int64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
-  return s + "]";
-}
-
 // Generic Args → GroupedFp8Args: inputs x, w, x_scales, w_scales (chapter 08's order: A, B, s_a,
 // s_b), sorted_token_ids, expert_ids (, topk_weights); output out; params topk (not for sum:
 // the weights' columns) and block_m.
@@ -204,13 +198,7 @@ inline Version grouped_fp8_version(Fp8Epilogue epi, const char* id, const char* 
     return s.ok() ? launch(ga, stream) : s;
   };
   v.bytes = grouped_fp8_bytes;
-  // 2·N·K per real row (slot), as moe_grouped_gemm's.
-  v.flops = [epi](const Args& a) {
-    const TensorRef &x = a.inputs.at(0), &w = a.inputs.at(1);
-    const double slots =
-        epi == Fp8Epilogue::kSum ? double(x.dim(0)) : double(x.dim(0)) * a.param("topk", 1.0);
-    return 2.0 * slots * double(w.dim(1)) * double(x.dim(1));
-  };
+  v.flops = grouped_flops;  // the sum has no topk param: x's rows are already its slots
   v.min_arch = 90;
   return v;
 }

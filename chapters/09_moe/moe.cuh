@@ -64,8 +64,6 @@ constexpr const char* kChapter = "09_moe";
 constexpr int kMaxExperts = 1024;  // the align's scan holds one expert per thread of a block
 constexpr int kMaxBlockM = 1024;   // rows of an align block, the grouped GEMM's schedule unit
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Bytes of every tensor once: the roofline minimum of the ops that touch each byte once.
 inline double tensor_bytes(const Args& a) {
   double b = 0;

@@ -53,6 +53,16 @@ inline bool is_float(DType t) {
          t == DType::kE5M2;
 }
 
+// ceil(a / b) for b > 0: the blocks, tiles and groups that cover a length.
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// "[a, b, c]": a shape as the launchers' error messages print it.
+inline std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
 // A dense row-major tensor in device memory (or host memory, for host-side checks).
 struct TensorRef {
   void* data = nullptr;
