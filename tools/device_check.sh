@@ -29,6 +29,12 @@ log="$out/device.log"
 status=0
 has() { [[ " $stages " == *" $1 "* ]]; }
 step() { echo; echo "=== $*" | tee -a "$log"; }
+# The recorded runs (results/<gpu>/*.json) into $out/results: a merged run starts from them.
+copy_recorded() {
+  for d in results/*/; do
+    compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
+  done
+}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$log"
 
@@ -129,9 +135,7 @@ if has bench; then
   args+=("${extra[@]}")
   # A merged run (--merge, or parts) starts from the recorded runs.
   if [[ " ${LKW_BENCH_ARGS:-} " == *" --merge "* || -n "${LKW_BENCH_PARTS:-}" ]]; then
-    for d in results/*/; do
-      compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
-    done
+    copy_recorded
   fi
   if [ -n "${LKW_BENCH_PARTS:-}" ]; then
     # LKW_BENCH_PARTS="--op a;--op b --shape 'e=256,'": each part its own run (LKW_PART_TIMEOUT
@@ -157,9 +161,7 @@ if has layer; then
   # "--formats w4a16 --cases 'decode 1,decode 32'" (with the peers stage first for the
   # production-kernel layer).
   step "layer bench"
-  for d in results/*/; do
-    compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
-  done
+  copy_recorded
   eval "set -- ${LKW_LAYER_ARGS:-}"
   PYTHONPATH="reference${PYTHONPATH:+:$PYTHONPATH}" LKW_RESULTS_DIR="$out/results" LKW_COMMIT="${LKW_COMMIT:-}" \
     PYTHONUNBUFFERED=1 timeout "${LKW_PART_TIMEOUT:-480}" "$py" -m lkw.layer_bench --write-results --merge "$@" 2>&1 | tee -a "$log"

@@ -329,8 +329,9 @@ def compiled_bf16(case: Case):
 
 
 def runner_inputs(case: Case, s: LayerSet) -> tuple[list, list, dict]:
-    """THE ONE PLACE that assembles the C++ runner's arguments: (inputs, outputs, params) of
-    `_ext.launch(<runner op>, ...)`, in the order solutions/11_decoder_layer/layer.h documents:
+    """The C++ runner's arguments from the bench's torch tensors: (inputs, outputs, params) of
+    `_ext.launch(<runner op>, ...)`, in the order solutions/11_decoder_layer/layer.h documents
+    (lkw.decoder_layer.op_inputs is the same order for the golden files' numpy arrays):
     inputs x, residual, positions, slot_mapping, block_table [blocks] (ONE sequence), cos_sin,
     norm1, qkv's tensors, o's, norm2, gate_up's, down's; a projection's tensors are W (BF16);
     the tiled words, scales [N, K/128], the repacked words, scales [K/128, N] (W4A16: chapter 06's
