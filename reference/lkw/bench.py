@@ -2788,6 +2788,12 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(shape="n=4096,", extended=True),
         Part(shape="n=6144,", extended=True),
     ],
+    "08_fp8_gemm": [  # the squares, then the DeepSeek shapes by M, then the rowwise ones
+        Part(shape=r"^m=(4096|8192),n=(4096|8192),k=(4096|8192),"),
+        Part(shape=r"^m=4096,n=\d+,k=(7168|1536|512|16384|2048),scale=blockwise"),
+        Part(shape=r"^m=(64|128),.*scale=blockwise"),
+        Part(shape=r"^m=(64|4096),n=(2112|24576|7168),.*scale=rowwise"),
+    ],
     "09_moe": [
         Part(("moe_align_block_size", "deepseek_router")),
         Part(("topk_softmax",)),
