@@ -250,4 +250,27 @@ __device__ __forceinline__ void store_wgmma_tile(const GemmArgs& a, const float 
   }
 }
 
+// A TMA-store epilogue's staging: a warpgroup's 64 × kN BF16 results in shared memory as kN / 64
+// boxes of 64 rows × 64 columns (128 bytes a row), each in the 128-byte swizzle (16-byte piece p of
+// row r at p ^ (r % 8)), so a warp's four-byte pairs, eight rows of one piece, meet 32 banks. `r` is
+// the thread's first row in the warpgroup (16w + g), `row` the same in y; the copy engine clips
+// what lies past M and N, so nothing here is masked.
+template <int kN, bool kScaled = true>
+__device__ __forceinline__ void stage_wgmma_tile(const GemmArgs& a, const float (&acc)[kN / 2],
+                                                 unsigned char* staging, int r, int64_t row,
+                                                 int64_t n0, int t) {
+  const float sa0 = kScaled ? row_scale(a, row) : 1.f, sa1 = kScaled ? row_scale(a, row + 8) : 1.f;
+  const int mine = r * 128 + 4 * t;  // row r, pair t of a 16-byte piece
+  const int swizzle = (r % 8) * 16;  // rows r and r + 8 share it
+#pragma unroll
+  for (int j = 0; j < kN / 2; j += 4) {
+    const int col = 2 * j + 2 * t;  // the tile's column: 8·(j / 4) + 2t, piece (j / 4) % 8 of box j / 32
+    const float sb0 = kScaled ? col_scale(a, n0 + col) : 1.f, sb1 = kScaled ? col_scale(a, n0 + col + 1) : 1.f;
+    unsigned char* const at = staging + (mine + (j / 32) * (64 * 128) + ((((j / 4) % 8) * 16) ^ swizzle));
+    *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(sa0 * (sb0 * acc[j]), sa0 * (sb1 * acc[j + 1]));
+    *reinterpret_cast<__nv_bfloat162*>(at + 8 * 128) =
+        __floats2bfloat162_rn(sa1 * (sb0 * acc[j + 2]), sa1 * (sb1 * acc[j + 3]));
+  }
+}
+
 }  // namespace lkw::fp8

@@ -10,6 +10,7 @@
 //   mbarrier (init, arrive.expect_tx, wait)    a shared-memory barrier that counts bytes in flight
 //   cp.async.bulk.tensor (TMA, 2D)             a whole tile copied by the copy engine, swizzled
 //   cp.async.bulk (1D)                          a contiguous run of bytes copied by the copy engine
+//   cp.async.bulk.tensor store (TMA, 2D)       a tile from shared memory to global, clipped at the edges
 //   griddepcontrol                             programmatic dependent launch (sm_90)
 //   discard.global.L2                          drop dead lines without writing them back
 #pragma once
@@ -530,6 +531,34 @@ __device__ __forceinline__ void tma_load_2d(void* dst_sh, const void* map, int c
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+#endif
+}
+
+// The box at (c0, c1) of `map` written from src_sh (laid out as the map's swizzle says) by the
+// copy engine: the threads that filled src_sh go on while it drains, and rows and columns past
+// the tensor's edge are not written (the tails need no mask). The writes were made by threads on
+// the generic proxy: each writer runs fence_proxy_async_shared, then a barrier, before the issue.
+__device__ __forceinline__ void tma_store_2d(const void* map, const void* src_sh, int c0, int c1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(src_sh));
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+#endif
+}
+// Closes the bulk group of the stores issued so far by this thread.
+__device__ __forceinline__ void bulk_commit_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Returns once at most kPending of this thread's bulk groups still read their shared memory: the
+// source of an older store may then be written again (and the block may exit, which frees it).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 
