@@ -9,10 +9,10 @@
 // in every run) and stores the tile. At large M the blocks walk the tiles in bands of kGroupM tile
 // rows (schedule.cuh), so the A rows and B columns in flight at once stay in L2. Tile width:
 // blockwise 128 (two accumulators), else 256 while the tiles fill the SMs. Rowwise and tensor
-// scales accumulate the whole share in the tensor core (v3's), blockwise ones are promoted (v4's).
-// Expect: the small-M shapes several times v4 and near the copy ceiling; large shapes a few per
-// cent from the bands. The epilogue is a trait: each thread's pairs straight to y, or (ablation
-// ablation_v5_tma_store) the tile staged in shared memory and written by the copy engine.
+// scales accumulate the whole share in the tensor core (v3's), blockwise ones are promoted (v4's)
+// with each block's scales loaded two blocks ahead (one block's wgmmas are shorter than a load).
+// Expect: small M several times v4; large shapes a few per cent from the bands. The epilogue, a
+// trait: unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
 #include "07_w4a16_gemm/gemm_plan.h"
 #include "fp8_gemm.cuh"
 #include "lkw/launch.h"
@@ -122,38 +122,60 @@ __global__ void __launch_bounds__(kThreads, 1)
     sched.origin(unit, &m0, &n0);
     sched.k_range(unit, &kb0, &kb1);
     const int64_t row = m0 + c * 64 + 16 * warp + g;
+    ptx::wgmma_fence_operands(acc);
     if constexpr (kPromote) {
 #pragma unroll
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
-    }
-    ptx::wgmma_fence_operands(acc);
-    for (int kt = kb0; kt < kb1; ++kt, ++it) {
-      const int s = it % T::kStages;
-      // The block's scales (blockwise), loaded before the wait.
-      const float scale0 = kPromote ? block_scale(a, row, n0, kt) : 1.f;
-      const float scale1 = kPromote ? block_scale(a, row + 8, n0, kt) : 1.f;
-      ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
-      const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
-      const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
-      ptx::wgmma_fence();
+      // The blocks in pairs, each with its own pair of scales, loaded two blocks before their
+      // promotion: a scale's load from L2 takes longer than one block's wgmmas.
+      float even[2], odd[2];
+      auto scales = [&](float (&sc)[2], int kt) {
+        if (kt < kb1) sc[0] = block_scale(a, row, n0, kt), sc[1] = block_scale(a, row + 8, n0, kt);
+      };
+      auto step = [&](float (&sc)[2], int kt) {
+        const int s = it % T::kStages;
+        ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
+        const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
+        const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
+        ptx::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kBlockK / 32; ++ks)
-        ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || (!kPromote && kt > kb0));
-      ptx::wgmma_commit();
-      ptx::wgmma_fence_operands(acc);
-      if constexpr (kPromote) {
+        for (int ks = 0; ks < kBlockK / 32; ++ks)
+          ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_fence_operands(acc);
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
 #pragma unroll
-        for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], (j / 2) % 2 ? scale1 : scale0, total[j]);
-      } else {
+        for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
+        scales(sc, kt + 2);  // this pair's next block
+        ++it;
+      };
+      scales(even, kb0);
+      scales(odd, kb0 + 1);
+      int kt = kb0;
+      for (; kt + 1 < kb1; kt += 2) {
+        step(even, kt);
+        step(odd, kt + 1);
+      }
+      if (kt < kb1) step(even, kt);
+    } else {
+      // Tensor and rowwise scales: v3's loop, one wgmma group kept in flight across the blocks.
+      for (int kt = kb0; kt < kb1; ++kt, ++it) {
+        const int s = it % T::kStages;
+        ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
+        const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
+        const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kBlockK / 32; ++ks)
+          ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || kt > kb0);
+        ptx::wgmma_commit();
+        ptx::wgmma_fence_operands(acc);
         ptx::wgmma_wait<1>();
         ptx::wgmma_fence_operands(acc);
         if (kt > kb0 && lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
       }
-    }
-    if constexpr (!kPromote) {
       ptx::wgmma_wait<0>();
       ptx::wgmma_fence_operands(acc);
       if (lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
@@ -213,33 +235,44 @@ Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stre
                           arrivals);
 }
 
-template <class Store>
+// The epilogue by the plan: where each tile is stored by the block that computed it, by TMA (the
+// block goes on to its next tile while the copy engine drains the last); where the tiles are split
+// over K, the last share's pairs straight to y (there the staging measured slower). The ablation
+// stores every tile directly.
+template <bool kPromote, int kBlockN>
+Status launch_planned(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, cudaStream_t stream) {
+  return tma_where_whole && sched.splits == 1 ? launch_v5<kPromote, kBlockN, StoreTma>(a, sched, stream)
+                                              : launch_v5<kPromote, kBlockN, StoreDirect>(a, sched, stream);
+}
+
+template <bool kTmaWhereWhole>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
-                           90, Store::kTma ? "ablation_v5_tma_store" : "v5_tuned");
+                           90, kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
   const TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
-  if (blockwise) return launch_v5<true, 128, Store>(a, sched, stream);
-  return sched.block_n == 256 ? launch_v5<false, 256, Store>(a, sched, stream)
-                              : launch_v5<false, 128, Store>(a, sched, stream);
+  if (blockwise) return launch_planned<true, 128>(a, sched, kTmaWhereWhole, stream);
+  return sched.block_n == 256 ? launch_planned<false, 256>(a, sched, kTmaWhereWhole, stream)
+                              : launch_planned<false, 128>(a, sched, kTmaWhereWhole, stream);
 }
 
-const SassFact kFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
-                      {"LDGSTS", "HMMA"}, true, "v4's machinery with the split-K reduction; no spills"};
-// Staging a 256-wide tile (128 sums and their column scales a thread, 168 registers under 384
-// threads) spills two words of the loop's state around the epilogue: allowed here, and said.
 const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"},
-                         {"LDGSTS", "HMMA"}, false, "v5's machinery; the staged tile leaves by TMA stores"};
-constexpr const char* kSummary = "split K where tiles cannot fill the SMs, tiles in L2 bands, per-shape width";
-const Register kRegistered{gemm_version(kBlockwiseOp, "v5_tuned", kSummary, gemm_v5<StoreDirect>, 90, {kFacts})};
-const Register kRowwise{gemm_version(kOp, "v5_tuned", kSummary, gemm_v5<StoreDirect>, 90, {kFacts})};
-// The ablation (benched, tested, never graded): the same kernel with the TMA-store epilogue.
-constexpr const char* kTmaSummary = "v5 with a TMA-store epilogue: the tile staged in shared memory";
-const Register kTmaBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_tma_store", kTmaSummary, gemm_v5<StoreTma>, 90,
-                                          {kTmaFacts}, Kind::kAblation)};
-const Register kTmaRowwise{gemm_version(kOp, "ablation_v5_tma_store", kTmaSummary, gemm_v5<StoreTma>, 90,
-                                        {kTmaFacts}, Kind::kAblation)};
+                         {"LDGSTS", "HMMA"}, false, "v4's machinery, split K, the tile stored by TMA"};
+// Staging a 256-wide tile (128 sums and their column scales a thread, 168 registers under 384
+// threads) spills two words of the loop's state around the epilogue: allowed above, and said.
+const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
+                            {"LDGSTS", "HMMA"}, true, "v4's machinery with the split-K reduction; no spills"};
+constexpr const char* kSummary = "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue";
+const Register kRegistered{gemm_version(kBlockwiseOp, "v5_tuned", kSummary, gemm_v5<true>, 90,
+                                        {kTmaFacts, kDirectFacts})};
+const Register kRowwise{gemm_version(kOp, "v5_tuned", kSummary, gemm_v5<true>, 90, {kTmaFacts, kDirectFacts})};
+// The ablation (benched, tested, never graded): every tile's pairs straight to y.
+constexpr const char* kDirectSummary = "v5 with every tile stored by its threads' pairs, no TMA store";
+const Register kDirectBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_direct_store", kDirectSummary,
+                                             gemm_v5<false>, 90, {kDirectFacts}, Kind::kAblation)};
+const Register kDirectRowwise{gemm_version(kOp, "ablation_v5_direct_store", kDirectSummary, gemm_v5<false>, 90,
+                                           {kDirectFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8
