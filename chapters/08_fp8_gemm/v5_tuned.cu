@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_fence_operands(acc);
       if (lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
     }
-    if (sched.splits == 1) {
+    if (Store::kTma || sched.splits == 1) {  // the TMA store runs only where tiles are whole
       store(unit, n0, row);
       continue;
     }
@@ -189,10 +189,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // before the arrival; the last share to arrive adds the slices in share order and stores.
     const int tile = unit % sched.tiles(), split = unit / sched.tiles(), tid = threadIdx.x - 128;
     float* slices = partials + int64_t(tile) * sched.splits * (kBlockM * kBlockN);  // (splits, threads, kBlockN / 2)
+    // A warpgroup whose 64 rows all lie past M (at M <= 64, the tile's second half) has nothing to
+    // keep: it writes no slice and reads none, and only meets the barriers.
+    const bool live = m0 + 64 * c < a.m;
+    if (live) {
 #pragma unroll
-    for (int j = 0; j < kBlockN / 2; j += 4)
-      __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j),
-             make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]));
+      for (int j = 0; j < kBlockN / 2; j += 4)
+        __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j),
+               make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]));
+    }
     __threadfence();
     ptx::named_barrier_sync(1, 128 * kConsumers);  // every consumer's slice written and fenced
     // TODO(exercise): one thread counts this share in on arrivals[tile]; the share that finds
@@ -201,6 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!last_sh) continue;
     __threadfence();  // the other shares' slices, published before their arrivals, are read after
     if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
+    if (!live) continue;
 #pragma unroll
     for (int j = 0; j < kBlockN / 2; ++j) sums[j] = 0.f;
     for (int sp = 0; sp < sched.splits; ++sp)
@@ -218,6 +224,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool kPromote, int kBlockN, class Store>
 Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
   using T = Tile<kBlockN, Store>;
+  if (Store::kTma && sched.splits != 1)
+    return error(Code::kInvalidArgument, "v5: the TMA-store epilogue takes whole tiles only, not a split plan");
   CUtensorMap a_map, b_map, y_map{};
   Status s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
   if (s.ok() && Store::kTma) s = tensor_map_bf16_sw128(&y_map, a.y, a.m, a.n, 64);  // 64 × 64 boxes
