@@ -196,6 +196,20 @@ def load(chapter: str, gpu: str = GPU) -> dict | None:
     return json.loads(path.read_text())
 
 
+def book_run(chapter: str) -> tuple[dict | None, str]:
+    """The run the book's tables show: this GPU folder's (GPU), else the latest run of the chapter
+    in another GPU's folder, with a line that says whose it is; (None, "") where none is recorded."""
+    data = load(chapter)
+    if data is not None:
+        return data, ""
+    others = [p for p in sorted(results_dir().glob(f"*/{chapter}.json")) if p.parent.name != GPU]
+    if not others:
+        return None, ""
+    path, data = max(((p, json.loads(p.read_text())) for p in others), key=lambda pd: pd[1].get("date") or "")
+    return data, (f"No {GPU.upper()} run of {chapter} is recorded yet: the table below is the "
+                  f"{data['gpu']}'s (results/{path.parent.name}/{path.name}).")
+
+
 def missing_message(chapter: str, gpu: str = GPU) -> str:
     path = results_path(chapter, gpu)
     try:
@@ -410,11 +424,11 @@ def _md_escape(text: str) -> str:
 
 def markdown_table(chapter: str) -> str:
     """The book's results table for a chapter (or the no-measurement line)."""
-    data = load(chapter)
+    data, whose = book_run(chapter)
     if data is None:
         return missing_message(chapter)
     cols = columns(data)
-    out = [f"Measured on {header_line(data)}.", "", "| " + " | ".join(cols) + " |"]
+    out = ([whose, ""] if whose else []) + [f"Measured on {header_line(data)}.", "", "| " + " | ".join(cols) + " |"]
     out.append("|" + ":--|" * 4 + "--:|" * (len(cols) - 5) + ":--|")  # names left, numbers right
     for row in data["rows"]:
         cells = [_md_escape(c) for c in _cells(row, data)]
@@ -502,13 +516,14 @@ def ablation_rows(data: dict, ms: tuple[str, ...] | None = ("1", "16")) -> list[
 def ablation_markdown(chapter: str) -> str:
     """The book's knob table: each ablation entry (one knob of a version turned off) beside the
     version, every timing mode, the change in percent (positive: the knob off is slower)."""
-    data = load(chapter)
+    data, whose = book_run(chapter)
     if data is None:
         return missing_message(chapter)
     pairs = ablation_rows(data, ABLATION_MS.get(chapter))
     if not pairs:
         return "No ablation entry was measured in this run.\n"
-    out = [f"Measured on {header_line(data)}; µs, the version → the knob off (change).", "",
+    out = ([whose, ""] if whose else []) + [
+        f"Measured on {header_line(data)}; µs, the version → the knob off (change).", "",
            "| shape | knob off | " + " | ".join(MODE_WORDS[m] for m in MODES) + " |",
            "|:--|:--|" + "--:|" * len(MODES)]
     for v, r in pairs:
@@ -562,7 +577,7 @@ def merge_runs(old: dict, new: dict) -> dict:
     runs = [dict(run) for run in old.get("runs") or [_run_summary(old, len(old["rows"]))]]
     if runs and "peer_libraries" not in runs[-1] and "peer_libraries" in old:
         runs[-1]["peer_libraries"] = old["peer_libraries"]  # the old top level is its newest run's
-    runs.append(_run_summary(new, 0))
+    runs += [dict(run) for run in new.get("runs") or [_run_summary(new, 0)]]  # a merged run brings its own
     for run in runs:
         run["rows"] = sum(1 for r in rows if (r["run_date"], r["run_commit"]) == (run.get("date"), run.get("commit")))
     runs = [run for run in runs if run["rows"]]

@@ -1,5 +1,7 @@
 """The book's knob table (results.ablation_markdown): each ablation entry beside its version."""
 
+import json
+
 from lkw import results
 
 
@@ -30,3 +32,21 @@ def test_markdown_shows_every_mode_and_the_change(monkeypatch):
     assert "12.00 → 6.00 (-50.0%)" in line
     monkeypatch.setattr(results, "load", lambda chapter, gpu=None: {**data, "rows": data["rows"][:1]})
     assert "No ablation entry" in results.ablation_markdown("06_int4_gemv")
+
+
+def test_a_chapter_without_a_run_of_this_gpu_shows_another_gpu_s_and_says_whose(tmp_path, monkeypatch):
+    monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
+    data = {"chapter": "06_int4_gemv", "gpu": "NVIDIA H100 80GB HBM3", "date": "d", "commit": "c",
+            "driver": "x", "cuda": "13.0",
+            "rows": [_row("v7_tiled_stream", "version", "m=1,n=64,k=256,g=128", 10.0, 11.0, 12.0),
+                     _row("ablation_v7_no_pdl", "ablation", "m=1,n=64,k=256,g=128", 11.0, 11.0, 12.0)]}
+    assert results.NO_MEASUREMENT in results.ablation_markdown("06_int4_gemv")  # no run anywhere
+    (tmp_path / "h100").mkdir()
+    (tmp_path / "h100" / "06_int4_gemv.json").write_text(json.dumps(data))
+    md = results.ablation_markdown("06_int4_gemv")
+    assert f"No {results.GPU.upper()} run of 06_int4_gemv" in md and "NVIDIA H100 80GB HBM3's" in md
+    assert "10.00 → 11.00 (+10.0%)" in md
+    # A run of this GPU is the one shown, and nothing is said of others.
+    (tmp_path / results.GPU).mkdir()
+    (tmp_path / results.GPU / "06_int4_gemv.json").write_text(json.dumps({**data, "gpu": "NVIDIA H200"}))
+    assert "run of 06_int4_gemv is recorded yet" not in results.ablation_markdown("06_int4_gemv")

@@ -113,6 +113,15 @@ def test_a_partial_run_replaces_its_rows_in_place_and_appends_new_ones():
     assert "aaa" not in results.header_line(again)
 
 
+def test_a_merged_run_merged_in_brings_each_of_its_runs():
+    old = dated(run(row("v0", 10.0, shape="n=1")), "2026-01-01", "aaa")
+    part2 = results.merge_runs(dated(run(row("v0", 9.0, shape="n=2")), "2026-02-02", "bbb"),
+                               dated(run(row("v0", 8.0, shape="n=3")), "2026-03-03", "ccc"))
+    merged = results.merge_runs(old, part2)  # two device calls, each of parts merged, put together
+    assert [(r["commit"], r["rows"]) for r in merged["runs"]] == [("aaa", 1), ("bbb", 1), ("ccc", 1)]
+    assert sum(r["rows"] for r in merged["runs"]) == len(merged["rows"])
+
+
 def test_a_full_run_merged_in_leaves_one_run_and_the_plain_header():
     old = dated(run(row("v0", 10.0), row("v1", 8.0)), "2026-01-01", "aaa")
     new = dated(run(row("v0", 9.0), row("v1", 7.0)), "2026-02-02", "bbb")
