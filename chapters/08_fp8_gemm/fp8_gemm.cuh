@@ -224,13 +224,17 @@ __device__ __forceinline__ float block_scale(const GemmArgs& a, int64_t row, int
   return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];  // (ceil(N/128), KB)
 }
 
-// y[m, n..n+1] = bf16(s_a · (s_b · acc)) (scale B first, then A: vLLM's epilogue order, which the
-// reference's accumulation model follows). N is a multiple of 16, so a pair is whole or absent.
+// bf16(s_a · (s_b · acc)) of a pair (scale B first, then A: vLLM's epilogue order, which the
+// reference's accumulation model follows).
+__device__ __forceinline__ __nv_bfloat162 scaled_pair(float c0, float c1, float sa, float sb0, float sb1) {
+  return __floats2bfloat162_rn(sa * (sb0 * c0), sa * (sb1 * c1));
+}
+
+// y[m, n..n+1] = scaled_pair(...). N is a multiple of 16, so a pair is whole or absent.
 __device__ __forceinline__ void store_pair(const GemmArgs& a, int64_t m, int64_t n, float c0, float c1,
                                            float sa, float sb0, float sb1) {
   if (m < a.m && n < a.n)
-    *reinterpret_cast<__nv_bfloat162*>(a.y + m * a.n + n) =
-        __floats2bfloat162_rn(sa * (sb0 * c0), sa * (sb1 * c1));  // (M, N)
+    *reinterpret_cast<__nv_bfloat162*>(a.y + m * a.n + n) = scaled_pair(c0, c1, sa, sb0, sb1);  // (M, N)
 }
 
 // A warpgroup's 64 × kN wgmma accumulators to y. Accumulator j of a thread (lane = 4g + t of warp
@@ -267,9 +271,8 @@ __device__ __forceinline__ void stage_wgmma_tile(const GemmArgs& a, const float 
     const int col = 2 * j + 2 * t;  // the tile's column: 8·(j / 4) + 2t, piece (j / 4) % 8 of box j / 32
     const float sb0 = kScaled ? col_scale(a, n0 + col) : 1.f, sb1 = kScaled ? col_scale(a, n0 + col + 1) : 1.f;
     unsigned char* const at = staging + (mine + (j / 32) * (64 * 128) + ((((j / 4) % 8) * 16) ^ swizzle));
-    *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(sa0 * (sb0 * acc[j]), sa0 * (sb1 * acc[j + 1]));
-    *reinterpret_cast<__nv_bfloat162*>(at + 8 * 128) =
-        __floats2bfloat162_rn(sa1 * (sb0 * acc[j + 2]), sa1 * (sb1 * acc[j + 3]));
+    *reinterpret_cast<__nv_bfloat162*>(at) = scaled_pair(acc[j], acc[j + 1], sa0, sb0, sb1);
+    *reinterpret_cast<__nv_bfloat162*>(at + 8 * 128) = scaled_pair(acc[j + 2], acc[j + 3], sa1, sb0, sb1);
   }
 }
 

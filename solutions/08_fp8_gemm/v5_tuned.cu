@@ -122,6 +122,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     sched.origin(unit, &m0, &n0);
     sched.k_range(unit, &kb0, &kb1);
     const int64_t row = m0 + c * 64 + 16 * warp + g;
+    // Load and compute: block kt's stage, once landed, through the four wgmmas of its 128 k into
+    // acc (added to it, or a fresh sum), committed as one group.
+    auto issue = [&](int s, bool accumulate) {
+      ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
+      const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
+      const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBlockK / 32; ++ks)
+        ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || accumulate);
+      ptx::wgmma_commit();
+      ptx::wgmma_fence_operands(acc);
+    };
     ptx::wgmma_fence_operands(acc);
     if constexpr (kPromote) {
 #pragma unroll
@@ -134,15 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       auto step = [&](float (&sc)[2], int kt) {
         const int s = it % T::kStages;
-        ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
-        const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
-        const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kBlockK / 32; ++ks)
-          ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_fence_operands(acc);
+        issue(s, false);  // a fresh sum each block: promotion
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
@@ -162,16 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // Tensor and rowwise scales: v3's loop, one wgmma group kept in flight across the blocks.
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
-        const int s = it % T::kStages;
-        ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
-        const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
-        const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kBlockK / 32; ++ks)
-          ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || kt > kb0);
-        ptx::wgmma_commit();
-        ptx::wgmma_fence_operands(acc);
+        issue(it % T::kStages, kt > kb0);
         ptx::wgmma_wait<1>();
         ptx::wgmma_fence_operands(acc);
         if (kt > kb0 && lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
