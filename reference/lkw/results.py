@@ -849,17 +849,17 @@ def run_bench(chapter: str) -> dict:
 
 
 def notebook_results(chapter: str) -> dict | None:
-    """What a notebook shows: a live run where possible, else the recorded one, else None."""
+    """What a notebook shows: a live run where possible, else the recorded one (this GPU folder's,
+    else the latest of another GPU's, as the book shows it, saying whose), else None."""
     if live_available():
         print(f"Live: measuring {chapter} with tools/bench.py on this GPU.")
-        data = run_bench(chapter)
-    else:
-        data = load(chapter)
-        if data is None:
-            print(missing_message(chapter))
-            print("The cells below skip their work until a measurement exists.")
-            return None
-        print(f"Replay: {results_path(chapter)}")
+        return run_bench(chapter)
+    data, whose = book_run(chapter)
+    if data is None:
+        print(missing_message(chapter))
+        print("The cells below skip their work until a measurement exists.")
+        return None
+    print(whose or f"Replay: {results_path(chapter)}")
     return data
 
 

@@ -50,3 +50,21 @@ def test_a_chapter_without_a_run_of_this_gpu_shows_another_gpu_s_and_says_whose(
     (tmp_path / results.GPU).mkdir()
     (tmp_path / results.GPU / "06_int4_gemv.json").write_text(json.dumps({**data, "gpu": "NVIDIA H200"}))
     assert "run of 06_int4_gemv is recorded yet" not in results.ablation_markdown("06_int4_gemv")
+
+
+def test_a_notebook_replays_another_gpu_s_run_where_this_gpu_has_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(results, "live_available", lambda: False)
+    assert results.notebook_results("06_int4_gemv") is None
+    assert results.NO_MEASUREMENT in capsys.readouterr().out
+    data = {"chapter": "06_int4_gemv", "gpu": "NVIDIA H100 80GB HBM3", "date": "d", "commit": "c",
+            "driver": "x", "cuda": "13.0", "rows": [_row("v7_tiled_stream", "version", "m=1,n=64,k=256,g=128", 10.0, 11.0, 12.0)]}
+    (tmp_path / "h100").mkdir()
+    (tmp_path / "h100" / "06_int4_gemv.json").write_text(json.dumps(data))
+    assert results.notebook_results("06_int4_gemv")["gpu"] == "NVIDIA H100 80GB HBM3"
+    out = capsys.readouterr().out
+    assert f"No {results.GPU.upper()} run of 06_int4_gemv" in out and "results/h100/06_int4_gemv.json" in out
+    (tmp_path / results.GPU).mkdir()
+    (tmp_path / results.GPU / "06_int4_gemv.json").write_text(json.dumps({**data, "gpu": "NVIDIA H200"}))
+    assert results.notebook_results("06_int4_gemv")["gpu"] == "NVIDIA H200"
+    assert "Replay:" in capsys.readouterr().out
