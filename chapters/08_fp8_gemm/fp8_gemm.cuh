@@ -23,7 +23,6 @@
 //                      setmaxnreg, persistent tiles
 //   v4_blockwise       DeepSeek's 1 × 128 / 128 × 128 scales, promoted every K block
 //   v5_tuned           split K where the tiles cannot fill the SMs, tiles in L2 bands
-//   v6_multicast       clusters of two CTAs: one TMA multicast of A feeds both
 // The reference, its error bound and the accumulation model: reference/lkw/fp8_gemm.py.
 #pragma once
 #include <cuda_bf16.h>
@@ -217,13 +216,12 @@ __device__ __forceinline__ float col_scale(const GemmArgs& a, int64_t n) {
 }
 
 // The product s_a[m, kb]·s_b[n0/128, kb] that row m takes for K block kb (blockwise scales), 1
-// for the others (their scales wait for the epilogue). Rows past M read row 0's, a tile past N
-// (v6's odd tile count) column block 0's: never stored.
+// for the others (their scales wait for the epilogue). Rows past M read row 0's: never stored.
 __device__ __forceinline__ float block_scale(const GemmArgs& a, int64_t row, int64_t n0, int kb) {
   if (a.granularity != Granularity::kBlockwise) return 1.f;
-  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0, nb = n0 < a.n ? n0 / kScaleBlock : 0;
+  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0;
   const float sa = a.a_scales_row_major ? a.s_a[r * blocks + kb] : a.s_a[kb * a.m + r];  // (M, KB) or (KB, M)
-  return sa * a.s_b[nb * blocks + kb];  // (ceil(N/128), KB)
+  return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];  // (ceil(N/128), KB)
 }
 
 // bf16(s_a · (s_b · acc)) of a pair (scale B first, then A: vLLM's epilogue order, which the

@@ -80,15 +80,4 @@ TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, i
   return s;
 }
 
-// v6's plan: v5's for clusters of `pair` CTAs side by side along N. The CTA's width is v5's; a
-// unit's tile is `pair` of them wide (rank r takes the r-th), and K is split as if each pair were
-// one SM.
-template <class SplitsFor>
-TileSchedule plan_v6(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m, int pair,
-                     SplitsFor splits_for) {
-  TileSchedule s = plan_tiles(m, n, 128, pair * block_n_for(m, n, blockwise, sms), k, group_m);
-  s.splits = splits_for(s.tiles(), s.k_blocks, std::max(sms / pair, 1), 1);
-  return s;
-}
-
 }  // namespace lkw::fp8

@@ -201,36 +201,5 @@ TEST(HostSchedule, V5PlansTheIssueShapes) {
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
 }
 
-// v6's plan: v5's width per CTA, units as wide as the pair, and the pair's CTA tiles (rank r the
-// r-th half of a unit) cover every v5 tile exactly once; at an odd tile count the last unit's
-// second half lies wholly past N. K is split as though each pair were one SM (66 on 132 SMs).
-TEST(HostSchedule, V6PairsCoverV5sTilesOnce) {
-  for (int64_t m : {64, 300, 8192})
-    for (int64_t n : {2112, 4096, 7168, 24576})
-      for (bool blockwise : {false, true}) {
-        const TileSchedule v5 = plan_v5(m, n, 7168, blockwise, 132, 16, w4a16::splits_for);
-        const TileSchedule v6 = plan_v6(m, n, 7168, blockwise, 132, 16, 2, w4a16::splits_for);
-        ASSERT_EQ(v6.block_n, 2 * v5.block_n);
-        EXPECT_EQ(v6.splits, w4a16::splits_for(v6.tiles(), v6.k_blocks, 66, 1));
-        std::vector<int> seen(size_t(v5.tiles()), 0);
-        for (int u = 0; u < v6.tiles(); ++u)
-          for (int rank = 0; rank < 2; ++rank) {
-            int m0, n0;
-            v6.origin(u, &m0, &n0);
-            n0 += rank * v5.block_n;
-            if (n0 >= n) {
-              EXPECT_EQ(rank, 1);
-              EXPECT_EQ(v5.tiles_n % 2, 1);
-              continue;
-            }
-            ++seen[size_t(n0 / v5.block_n) * v5.tiles_m + m0 / 128];
-          }
-        for (int c : seen) ASSERT_EQ(c, 1) << m << " x " << n << (blockwise ? " blockwise" : "");
-      }
-  const TileSchedule small = plan_v6(64, 2112, 7168, true, 132, 16, 2, w4a16::splits_for);
-  EXPECT_EQ(small.tiles(), 9);  // 17 CTA tiles: the ninth pair's second half is past N
-  EXPECT_GT(small.splits, 1);
-}
-
 }  // namespace
 }  // namespace lkw::fp8
