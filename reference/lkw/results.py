@@ -206,7 +206,7 @@ def book_run(chapter: str) -> tuple[dict | None, str]:
     if not others:
         return None, ""
     path, data = max(((p, json.loads(p.read_text())) for p in others), key=lambda pd: pd[1].get("date") or "")
-    return data, (f"No {GPU.upper()} run of {chapter} is recorded yet: the table below is the "
+    return data, (f"No {GPU.upper()} run of {chapter} is recorded yet: the figures below are the "
                   f"{data['gpu']}'s (results/{path.parent.name}/{path.name}).")
 
 
