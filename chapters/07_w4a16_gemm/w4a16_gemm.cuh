@@ -21,7 +21,7 @@
 // weight byte, so the product turns compute-bound near M = 40 (the book derives it).
 //
 // The teaching path (one file per version; the book says what each step gains):
-//   v0_dequant_cublas   dequantize to a BF16 copy in HBM (2.5 extra bytes per weight), then cuBLAS
+//   v0_dequant_cublas   dequantize to a BF16 copy in HBM (4.5 bytes per weight, not 0.5), then cuBLAS
 //   v1_mma_global       mma.sync m16n8k16, x and the weights read from global into fragments
 //   v2_cp_async_ldmatrix  tiles through shared memory: a cp.async ring of stages, ldmatrix for x
 //   v3_repacked_lop3    the offline repack: one 16-byte shared read per lane is its B fragment,
