@@ -45,25 +45,10 @@ template <int kBlockN, class Store>
 struct Tile {
   static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = kBlockN == 256 ? (Store::kTma ? 3 : 4) : kBlockN == 192 ? (Store::kTma ? 4 : 5) : 6;
+  static constexpr int kStages = kBlockN == 256 ? (Store::kTma ? 3 : 4) : 6;
   static constexpr int kStagingBytes = Store::kTma ? kBlockM * kBlockN * 2 : 0;  // BF16 y tile
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + alignment
 };
-
-// Promotion: total += acc · the block's scales. The 8-column groups below kFirst take the first
-// scale block's pair, the rest the second's (a 192-wide tile starts at 0 or 64 of a scale block,
-// so the split is at group 16 or 8, known per tile).
-template <int kBlockN, int kFirst, int kScales>
-__device__ __forceinline__ void promote(float (&total)[kBlockN / 2], const float (&acc)[kBlockN / 2],
-                                        const float (&sc)[kScales]) {
-#pragma unroll
-  for (int j = 0; j < kBlockN / 2; ++j) {
-    if constexpr (kScales == 2)
-      total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
-    else
-      total[j] = fmaf(acc[j], sc[(j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
-  }
-}
 
 template <bool kPromote, int kBlockN, class Store>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -157,34 +142,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
       // The blocks in pairs, each with its own pair of scales, loaded two blocks before their
-      // promotion: a scale's load from L2 takes longer than one block's wgmmas. A 192-wide tile
-      // spans two of B's 128-column scale blocks (the second clamped to N's last): a pair of
-      // scales for each, sc[2], sc[3] the second's.
-      constexpr int kScales = kBlockN > 128 ? 4 : 2;
-      float even[kScales], odd[kScales];
-      auto scales = [&](float (&sc)[kScales], int kt) {
-        if (kt >= kb1) return;
-        sc[0] = block_scale(a, row, n0, kt), sc[1] = block_scale(a, row + 8, n0, kt);
-        if constexpr (kScales == 4) {
-          const int64_t next = (n0 / kScaleBlock + 1) * kScaleBlock, last = (a.n - 1) / kScaleBlock * kScaleBlock;
-          const int64_t n1 = next < last ? next : last;
-          sc[2] = block_scale(a, row, n1, kt), sc[3] = block_scale(a, row + 8, n1, kt);
-        }
+      // promotion: a scale's load from L2 takes longer than one block's wgmmas.
+      float even[2], odd[2];
+      auto scales = [&](float (&sc)[2], int kt) {
+        if (kt < kb1) sc[0] = block_scale(a, row, n0, kt), sc[1] = block_scale(a, row + 8, n0, kt);
       };
-      auto step = [&](float (&sc)[kScales], int kt) {
+      auto step = [&](float (&sc)[2], int kt) {
         const int s = it % T::kStages;
         issue(s, false);  // a fresh sum each block: promotion
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
-        if constexpr (kScales == 2) {
-          promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
-        } else {
-          if (n0 % kScaleBlock == 0)
-            promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
-          else
-            promote<kBlockN, kScaleBlock / 16>(total, acc, sc);
-        }
+#pragma unroll
+        for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
         scales(sc, kt + 2);  // this pair's next block
         ++it;
       };
@@ -281,20 +251,13 @@ Status launch_planned(const GemmArgs& a, const TileSchedule& sched, bool tma_whe
                                               : launch_v5<kPromote, kBlockN, StoreDirect>(a, sched, stream);
 }
 
-// kWide: the ablation that gives blockwise tiles 192 columns (two 96-float sums a thread, 4 or 5
-// stages) for 1.5 times the FLOPs per byte loaded of the 128-wide tile.
-template <bool kTmaWhereWhole, bool kWide = false>
+template <bool kTmaWhereWhole>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
-  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90,
-                           kWide ? "ablation_v5_wide_blockwise" : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
+  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
+                           90, kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
-  if (kWide && blockwise) {
-    sched = plan_tiles(a.m, a.n, kBlockM, 192, a.k, kGroupM);
-    sched.splits = w4a16::splits_for(sched.tiles(), sched.k_blocks, sm_count(), 1);
-    return launch_planned<true, 192>(a, sched, kTmaWhereWhole, stream);
-  }
+  const TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
   if (blockwise) return launch_planned<true, 128>(a, sched, kTmaWhereWhole, stream);
   return sched.block_n == 256 ? launch_planned<false, 256>(a, sched, kTmaWhereWhole, stream)
                               : launch_planned<false, 128>(a, sched, kTmaWhereWhole, stream);
@@ -316,10 +279,6 @@ const Register kDirectBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_direct_s
                                              gemm_v5<false>, 90, {kDirectFacts}, Kind::kAblation)};
 const Register kDirectRowwise{gemm_version(kOp, "ablation_v5_direct_store", kDirectSummary, gemm_v5<false>, 90,
                                            {kDirectFacts}, Kind::kAblation)};
-// The ablation of the blockwise tile's width: 192 columns instead of 128.
-constexpr const char* kWideSummary = "v5 with 128 x 192 blockwise tiles (two scale blocks of B a tile)";
-const Register kWideBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_wide_blockwise", kWideSummary,
-                                           gemm_v5<true, true>, 90, {kTmaFacts, kDirectFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8
