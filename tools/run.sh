@@ -2,7 +2,8 @@
 # The main job. On a machine with a GPU: build, then verify and time every chapter's versions
 # and print the tables (tools/bench.py --all; arguments go to it). Without a GPU: build, run the
 # host checks and the SASS facts, then print a one-screen summary per chapter of the results
-# recorded on an H200 (results/h200/), saying so; `tools/run.sh --all` prints the full tables.
+# recorded on an H200 (results/h200/; another GPU's where the H200 has none), saying so;
+# `tools/run.sh --all` prints the full tables.
 #
 # The SASS facts take minutes on a small machine; they are cached until a binary they read
 # changes (build/.run_sass_stamp holds the newest binary's mtime, build/run_sass.log the output).
@@ -109,17 +110,19 @@ def shape_key(rows, shape):
 
 print("run: the results recorded on an H200 (results/h200/), not measured here: per op the fastest")
 print("     version at its largest shape. The full tables: tools/run.sh --all, or the book.")
-chapters = sorted({p.stem for p in results.results_dir().joinpath(results.GPU).glob("[0-9][0-9]_*.json")}
+chapters = sorted({p.stem for p in results.results_dir().glob("*/[0-9][0-9]_*.json")}
                   | set(host) - {None} | set(sass_ok))
 for chapter in chapters:
     archs = ", ".join(sorted(sass_archs.get(chapter, ())))
     checks = f"host checks: {host.get(chapter, 0)} passed · SASS facts: {sass_ok.get(chapter, 0)} passed"
     print()
     print(fit(f"== {chapter}  ·  {checks}" + (f" ({archs})" if archs else "")))
-    data = results.load(chapter)
+    data, whose = results.book_run(chapter)  # another GPU's run where the H200 has none, said
     if data is None:
         print(fit("   " + results.missing_message(chapter)))
         continue
+    if whose:
+        print(fit("   " + whose))
     if "rows" not in data:  # chapter 11's layer bench records cases, not rows: its notebook shows them
         print(fit(f"   {data['gpu']} · {data['date'][:10]} · commit {data['commit']} · the layer bench's "
                   f"cases: notebooks/{chapter}.ipynb replays them"))

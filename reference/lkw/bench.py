@@ -3745,12 +3745,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if regressions else 0
     if args.replay:
         for c in chapters:
-            data = results.load(c)
+            data, whose = results.book_run(c)  # another GPU's run where this GPU's folder has none, said
+            if whose:
+                print(whose)
             print(results.text_table(data) if data else results.missing_message(c))
             print()
         return 0
     if args.list:
-        for v in ext().versions():
+        try:
+            versions = ext().versions()
+        except ImportError as e:
+            print(f"bench: --list needs the compiled extension lkw._ext ({e}); build it with "
+                  "tools/setup.sh and cmake (README), or read the versions in the book", file=sys.stderr)
+            return 2
+        for v in versions:
             print(f"{v['name']:<45} {v['kind']:<8} sm_{v['min_arch']}+  {v['summary']}")
         return 0
     if args.ncu_pass:
