@@ -1,0 +1,97 @@
+"""tools/device_check.sh's sanitize stage on a fake GPU machine: stand-ins for nvidia-smi,
+compute-sanitizer and a chapter's gtest binary (one of whose tests never returns, as a kernel
+whose cluster barrier a serializing sanitizer never completes). The stage must name the hung test,
+fail, and still sanitize the tests after it, without running the ones that passed again."""
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A gtest binary in miniature: --gtest_list_tests, and --gtest_filter with gtest's syntax
+# (positive patterns, then '-' and negative ones, ':'-separated, shell-style globs).
+FAKE_TEST = r"""#!/usr/bin/env bash
+set -f  # the patterns are gtest's, not the shell's file names
+tests="Golden.a Golden.b Golden.hang Golden.c Host.h"
+filter="*"
+for arg in "$@"; do
+  case "$arg" in
+    --gtest_list_tests) for t in $tests; do echo "$t"; done; exit 0 ;;
+    --gtest_filter=*) filter="${arg#--gtest_filter=}" ;;
+  esac
+done
+pos="${filter%%-*}"; neg=""; [[ "$filter" == *-* ]] && neg="${filter#*-}"
+[ -z "$pos" ] && pos="*"
+matches() { local IFS=:; for p in $2; do [[ "$1" == $p ]] && return 0; done; return 1; }
+n=0
+for t in $tests; do
+  matches "$t" "$pos" || continue
+  [ -n "$neg" ] && matches "$t" "$neg" && continue
+  echo "[ RUN      ] $t"
+  [ "$t" = Golden.hang ] && exec sleep 60
+  echo "[       OK ] $t (1 ms)"
+  n=$((n + 1))
+done
+echo "[==========] $n tests from 1 test suite ran. (5 ms total)"
+"""
+
+FAKE_SANITIZER = r"""#!/usr/bin/env bash
+while [ $# -gt 0 ]; do
+  case "$1" in --tool|--error-exitcode) shift 2 ;; --*) shift ;; *) break ;; esac
+done
+exec "$@"
+"""
+
+
+def _executable(path: Path, text: str):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "tools").mkdir(parents=True)
+    shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
+    (repo / "solutions" / "99_fake").mkdir(parents=True)
+    (repo / "build" / "golden" / "99_fake").mkdir(parents=True)
+    (repo / "build" / "golden" / "99_fake" / "manifest.txt").write_text("")
+    _executable(repo / "build" / "test_99_fake", FAKE_TEST)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
+    _executable(bin_dir / "compute-sanitizer", FAKE_SANITIZER)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               LKW_SANITIZE_TIMEOUT="3")
+    out = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "sanitize"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout
+    for tool in ("memcheck", "racecheck"):
+        assert f"{tool} hung in: Golden.hang" in out.stdout, out.stdout
+        assert f"{tool} ran 3 tests of build/test_99_fake" in out.stdout, out.stdout
+        log = (tmp_path / "out" / f"sanitize_{tool}_99_fake.log").read_text()
+        assert log.count("[ RUN      ] Golden.a") == 1  # passed before the hang: not run again
+        assert log.count("[ RUN      ] Golden.hang") == 1  # resumed without it
+        assert "[       OK ] Golden.c" in log  # the test after the hang was sanitized
+        assert "Host.h" not in log  # the default filter leaves host tests out
+
+
+def test_a_filter_that_matches_nothing_fails(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "tools").mkdir(parents=True)
+    shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
+    (repo / "solutions" / "99_fake").mkdir(parents=True)
+    (repo / "build" / "golden" / "99_fake").mkdir(parents=True)
+    (repo / "build" / "golden" / "99_fake" / "manifest.txt").write_text("")
+    _executable(repo / "build" / "test_99_fake", FAKE_TEST)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
+    _executable(bin_dir / "compute-sanitizer", FAKE_SANITIZER)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               LKW_SANITIZE_FILTER="*nothing*")
+    out = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "sanitize"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "memcheck: no test of build/test_99_fake matched the filter" in out.stdout, out.stdout
