@@ -97,10 +97,13 @@ plt.show()
 #
 # `tools/promotion.py` (stage `promotion` of `tools/device_check.sh`) runs `v4_blockwise` and
 # `ablation_v4_no_promotion` on rowwise scales at these K, both kinds of data, and records the
-# errors with the model's prediction for the same inputs: `results/h200/experiments/08_promotion.json`.
+# errors with the model's prediction for the same inputs: `results/<gpu>/experiments/08_promotion.json`.
 
 # %%
-PROMOTION = results.results_dir() / results.GPU / "experiments" / "08_promotion.json"
+# This GPU's run of it, else another GPU's (the run names its GPU).
+PROMOTION = next(iter(sorted(results.results_dir().glob("*/experiments/08_promotion.json"),
+                             key=lambda p: p.parent.parent.name != results.GPU)),
+                 results.results_dir() / results.GPU / "experiments" / "08_promotion.json")
 if PROMOTION.is_file():
     import json
 
