@@ -50,7 +50,8 @@ def _executable(path: Path, text: str):
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
+def _fake_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    """device_check.sh's sanitize stage in a fake repo with chapter 99_fake, on the stand-ins."""
     repo = tmp_path / "repo"
     (repo / "tools").mkdir(parents=True)
     shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
@@ -62,10 +63,13 @@ def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
     bin_dir.mkdir()
     _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
     _executable(bin_dir / "compute-sanitizer", FAKE_SANITIZER)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-               LKW_SANITIZE_TIMEOUT="3")
-    out = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "sanitize"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), **env)
+    return subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "sanitize"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
+    out = _fake_machine(tmp_path, LKW_SANITIZE_TIMEOUT="3")
     assert out.returncode != 0, out.stdout
     for tool in ("memcheck", "racecheck"):
         assert f"{tool} hung in: Golden.hang" in out.stdout, out.stdout
@@ -78,20 +82,6 @@ def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
 
 
 def test_a_filter_that_matches_nothing_fails(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "tools").mkdir(parents=True)
-    shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
-    (repo / "solutions" / "99_fake").mkdir(parents=True)
-    (repo / "build" / "golden" / "99_fake").mkdir(parents=True)
-    (repo / "build" / "golden" / "99_fake" / "manifest.txt").write_text("")
-    _executable(repo / "build" / "test_99_fake", FAKE_TEST)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
-    _executable(bin_dir / "compute-sanitizer", FAKE_SANITIZER)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-               LKW_SANITIZE_FILTER="*nothing*")
-    out = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "sanitize"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = _fake_machine(tmp_path, LKW_SANITIZE_FILTER="*nothing*")
     assert out.returncode != 0
     assert "memcheck: no test of build/test_99_fake matched the filter" in out.stdout, out.stdout
