@@ -431,15 +431,6 @@ __device__ __forceinline__ void wgmma_e4m3_ss<256>(float (&d)[128], uint64_t des
 // copies) and its consumers many (wgmma accumulators); the block is compiled for the average and
 // each warpgroup then releases (dec) or claims (inc) registers. Counts are multiples of 8 in
 // 24..256; every warp of the warpgroup executes it.
-// The pool the moves share is what the block was launched with, not the register file: a block of
-// more than 256 threads, one an SM (__launch_bounds__(threads, 1)), gets 65536 / threads a thread
-// in units of 8 (what ptxas compiles such a kernel to when it needs them all). An inc waits until
-// the decs have returned enough: where the counts after the moves exceed the pool it waits for ever.
-constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
-constexpr bool setmaxnreg_fits(int producer_threads, int producer_regs, int consumer_threads, int consumer_regs) {
-  return producer_threads * producer_regs + consumer_threads * consumer_regs <=
-         (producer_threads + consumer_threads) * launch_regs(producer_threads + consumer_threads);
-}
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: 24..256, multiple of 8");

@@ -8,7 +8,6 @@
 
 #include "07_w4a16_gemm/gemm_plan.h"
 #include "fp8_gemm.cuh"
-#include "lkw/ptx.cuh"
 #include "schedule.cuh"
 
 namespace lkw::fp8 {
@@ -202,14 +201,14 @@ TEST(HostSchedule, V5PlansTheIssueShapes) {
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
 }
 
-// The register balance of the warp-specialized versions: one block of 384 threads is launched with
-// 168 registers a thread, and the consumers' claim must fit what the producers give back. 48 for
-// the producers (the first scale-warp experiment) hung every blockwise test.
+// The register balance of the warp-specialized versions (schedule.cuh): a block of 384 threads is
+// launched with 168 registers a thread, and the consumers' claim must fit what the producers give
+// back. 48 for the producers (the first scale-warp experiment) hung every blockwise test.
 TEST(HostModel, SetmaxnregClaimsFitTheLaunchPool) {
-  EXPECT_EQ(ptx::launch_regs(384), 168);
-  EXPECT_TRUE(ptx::setmaxnreg_fits(128, 40, 256, 232));   // v3..v5: exactly the pool
-  EXPECT_FALSE(ptx::setmaxnreg_fits(128, 48, 256, 232));  // 6144 + 59392 > 64512
-  EXPECT_TRUE(ptx::setmaxnreg_fits(128, 56, 256, 224));
+  EXPECT_EQ(launch_regs(384), 168);
+  EXPECT_TRUE(setmaxnreg_fits(128, 40, 256, 232));   // v3..v5: exactly the pool
+  EXPECT_FALSE(setmaxnreg_fits(128, 48, 256, 232));  // 6144 + 59392 > 64512
+  EXPECT_TRUE(setmaxnreg_fits(128, 56, 256, 224));
 }
 
 }  // namespace
