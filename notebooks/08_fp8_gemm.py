@@ -100,21 +100,17 @@ plt.show()
 # errors with the model's prediction for the same inputs: `results/<gpu>/experiments/08_promotion.json`.
 
 # %%
-# This GPU's run of it, else another GPU's (the run names its GPU).
-PROMOTION = next(iter(sorted(results.results_dir().glob("*/experiments/08_promotion.json"),
-                             key=lambda p: p.parent.parent.name != results.GPU)),
-                 results.results_dir() / results.GPU / "experiments" / "08_promotion.json")
-if PROMOTION.is_file():
-    import json
-
-    run = json.loads(PROMOTION.read_text())
+run, whose = results.recorded("experiments/08_promotion.json")  # this GPU's, else another's, said
+if run:
+    if whose:
+        print(whose)
     print(f"{run['gpu']}, {run['date']}, commit {run['commit']}: M = {run['m']}, N = {run['n']}")
     print(f"{'shift':>6}{'K':>7}{'promoted':>11}{'(model)':>10}{'unpromoted':>12}{'(model)':>10}")
     for r in run["rows"]:
         print(f"{r['shift']:>6g}{r['k']:>7}{r['promoted']:>11.2e}{r['model_promoted']:>10.2e}"
               f"{r['unpromoted']:>12.2e}{r['model_unpromoted']:>10.2e}")
 else:
-    print(f"{results.NO_MEASUREMENT} for the promotion experiment ({PROMOTION})")
+    print(f"{results.NO_MEASUREMENT} for the promotion experiment (results/<gpu>/experiments/08_promotion.json)")
 
 # %% [markdown]
 # ## The run

@@ -196,18 +196,24 @@ def load(chapter: str, gpu: str = GPU) -> dict | None:
     return json.loads(path.read_text())
 
 
-def book_run(chapter: str) -> tuple[dict | None, str]:
-    """The run the book's tables show: this GPU folder's (GPU), else the latest run of the chapter
-    in another GPU's folder, with a line that says whose it is; (None, "") where none is recorded."""
-    data = load(chapter)
-    if data is not None:
-        return data, ""
-    others = [p for p in sorted(results_dir().glob(f"*/{chapter}.json")) if p.parent.name != GPU]
+def recorded(relative: str) -> tuple[dict | None, str]:
+    """A recorded file, results/<gpu>/RELATIVE: this GPU folder's (GPU), else the latest (by its
+    date) of another GPU's folder, with a line that says whose it is; (None, "") where none is."""
+    path = results_dir() / GPU / relative
+    if path.is_file():
+        return json.loads(path.read_text()), ""
+    others = [p for p in sorted(results_dir().glob(f"*/{relative}")) if p.relative_to(results_dir()).parts[0] != GPU]
     if not others:
         return None, ""
     path, data = max(((p, json.loads(p.read_text())) for p in others), key=lambda pd: pd[1].get("date") or "")
-    return data, (f"No {GPU.upper()} run of {chapter} is recorded yet: the figures below are the "
-                  f"{data['gpu']}'s (results/{path.parent.name}/{path.name}).")
+    return data, (f"No {GPU.upper()} run of {Path(relative).stem} is recorded yet: the figures below are "
+                  f"the {data['gpu']}'s (results/{path.relative_to(results_dir()).as_posix()}).")
+
+
+def book_run(chapter: str) -> tuple[dict | None, str]:
+    """The run the book's tables show: this GPU's (load), else recorded(CHAPTER.json)'s."""
+    data = load(chapter)
+    return (data, "") if data is not None else recorded(f"{chapter}.json")
 
 
 def missing_message(chapter: str, gpu: str = GPU) -> str:

@@ -68,3 +68,20 @@ def test_a_notebook_replays_another_gpu_s_run_where_this_gpu_has_none(tmp_path, 
     (tmp_path / results.GPU / "06_int4_gemv.json").write_text(json.dumps({**data, "gpu": "NVIDIA H200"}))
     assert results.notebook_results("06_int4_gemv")["gpu"] == "NVIDIA H200"
     assert "Replay:" in capsys.readouterr().out
+
+
+def test_a_recorded_experiment_is_this_gpu_s_else_the_latest_of_another_s(tmp_path, monkeypatch):
+    monkeypatch.setenv("LKW_RESULTS_DIR", str(tmp_path))
+    assert results.recorded("experiments/08_promotion.json") == (None, "")
+    for gpu, date in (("h100", "2026-01-01"), ("b200", "2026-02-02")):
+        (tmp_path / gpu / "experiments").mkdir(parents=True)
+        (tmp_path / gpu / "experiments" / "08_promotion.json").write_text(
+            json.dumps({"gpu": f"NVIDIA {gpu.upper()}", "date": date}))
+    run, whose = results.recorded("experiments/08_promotion.json")
+    assert run["gpu"] == "NVIDIA B200"  # the latest
+    assert f"No {results.GPU.upper()} run of 08_promotion" in whose
+    assert "results/b200/experiments/08_promotion.json" in whose
+    (tmp_path / results.GPU / "experiments").mkdir(parents=True)
+    (tmp_path / results.GPU / "experiments" / "08_promotion.json").write_text(
+        json.dumps({"gpu": "NVIDIA H200", "date": "2025-01-01"}))
+    assert results.recorded("experiments/08_promotion.json") == ({"gpu": "NVIDIA H200", "date": "2025-01-01"}, "")
