@@ -98,12 +98,13 @@ if has sanitize; then
         echo "$tool timed out in: $stuck" >>"$run_log"
         hung="$hung $stuck"
         passed=$(grep -aE '^\[ +OK \] ' "$part_log" | sed -E 's/^\[ +OK \] ([^ ]+).*/\1/')
-        ran=$((ran + $(echo "$passed" | grep -c .)))
+        npassed=$(echo "$passed" | grep -c .)
+        ran=$((ran + npassed))
         [ -n "$stuck" ] && [ $resumes -lt "${LKW_SANITIZE_RESUMES:-3}" ] || break
         resumes=$((resumes + 1))
         skip=$(echo $passed $stuck | tr ' ' ':')
         [[ "$pass_filter" == *-* ]] && pass_filter="$pass_filter:$skip" || pass_filter="$pass_filter-$skip"
-        echo "$tool: resuming without the hung test and the $(echo "$passed" | grep -c .) that passed" >>"$run_log"
+        echo "$tool: resuming without the hung test and the $npassed that passed" >>"$run_log"
       done
       rm -f "$run_log.part"
       cat "$run_log" >>"$log"
