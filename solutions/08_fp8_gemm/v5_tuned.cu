@@ -10,7 +10,7 @@
 // rows (schedule.cuh), so the A rows and B columns in flight at once stay in L2. Tile width:
 // blockwise 128 (two accumulators), else 256 while the tiles fill the SMs. Rowwise and tensor
 // scales accumulate the whole share in the tensor core (v3's), blockwise ones are promoted (v4's)
-// with each block's scales loaded two blocks ahead (one block's wgmmas are shorter than a load).
+// with each block's scales in its stage: a scale warp copies them in by cp.async, on the ring.
 // Expect: small M several times v4; large shapes a few per cent from the bands. The epilogue, a
 // trait: unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
 #include "07_w4a16_gemm/gemm_plan.h"
@@ -41,13 +41,17 @@ struct StoreTma {
   static constexpr bool kTma = true;
 };
 
-template <int kBlockN, class Store>
+// A promoted (blockwise) stage also carries its K block's scales: s_a of the tile's rows, then s_b
+// (kScaleSlot floats, after the staging); with the staging that leaves room for 5 stages.
+template <bool kPromote, int kBlockN, class Store>
 struct Tile {
   static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = kBlockN == 256 ? (Store::kTma ? 3 : 4) : 6;
+  static constexpr int kStages = kBlockN == 256 ? (Store::kTma ? 3 : 4) : (kPromote && Store::kTma ? 5 : 6);
   static constexpr int kStagingBytes = Store::kTma ? kBlockM * kBlockN * 2 : 0;  // BF16 y tile
-  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + alignment
+  static constexpr int kScaleSlot = kBlockM + 4, kScaleBytes = kPromote ? kStages * kScaleSlot * 4 : 0;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + kScaleBytes + 1024;  // + alignment
+  static constexpr unsigned kFullArrivals = kPromote ? 1 + 32 : 1;  // the TMA issuer (+ the scale warp)
 };
 
 template <bool kPromote, int kBlockN, class Store>
@@ -55,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fp8_v5_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                   const __grid_constant__ CUtensorMap y_map, const GemmArgs a, const TileSchedule sched,
                   float* __restrict__ partials, unsigned* __restrict__ arrivals) {
-  using T = Tile<kBlockN, Store>;
+  using T = Tile<kPromote, kBlockN, Store>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t full_sh[T::kStages], empty_sh[T::kStages];
@@ -63,16 +67,42 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   auto a_tile = [&](int s) { return smem + s * T::kStageBytes; };
   auto b_tile = [&](int s) { return a_tile(s) + T::kABytes; };
+  auto scale_slot = [&](int s) {
+    return reinterpret_cast<float*>(smem + T::kStages * T::kStageBytes + T::kStagingBytes) + s * T::kScaleSlot;
+  };
   if (threadIdx.x == 0)
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbarrier_init(&full_sh[s], 1);
+      ptx::mbarrier_init(&full_sh[s], T::kFullArrivals);
       ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers);
     }
   __syncthreads();
 
   if (group == 0) {
-    // Producer: v4's, over the unit's share of K.
+    // Producer: v4's, over the unit's share of K. Blockwise, warp 1 is a scale warp: it walks the
+    // same ring and copies each K block's scales into the stage's slot with 4-byte cp.async (rows
+    // past M zero-filled); each lane's arrival on the full barrier lands with its copies, so a
+    // stage is full once its tiles and its scales are in.
     ptx::setmaxnreg_dec<kProducerRegs>();
+    if (kPromote && warp == 1) {
+      int it = 0;
+      for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
+        int m0, n0, kb0, kb1;
+        sched.origin(unit, &m0, &n0);
+        sched.k_range(unit, &kb0, &kb1);
+        for (int kt = kb0; kt < kb1; ++kt, ++it) {
+          const int s = it % T::kStages;
+          float* const slot = scale_slot(s);
+          ptx::mbarrier_wait(&empty_sh[s], ((it / T::kStages) & 1) ^ 1);
+          for (int r = lane; r < kBlockM; r += 32)
+            ptx::cp_async_4(slot + r, block_scale_a(a, m0 + r, kt), m0 + r < a.m ? 4 : 0);
+          if (lane == 0) ptx::cp_async_4(slot + kBlockM, block_scale_b(a, n0, kt), 4);
+          ptx::cp_async_mbarrier_arrive_noinc(&full_sh[s]);
+        }
+      }
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();  // no lane leaves with its copies in flight
+      return;
+    }
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
@@ -141,31 +171,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kPromote) {
 #pragma unroll
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
-      // The blocks in pairs, each with its own pair of scales, loaded two blocks before their
-      // promotion: a scale's load from L2 takes longer than one block's wgmmas.
-      float even[2], odd[2];
-      auto scales = [&](float (&sc)[2], int kt) {
-        if (kt < kb1) sc[0] = block_scale(a, row, n0, kt), sc[1] = block_scale(a, row + 8, n0, kt);
-      };
-      auto step = [&](float (&sc)[2], int kt) {
+      for (int kt = kb0; kt < kb1; ++kt, ++it) {
         const int s = it % T::kStages;
         issue(s, false);  // a fresh sum each block: promotion
+        // The block's scales from its stage (landed with it), read while the wgmmas run and
+        // before the stage is released.
+        const float* const slot = scale_slot(s);
+        const int r = c * 64 + 16 * warp + g;
+        const float sc[2] = {slot[r] * slot[kBlockM], slot[r + 8] * slot[kBlockM]};
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
 #pragma unroll
         for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
-        scales(sc, kt + 2);  // this pair's next block
-        ++it;
-      };
-      scales(even, kb0);
-      scales(odd, kb0 + 1);
-      int kt = kb0;
-      for (; kt + 1 < kb1; kt += 2) {
-        step(even, kt);
-        step(odd, kt + 1);
       }
-      if (kt < kb1) step(even, kt);
     } else {
       // Tensor and rowwise scales: v3's loop, one wgmma group kept in flight across the blocks.
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
@@ -222,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <bool kPromote, int kBlockN, class Store>
 Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
-  using T = Tile<kBlockN, Store>;
+  using T = Tile<kPromote, kBlockN, Store>;
   if (Store::kTma && sched.splits != 1)
     return error(Code::kInvalidArgument, "v5: the TMA-store epilogue takes whole tiles only, not a split plan");
   CUtensorMap a_map, b_map, y_map{};
@@ -264,11 +283,13 @@ Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
 }
 
 const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"},
-                         {"LDGSTS", "HMMA"}, false, "v4's machinery, split K, the tile stored by TMA"};
-// Staging a 256-wide tile (128 sums and their column scales a thread, 168 registers under 384
-// threads) spills two words of the loop's state around the epilogue: allowed above, and said.
+                         {"HMMA"}, false, "v4's machinery, split K, the tile stored by TMA"};
+// Spills, allowed and said: staging a 256-wide tile (128 sums and their column scales a thread,
+// 168 registers under 384 threads) spills two words of the loop's state around the epilogue, and
+// the scale warp, at 40 registers, a few words of its walk (the producer side, not the MMA loop).
+// LDGSTS: the scale warp's 4-byte copies (blockwise kernels only).
 const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
-                            {"LDGSTS", "HMMA"}, true, "v4's machinery with the split-K reduction; no spills"};
+                            {"HMMA"}, false, "v4's machinery with the split-K reduction"};
 constexpr const char* kSummary = "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue";
 const Register kRegistered{gemm_version(kBlockwiseOp, "v5_tuned", kSummary, gemm_v5<true>, 90,
                                         {kTmaFacts, kDirectFacts})};
