@@ -270,13 +270,16 @@ Status launch_planned(const GemmArgs& a, const TileSchedule& sched, bool tma_whe
                                               : launch_v5<kPromote, kBlockN, StoreDirect>(a, sched, stream);
 }
 
-template <bool kTmaWhereWhole>
+// kSplitK off: the ablation that keeps every tile's whole K in one block, the plan's other side
+// where the tiles cannot fill the SMs.
+template <bool kTmaWhereWhole, bool kSplitK = true>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
-  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
-                           90, kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
+  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90,
+                           !kSplitK ? "ablation_v5_no_split" : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  const TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
+  TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
+  if (!kSplitK) sched.splits = 1;
   if (blockwise) return launch_planned<true, 128>(a, sched, kTmaWhereWhole, stream);
   return sched.block_n == 256 ? launch_planned<false, 256>(a, sched, kTmaWhereWhole, stream)
                               : launch_planned<false, 128>(a, sched, kTmaWhereWhole, stream);
@@ -300,6 +303,12 @@ const Register kDirectBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_direct_s
                                              gemm_v5<false>, 90, {kDirectFacts}, Kind::kAblation)};
 const Register kDirectRowwise{gemm_version(kOp, "ablation_v5_direct_store", kDirectSummary, gemm_v5<false>, 90,
                                            {kDirectFacts}, Kind::kAblation)};
+// The ablation of the split: every tile's K in one block, the tile stored by TMA.
+constexpr const char* kNoSplitSummary = "v5 with every tile's whole K in one block, no split K";
+const Register kNoSplitBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_no_split", kNoSplitSummary,
+                                              gemm_v5<true, false>, 90, {kTmaFacts}, Kind::kAblation)};
+const Register kNoSplitRowwise{gemm_version(kOp, "ablation_v5_no_split", kNoSplitSummary, gemm_v5<true, false>, 90,
+                                            {kTmaFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8
