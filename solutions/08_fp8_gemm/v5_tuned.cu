@@ -47,12 +47,29 @@ template <bool kPromote, int kBlockN, class Store>
 struct Tile {
   static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = kBlockN == 256 ? (Store::kTma ? 3 : 4) : (kPromote && Store::kTma ? 5 : 6);
+  static constexpr int kStages = kBlockN == 256   ? (Store::kTma ? 3 : 4)
+                                 : kBlockN == 192 ? (Store::kTma ? 4 : 5)
+                                                  : (kPromote && Store::kTma ? 5 : 6);
   static constexpr int kStagingBytes = Store::kTma ? kBlockM * kBlockN * 2 : 0;  // BF16 y tile
   static constexpr int kScaleSlot = kBlockM + 4, kScaleBytes = kPromote ? kStages * kScaleSlot * 4 : 0;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + kScaleBytes + 1024;  // + alignment
   static constexpr unsigned kFullArrivals = kPromote ? 1 + 32 : 1;  // the TMA issuer (+ the scale warp)
 };
+
+// Promotion: total += acc · the block's scales. The 8-column groups below kFirst take the first
+// scale block's pair, the rest the second's (a 192-wide tile starts at 0 or 64 of a scale block,
+// so the split is at group 16 or 8, known per tile).
+template <int kBlockN, int kFirst, int kScales>
+__device__ __forceinline__ void promote(float (&total)[kBlockN / 2], const float (&acc)[kBlockN / 2],
+                                        const float (&sc)[kScales]) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 2; ++j) {
+    if constexpr (kScales == 2)
+      total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
+    else
+      total[j] = fmaf(acc[j], sc[(j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
+  }
+}
 
 template <bool kPromote, int kBlockN, class Store>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -96,6 +113,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int r = lane; r < kBlockM; r += 32)
             ptx::cp_async_4(slot + r, block_scale_a(a, m0 + r, kt), m0 + r < a.m ? 4 : 0);
           if (lane == 0) ptx::cp_async_4(slot + kBlockM, block_scale_b(a, n0, kt), 4);
+          if (kBlockN > kScaleBlock && lane == 1) {  // a 192-wide tile's second scale block (N's last at most)
+            const int64_t next = (n0 / kScaleBlock + 1) * kScaleBlock, last = (a.n - 1) / kScaleBlock * kScaleBlock;
+            ptx::cp_async_4(slot + kBlockM + 1, block_scale_b(a, next < last ? next : last, kt), 4);
+          }
           ptx::cp_async_mbarrier_arrive_noinc(&full_sh[s]);
         }
       }
@@ -178,12 +199,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         // before the stage is released.
         const float* const slot = scale_slot(s);
         const int r = c * 64 + 16 * warp + g;
-        const float sc[2] = {slot[r] * slot[kBlockM], slot[r + 8] * slot[kBlockM]};
+        constexpr int kScales = kBlockN > kScaleBlock ? 4 : 2;  // sc[2], sc[3]: the second scale block's
+        float sc[kScales];
+        sc[0] = slot[r] * slot[kBlockM], sc[1] = slot[r + 8] * slot[kBlockM];
+        if constexpr (kScales == 4) sc[2] = slot[r] * slot[kBlockM + 1], sc[3] = slot[r + 8] * slot[kBlockM + 1];
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
-#pragma unroll
-        for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
+        if constexpr (kScales == 2) {
+          promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
+        } else {
+          if (n0 % kScaleBlock == 0)
+            promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
+          else
+            promote<kBlockN, kScaleBlock / 16>(total, acc, sc);
+        }
       }
     } else {
       // Tensor and rowwise scales: v3's loop, one wgmma group kept in flight across the blocks.
@@ -272,14 +302,23 @@ Status launch_planned(const GemmArgs& a, const TileSchedule& sched, bool tma_whe
 
 // kSplitK off: the ablation that keeps every tile's whole K in one block, the plan's other side
 // where the tiles cannot fill the SMs.
-template <bool kTmaWhereWhole, bool kSplitK = true>
+// kWide: the ablation that gives blockwise tiles 192 columns (two 96-float sums a thread, 4 or 5
+// stages) for 1.5 times the FLOPs per byte loaded of the 128-wide tile.
+template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90,
-                           !kSplitK ? "ablation_v5_no_split" : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
+                           kWide      ? "ablation_v5_wide_blockwise"
+                           : !kSplitK ? "ablation_v5_no_split"
+                                      : (kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store"));
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
   TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
   if (!kSplitK) sched.splits = 1;
+  if (kWide && blockwise) {
+    sched = plan_tiles(a.m, a.n, kBlockM, 192, a.k, kGroupM);
+    sched.splits = w4a16::splits_for(sched.tiles(), sched.k_blocks, sm_count(), 1);
+    return launch_planned<true, 192>(a, sched, kTmaWhereWhole, stream);
+  }
   if (blockwise) return launch_planned<true, 128>(a, sched, kTmaWhereWhole, stream);
   return sched.block_n == 256 ? launch_planned<false, 256>(a, sched, kTmaWhereWhole, stream)
                               : launch_planned<false, 128>(a, sched, kTmaWhereWhole, stream);
@@ -309,6 +348,10 @@ const Register kNoSplitBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_no_spli
                                               gemm_v5<true, false>, 90, {kTmaFacts}, Kind::kAblation)};
 const Register kNoSplitRowwise{gemm_version(kOp, "ablation_v5_no_split", kNoSplitSummary, gemm_v5<true, false>, 90,
                                             {kTmaFacts}, Kind::kAblation)};
+// The ablation of the blockwise tile's width: 192 columns instead of 128.
+constexpr const char* kWideSummary = "v5 with 128 x 192 blockwise tiles (two scale blocks of B a tile)";
+const Register kWideBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_wide_blockwise", kWideSummary,
+                                           gemm_v5<true, true, true>, 90, {kTmaFacts, kDirectFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8
