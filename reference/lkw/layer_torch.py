@@ -898,7 +898,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     from lkw import peers
 
     v = peers.library("vllm")
-    ops = v.ops
+    ops, cache_ops = v.ops, v.cache_ops
     fp8 = _check_fmt(fmt) == "fp8"
     eps = cfg.eps
     what = {s: "" for s in STEP_NAMES}
@@ -918,7 +918,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
 
     def cache_write(k, vv, cache: KVCache, slots):
         s = one.setdefault(k.device, torch.ones(1, dtype=torch.float32, device=k.device))
-        ops.reshape_and_cache(k.contiguous(), vv.contiguous(), cache.key, cache.value, slots, "auto", s, s)
+        cache_ops.reshape_and_cache(k.contiguous(), vv.contiguous(), cache.key, cache.value, slots, "auto", s, s)
 
     def act(gu):
         t, d = gu.shape[0], gu.shape[1] // 2

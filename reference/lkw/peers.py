@@ -173,6 +173,7 @@ class VLLM:
     ops: object  # torch.ops._C
     scalar_types: object  # vllm.scalar_type.scalar_types (Marlin/Machete type ids)
     moe: object = None  # torch.ops._moe_C (align, top-k routing), where its library loaded
+    cache_ops: object = None  # torch.ops._C_cache_ops (reshape_and_cache*), a namespace of _C's library
 
 
 def _load_vllm(torch) -> tuple[VLLM, str]:
@@ -193,7 +194,7 @@ def _load_vllm(torch) -> tuple[VLLM, str]:
         from vllm_scalar_type import scalar_types
 
         moe = torch.ops._moe_C if any(x.name.startswith("_moe_C") for x in libs) else None
-        return (VLLM(torch.ops._C, scalar_types, moe),
+        return (VLLM(torch.ops._C, scalar_types, moe, torch.ops._C_cache_ops),
                 f"vLLM kernel libraries ({', '.join(x.stem for x in libs)}, peer kit)")
     import vllm
     import vllm._custom_ops
@@ -205,7 +206,7 @@ def _load_vllm(torch) -> tuple[VLLM, str]:
         moe = torch.ops._moe_C
     except ImportError:
         moe = None
-    return VLLM(torch.ops._C, scalar_types, moe), f"vLLM {getattr(vllm, '__version__', '?')} (installed)"
+    return VLLM(torch.ops._C, scalar_types, moe, torch.ops._C_cache_ops), f"vLLM {getattr(vllm, '__version__', '?')} (installed)"
 
 
 def _load_flashinfer(torch):
@@ -957,7 +958,7 @@ def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
     fp8 = kv_dtype == "float8_e4m3fn"
 
     def factory(torch, ins):
-        ops = library("vllm").ops
+        ops = library("vllm").cache_ops
         key, value, slots = ins[:3]
         if fp8:
             k_scale, v_scale = ins[3:5]
