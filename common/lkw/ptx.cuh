@@ -58,6 +58,16 @@ __device__ __forceinline__ void cp_async_4(void* dst_sh, const void* src_gl, int
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src_gl), "r"(bytes) : "memory");
 }
 
+// The mbarrier counts this thread's cp.async copies issued so far: one arrival, made once they
+// have all landed (.noinc: the arrival is one of those the barrier was initialized to expect).
+// Copies by plain threads can so complete a stage that TMA fills too (chapter 08's block scales).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar_sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
 // Closes the group of copies issued since the last commit. wait<n> returns once at most n groups
 // are in flight: a lane waits for its own copies only, so a lane that reads back what another
 // copied needs a __syncwarp (or __syncthreads) after the wait.

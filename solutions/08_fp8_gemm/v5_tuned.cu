@@ -8,8 +8,8 @@
 // counts in, and the last adds the slices in share order (the same sum every run) and stores the
 // tile. At large M the blocks walk the tiles in bands of kGroupM tile rows (the A and B in flight
 // stay in L2); blockwise tiles are 192 wide where those fill the SMs twice (else 128), the others
-// 256 while those fill them. Blockwise, a scale warp of the producer stores each K block's scales
-// into its stage, so the consumers' loop reads them from shared memory, not from global memory.
+// 256 while those fill them. Blockwise, a scale warp of the producer copies each K block's scales
+// into its stage (4-byte cp.async), so the consumers' loop reads them from shared memory.
 // Expect: small M several times v4, large blockwise shapes nearly twice v4. The epilogue, a trait:
 // unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
 #include "07_w4a16_gemm/gemm_plan.h"  // split_workspace
@@ -95,44 +95,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (group == 0) {
     // Producer: v4's, over the unit's share of K. Blockwise, warp 1 is a scale warp: it walks the
-    // same ring and stores each K block's scales into the stage's slot, one block ahead in its
-    // registers (the loads of the next block in flight while it waits for the stage to empty).
-    // Each lane's arrival on the full barrier releases its stores: a stage is full once its tiles
-    // and its scales are in.
+    // same ring and copies each K block's scales into the stage's slot with 4-byte cp.async (rows
+    // past M zero-filled); each lane's arrival on the full barrier lands with its copies, so a
+    // stage is full once its tiles and its scales are in.
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (kPromote && warp == 1) {
-      constexpr int kRows = kBlockM / 32;
-      // Lane l: s_a of rows l, l + 32, ... (past M, row 0's: never stored); lane 0 also s_b of the
-      // tile's scale block, lane 1 of a 192-wide tile's second one (N's last at most).
-      auto fetch = [&](int m0, int n0, int kt, float (&v)[kRows + 1]) {
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) v[i] = __ldg(block_scale_a(a, m0 + lane + 32 * i, kt));
-        if (lane == 0) v[kRows] = __ldg(block_scale_b(a, n0, kt));
-        if (kBlockN > kScaleBlock && lane == 1) {
-          const int64_t next = (n0 / kScaleBlock + 1) * kScaleBlock, last = (a.n - 1) / kScaleBlock * kScaleBlock;
-          v[kRows] = __ldg(block_scale_b(a, next < last ? next : last, kt));
-        }
-      };
       int it = 0;
       for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
         int m0, n0, kb0, kb1;
         sched.origin(unit, &m0, &n0);
         sched.k_range(unit, &kb0, &kb1);
-        float now[kRows + 1], ahead[kRows + 1];
-        fetch(m0, n0, kb0, now);
         for (int kt = kb0; kt < kb1; ++kt, ++it) {
           const int s = it % T::kStages;
-          if (kt + 1 < kb1) fetch(m0, n0, kt + 1, ahead);
           float* const slot = scale_slot(s);
           ptx::mbarrier_wait(&empty_sh[s], ((it / T::kStages) & 1) ^ 1);
-#pragma unroll
-          for (int i = 0; i < kRows; ++i) slot[lane + 32 * i] = now[i];
-          if (lane < (kBlockN > kScaleBlock ? 2 : 1)) slot[kBlockM + lane] = now[kRows];
-          ptx::mbarrier_arrive(&full_sh[s]);
-#pragma unroll
-          for (int i = 0; i <= kRows; ++i) now[i] = ahead[i];
+          for (int r = lane; r < kBlockM; r += 32)
+            ptx::cp_async_4(slot + r, block_scale_a(a, m0 + r, kt), m0 + r < a.m ? 4 : 0);
+          if (lane == 0) ptx::cp_async_4(slot + kBlockM, block_scale_b(a, n0, kt), 4);
+          if (kBlockN > kScaleBlock && lane == 1) {  // a 192-wide tile's second scale block (N's last at most)
+            const int64_t next = (n0 / kScaleBlock + 1) * kScaleBlock, last = (a.n - 1) / kScaleBlock * kScaleBlock;
+            ptx::cp_async_4(slot + kBlockM + 1, block_scale_b(a, next < last ? next : last, kt), 4);
+          }
+          ptx::cp_async_mbarrier_arrive_noinc(&full_sh[s]);
         }
       }
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();  // no lane leaves with its copies in flight
       return;
     }
     if (threadIdx.x != 0) return;
@@ -216,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kScales == 4) sc[2] = slot[r] * slot[kBlockM + 1], sc[3] = slot[r + 8] * slot[kBlockM + 1];
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
+        __syncwarp();  // every lane's reads of the slot before the warp's release of the stage
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
         if constexpr (kScales == 2) {
           promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
@@ -340,6 +329,7 @@ const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG",
 // Spills, allowed and said: staging a 256-wide tile (128 sums and their column scales a thread,
 // 168 registers under 384 threads) spills two words of the loop's state around the epilogue, and
 // the scale warp, at 40 registers, a few words of its walk (the producer side, not the MMA loop).
+// LDGSTS: the scale warp's 4-byte copies (blockwise kernels only).
 const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
                             {"HMMA"}, false, "v4's machinery with the split-K reduction"};
 constexpr const char* kSummary = "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue";
