@@ -221,7 +221,7 @@ def test_vllm_s_flash_cache_kernel_gets_an_hnd_cache_as_a_strided_nhd_view(monke
             kc, vc = kc.view(torch.int16), vc.view(torch.int16)
         kc[b, o], vc[b, o] = src_k, src_v
 
-    stub = types.SimpleNamespace(ops=types.SimpleNamespace(reshape_and_cache_flash=flash))
+    stub = types.SimpleNamespace(cache_ops=types.SimpleNamespace(reshape_and_cache_flash=flash))  # torch.ops._C_cache_ops
     monkeypatch.setattr(peers, "library", lambda name, log=print: stub)
     ins = [torch.from_numpy(key.view(np.int16)).view(torch.bfloat16),
            torch.from_numpy(value.view(np.int16)).view(torch.bfloat16), torch.from_numpy(slots)]
