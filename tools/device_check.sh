@@ -212,5 +212,29 @@ if has grade; then
   done
 fi
 
+# What a device call brings back is a few files, two folders deep (8 at most on the lent H100s and
+# H200s): the recorded runs copied in above that no stage changed are removed, with the folders
+# left empty, and an experiment's file (results/<gpu>/experiments/x.json, a folder too deep) comes
+# up beside its GPU's runs as experiments--x.json. LKW_KEEP_RECORDED=1 keeps them all as they are.
+# Bring them home: cp $OUT/results/<gpu>/*.json results/<gpu>/, experiments--x.json to
+# results/<gpu>/experiments/x.json.
+prune_results() {
+  [ -d "$out/results" ] && [ -z "${LKW_KEEP_RECORDED:-}" ] || return 0
+  local f rel
+  for f in "$out"/results/*/*.json "$out"/results/*/experiments/*.json; do
+    [ -f "$f" ] || continue
+    rel="${f#"$out"/}"
+    if [ -f "$rel" ] && cmp -s "$f" "$rel"; then
+      rm -f "$f"
+    elif [[ "$rel" == results/*/experiments/* ]]; then
+      mv "$f" "$(dirname "$(dirname "$f")")/experiments--$(basename "$f")"
+    fi
+  done
+  find "$out/results" -depth -type d -empty -delete
+  echo "device_check: the results that changed: $(cd "$out" && find results -type f 2>/dev/null | sort | tr '\n' ' ')"
+  echo "device_check: $(find "$out" -type f | wc -l) files under \$OUT (a device call brings back 8)"
+}
+prune_results
+
 echo; echo "device_check: status $status"
 exit $status

@@ -85,3 +85,47 @@ def test_a_filter_that_matches_nothing_fails(tmp_path):
     out = _fake_machine(tmp_path, LKW_SANITIZE_FILTER="*nothing*")
     assert out.returncode != 0
     assert "memcheck: no test of build/test_99_fake matched the filter" in out.stdout, out.stdout
+
+
+def test_only_the_results_a_stage_changed_come_back(tmp_path):
+    """A device call brings back a few files, two folders deep: the recorded runs copied into $OUT
+    that no stage changed are removed, a changed or new one stays, and an experiment's file comes
+    up beside its GPU's runs; LKW_KEEP_RECORDED=1 keeps everything where it was."""
+    def machine(keep: bool) -> tuple[Path, subprocess.CompletedProcess]:
+        root = tmp_path / ("keep" if keep else "prune")
+        repo, out, bin_dir = root / "repo", root / "out", root / "bin"
+        (repo / "tools").mkdir(parents=True)
+        shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
+        (repo / "solutions" / "99_fake").mkdir(parents=True)
+        (repo / "results" / "h100" / "experiments").mkdir(parents=True)
+        (repo / "results" / "sass").mkdir(parents=True)
+        (out / "results" / "h100" / "experiments").mkdir(parents=True)
+        (out / "results" / "sass").mkdir(parents=True)
+        for rel, recorded, now in [("h100/same.json", "1", "1"), ("h100/changed.json", "1", "2"),
+                                   ("h100/experiments/old.json", "3", "3"), ("sass/mix.json", "4", "4")]:
+            (repo / "results" / rel).write_text(recorded)
+            (out / "results" / rel).write_text(now)
+        (out / "results" / "h100" / "new.json").write_text("5")
+        (out / "results" / "h100" / "experiments" / "08_promotion.json").write_text("6")
+        bin_dir.mkdir()
+        _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out))
+        env.pop("LKW_KEEP_RECORDED", None)
+        if keep:
+            env["LKW_KEEP_RECORDED"] = "1"
+        done = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "no-stage"], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=60)
+        return out, done
+
+    out, done = machine(keep=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*.json"))
+    assert left == ["results/h100/changed.json", "results/h100/experiments--08_promotion.json",
+                    "results/h100/new.json"], left
+    assert (out / "results" / "h100" / "experiments--08_promotion.json").read_text() == "6"
+    assert not (out / "results" / "sass").exists()  # emptied folders go too
+    assert "the results that changed: results/h100/changed.json" in done.stdout, done.stdout
+
+    out, done = machine(keep=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(list(out.rglob("*.json"))) == 6
