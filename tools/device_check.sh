@@ -8,7 +8,8 @@
 # peers: where the ignored folder .peers/ holds copies of the peer kit (../shared/peers/README.md:
 # its wheels, fi_aot_*.tar.xz, vllm_so/), install the wheels into $LKW_PEERS_SITE (default
 # /tmp/site), put it on PYTHONPATH and point LKW_PEERS_DIR at .peers/, so the bench (lkw.peers)
-# finds vLLM, FlashInfer and Liger; without .peers/ the bench skips them and says why.
+# finds vLLM, FlashInfer and Liger; without .peers/ the bench skips them and says why. The bench,
+# ncu and layer stages prepare them too, unless LKW_NO_PEERS=1.
 # LKW_BENCH_ARGS: more arguments of tools/bench.py (e.g. "--op X --merge"); LKW_BENCH_PARTS:
 # ';'-separated argument sets, each a run of its own merged into $out/results (see the stage; a
 # chapter's own parts: "--part N", listed by tools/bench.py --parts).
@@ -128,7 +129,9 @@ if has sanitize; then
   done
 fi
 
-if has peers; then
+# The stages that time the peers prepare them too where the kit is here (LKW_NO_PEERS=1: not):
+# a bench or layer run without the peers stage would skip them all.
+if has peers || { [ -z "${LKW_NO_PEERS:-}" ] && [ -d .peers ] && { has bench || has ncu || has layer; }; }; then
   step "peers (the kit in .peers/)"
   if compgen -G ".peers/*.whl" >/dev/null || [ -d .peers/vllm_so ]; then
     site="${LKW_PEERS_SITE:-/tmp/site}"
@@ -184,8 +187,8 @@ fi
 if has layer; then
   # Chapter 11's layer bench (python -m lkw.layer_bench), merged into the recorded run: the whole
   # matrix is more than one device call, so LKW_LAYER_ARGS names a part, e.g.
-  # "--formats w4a16 --cases 'decode 1,decode 32'" (with the peers stage first for the
-  # production-kernel layer).
+  # "--formats w4a16 --cases 'decode 1,decode 32'" (the peers, for the production-kernel layer,
+  # prepared above).
   step "layer bench"
   copy_recorded
   eval "set -- ${LKW_LAYER_ARGS:-}"

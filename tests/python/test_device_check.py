@@ -129,3 +129,31 @@ def test_only_the_results_a_stage_changed_come_back(tmp_path):
     out, done = machine(keep=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(list(out.rglob("*.json"))) == 6
+
+
+def test_a_layer_run_prepares_the_peers_where_the_kit_is(tmp_path):
+    """The layer stage alone (as the bench and ncu stages) installs the kit of .peers/ first, unless
+    LKW_NO_PEERS=1: a layer run without the peers stage had no production-kernel layer."""
+    def machine(name: str, **env) -> str:
+        root = tmp_path / name
+        repo, bin_dir = root / "repo", root / "bin"
+        (repo / "tools").mkdir(parents=True)
+        shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
+        (repo / "solutions" / "99_fake").mkdir(parents=True)
+        (repo / ".peers").mkdir()
+        (repo / ".peers" / "kit-0.1-py3-none-any.whl").write_text("")
+        bin_dir.mkdir()
+        _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
+        calls = root / "calls.txt"  # a python3 that only says how it was called
+        _executable(bin_dir / "python3", f"#!/bin/sh\necho \"$*\" >> {calls}\ncat > /dev/null\n")
+        full = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(root / "out"),
+                    LKW_PEERS_SITE=str(root / "site"))
+        full.pop("LKW_NO_PEERS", None)
+        full.update(env)
+        done = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "layer"], cwd=repo, env=full,
+                              capture_output=True, text=True, timeout=60)
+        assert "layer_bench" in calls.read_text(), done.stdout + done.stderr
+        return calls.read_text()
+
+    assert "-m pip install" in machine("kit")
+    assert "-m pip install" not in machine("no_peers", LKW_NO_PEERS="1")
