@@ -31,10 +31,12 @@ log="$out/device.log"
 status=0
 has() { [[ " $stages " == *" $1 "* ]]; }
 step() { echo; echo "=== $*" | tee -a "$log"; }
-# The recorded runs (results/<gpu>/*.json) into $out/results: a merged run starts from them.
+# The recorded runs (results/<gpu>/*.json) into $out/results: a merged run starts from them. A file
+# there newer than the recorded one (an earlier stage's or invocation's merge in the same $OUT) is
+# kept: two bench invocations in one call must not lose the first one's rows.
 copy_recorded() {
   for d in results/*/; do
-    compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp "$d"*.json "$out/results/$(basename "$d")/"
+    compgen -G "$d*.json" >/dev/null && mkdir -p "$out/results/$(basename "$d")" && cp -u "$d"*.json "$out/results/$(basename "$d")/"
   done
 }
 

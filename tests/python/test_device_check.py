@@ -157,3 +157,27 @@ def test_a_layer_run_prepares_the_peers_where_the_kit_is(tmp_path):
 
     assert "-m pip install" in machine("kit")
     assert "-m pip install" not in machine("no_peers", LKW_NO_PEERS="1")
+
+
+def test_a_second_invocation_keeps_the_first_one_s_results(tmp_path):
+    """Two stages that merge into $OUT's results in one call (08's bench, then the layer): the
+    second's copy of the recorded runs must not overwrite the first's newer merge."""
+    repo, out, bin_dir = tmp_path / "repo", tmp_path / "out", tmp_path / "bin"
+    (repo / "tools").mkdir(parents=True)
+    shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
+    (repo / "solutions" / "99_fake").mkdir(parents=True)
+    (repo / "results" / "h100").mkdir(parents=True)
+    (out / "results" / "h100").mkdir(parents=True)
+    recorded, merged = repo / "results" / "h100" / "08.json", out / "results" / "h100" / "08.json"
+    recorded.write_text("recorded")
+    (repo / "results" / "h100" / "11.json").write_text("layer")
+    merged.write_text("merged by the first invocation")
+    os.utime(recorded, (1_000_000_000, 1_000_000_000))  # the recorded file is the older one
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
+    _executable(bin_dir / "python3", "#!/bin/sh\ncat > /dev/null\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), LKW_NO_PEERS="1")
+    done = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "layer"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert merged.read_text() == "merged by the first invocation", done.stdout + done.stderr
+    assert not (out / "results" / "h100" / "11.json").exists()  # copied in, unchanged, pruned
