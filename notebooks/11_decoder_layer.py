@@ -22,8 +22,9 @@
 # waterfall (the torch layer, then one workbook kernel swapped in at a time) and each kernel on
 # the roofline.
 #
-# - **Replay** (the default): `results/h200/11_decoder_layer.json` (the folder can be changed with
-#   `LKW_RESULTS_DIR`). Without it the measured cells say so and skip.
+# - **Replay** (the default): `results/h200/11_decoder_layer.json`, else another GPU's recorded run
+#   (an H100's, said; the folder can be changed with `LKW_RESULTS_DIR`). Without one the measured
+#   cells say so and skip.
 # - **Measure** (a GPU, the compiled extension and torch): `python -m lkw.layer_bench
 #   --write-results` from the repository root, then run this notebook again.
 
@@ -75,12 +76,12 @@ for fmt in FORMATS:
 # ## Part 2 · The measured run
 
 # %%
-data = results.load(CHAPTER)
+data, whose = results.book_run(CHAPTER)  # this GPU's run, else another GPU's, said
 if data is None:
     print(results.missing_message(CHAPTER))
     print("The cells below skip their work until a measurement exists.")
 else:
-    print(f"Replay: {results.results_path(CHAPTER)}")
+    print(whose or f"Replay: {results.results_path(CHAPTER)}")
     print(f"{data['gpu']}, {data['date']}, commit {data['commit']}; {data.get('ceiling_note', '')}")
     for c in data["cases"]:
         lay = c["layer"]
