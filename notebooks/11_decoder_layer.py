@@ -76,12 +76,8 @@ for fmt in FORMATS:
 # ## Part 2 · The measured run
 
 # %%
-data, whose = results.book_run(CHAPTER)  # this GPU's run, else another GPU's, said
-if data is None:
-    print(results.missing_message(CHAPTER))
-    print("The cells below skip their work until a measurement exists.")
-else:
-    print(whose or f"Replay: {results.results_path(CHAPTER)}")
+data = results.replay(CHAPTER)  # this GPU's run, else another GPU's, said
+if data is not None:
     print(f"{data['gpu']}, {data['date']}, commit {data['commit']}; {data.get('ceiling_note', '')}")
     for c in data["cases"]:
         lay = c["layer"]

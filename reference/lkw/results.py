@@ -860,6 +860,13 @@ def notebook_results(chapter: str) -> dict | None:
     if live_available():
         print(f"Live: measuring {chapter} with tools/bench.py on this GPU.")
         return run_bench(chapter)
+    return replay(chapter)
+
+
+def replay(chapter: str) -> dict | None:
+    """The recorded run a notebook replays (book_run's: this GPU folder's, else another GPU's),
+    saying which; None, said, where none is (chapter 11's notebook, whose live run is the layer
+    bench's, replays with this alone)."""
     data, whose = book_run(chapter)
     if data is None:
         print(missing_message(chapter))
