@@ -50,22 +50,39 @@ def _executable(path: Path, text: str):
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _fake_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    """device_check.sh's sanitize stage in a fake repo with chapter 99_fake, on the stand-ins."""
-    repo = tmp_path / "repo"
+def _fake_repo(root: Path) -> Path:
+    """A repo with tools/device_check.sh and chapter 99_fake, and bin/ beside it with a stand-in
+    nvidia-smi; returns the repo."""
+    repo = root / "repo"
     (repo / "tools").mkdir(parents=True)
     shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
     (repo / "solutions" / "99_fake").mkdir(parents=True)
+    (root / "bin").mkdir()
+    _executable(root / "bin" / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
+    return repo
+
+
+def _device_check(root: Path, stages: str, timeout: int = 60, **env: str | None) -> subprocess.CompletedProcess:
+    """tools/device_check.sh STAGES in root's fake repo, root/bin first on PATH, OUT=root/out; an
+    env value of None removes that variable."""
+    full = dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}", OUT=str(root / "out"))
+    for name, value in env.items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    return subprocess.run(["bash", str(root / "repo" / "tools" / "device_check.sh"), *stages.split()],
+                          cwd=root / "repo", env=full, capture_output=True, text=True, timeout=timeout)
+
+
+def _fake_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    """device_check.sh's sanitize stage in a fake repo with chapter 99_fake, on the stand-ins."""
+    repo = _fake_repo(tmp_path)
     (repo / "build" / "golden" / "99_fake").mkdir(parents=True)
     (repo / "build" / "golden" / "99_fake" / "manifest.txt").write_text("")
     _executable(repo / "build" / "test_99_fake", FAKE_TEST)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
-    _executable(bin_dir / "compute-sanitizer", FAKE_SANITIZER)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), **env)
-    return subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "sanitize"], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=120)
+    _executable(tmp_path / "bin" / "compute-sanitizer", FAKE_SANITIZER)
+    return _device_check(tmp_path, "sanitize", timeout=120, **env)
 
 
 def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
@@ -93,10 +110,7 @@ def test_only_the_results_a_stage_changed_come_back(tmp_path):
     up beside its GPU's runs; LKW_KEEP_RECORDED=1 keeps everything where it was."""
     def machine(keep: bool) -> tuple[Path, subprocess.CompletedProcess]:
         root = tmp_path / ("keep" if keep else "prune")
-        repo, out, bin_dir = root / "repo", root / "out", root / "bin"
-        (repo / "tools").mkdir(parents=True)
-        shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
-        (repo / "solutions" / "99_fake").mkdir(parents=True)
+        repo, out = _fake_repo(root), root / "out"
         (repo / "results" / "h100" / "experiments").mkdir(parents=True)
         (repo / "results" / "sass").mkdir(parents=True)
         (out / "results" / "h100" / "experiments").mkdir(parents=True)
@@ -107,15 +121,7 @@ def test_only_the_results_a_stage_changed_come_back(tmp_path):
             (out / "results" / rel).write_text(now)
         (out / "results" / "h100" / "new.json").write_text("5")
         (out / "results" / "h100" / "experiments" / "08_promotion.json").write_text("6")
-        bin_dir.mkdir()
-        _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
-        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out))
-        env.pop("LKW_KEEP_RECORDED", None)
-        if keep:
-            env["LKW_KEEP_RECORDED"] = "1"
-        done = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "no-stage"], cwd=repo, env=env,
-                              capture_output=True, text=True, timeout=60)
-        return out, done
+        return out, _device_check(root, "no-stage", LKW_KEEP_RECORDED="1" if keep else None)
 
     out, done = machine(keep=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -134,38 +140,25 @@ def test_only_the_results_a_stage_changed_come_back(tmp_path):
 def test_a_layer_run_prepares_the_peers_where_the_kit_is(tmp_path):
     """The layer stage alone (as the bench and ncu stages) installs the kit of .peers/ first, unless
     LKW_NO_PEERS=1: a layer run without the peers stage had no production-kernel layer."""
-    def machine(name: str, **env) -> str:
+    def machine(name: str, no_peers: str | None) -> str:
         root = tmp_path / name
-        repo, bin_dir = root / "repo", root / "bin"
-        (repo / "tools").mkdir(parents=True)
-        shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
-        (repo / "solutions" / "99_fake").mkdir(parents=True)
+        repo = _fake_repo(root)
         (repo / ".peers").mkdir()
         (repo / ".peers" / "kit-0.1-py3-none-any.whl").write_text("")
-        bin_dir.mkdir()
-        _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
         calls = root / "calls.txt"  # a python3 that only says how it was called
-        _executable(bin_dir / "python3", f"#!/bin/sh\necho \"$*\" >> {calls}\ncat > /dev/null\n")
-        full = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(root / "out"),
-                    LKW_PEERS_SITE=str(root / "site"))
-        full.pop("LKW_NO_PEERS", None)
-        full.update(env)
-        done = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "layer"], cwd=repo, env=full,
-                              capture_output=True, text=True, timeout=60)
+        _executable(root / "bin" / "python3", f"#!/bin/sh\necho \"$*\" >> {calls}\ncat > /dev/null\n")
+        done = _device_check(root, "layer", LKW_PEERS_SITE=str(root / "site"), LKW_NO_PEERS=no_peers)
         assert "layer_bench" in calls.read_text(), done.stdout + done.stderr
         return calls.read_text()
 
-    assert "-m pip install" in machine("kit")
-    assert "-m pip install" not in machine("no_peers", LKW_NO_PEERS="1")
+    assert "-m pip install" in machine("kit", None)
+    assert "-m pip install" not in machine("no_peers", "1")
 
 
 def test_a_second_invocation_keeps_the_first_one_s_results(tmp_path):
     """Two stages that merge into $OUT's results in one call (08's bench, then the layer): the
     second's copy of the recorded runs must not overwrite the first's newer merge."""
-    repo, out, bin_dir = tmp_path / "repo", tmp_path / "out", tmp_path / "bin"
-    (repo / "tools").mkdir(parents=True)
-    shutil.copy(REPO / "tools" / "device_check.sh", repo / "tools")
-    (repo / "solutions" / "99_fake").mkdir(parents=True)
+    repo, out = _fake_repo(tmp_path), tmp_path / "out"
     (repo / "results" / "h100").mkdir(parents=True)
     (out / "results" / "h100").mkdir(parents=True)
     recorded, merged = repo / "results" / "h100" / "08.json", out / "results" / "h100" / "08.json"
@@ -173,11 +166,7 @@ def test_a_second_invocation_keeps_the_first_one_s_results(tmp_path):
     (repo / "results" / "h100" / "11.json").write_text("layer")
     merged.write_text("merged by the first invocation")
     os.utime(recorded, (1_000_000_000, 1_000_000_000))  # the recorded file is the older one
-    bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'name, driver'\n")
-    _executable(bin_dir / "python3", "#!/bin/sh\ncat > /dev/null\n")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), LKW_NO_PEERS="1")
-    done = subprocess.run(["bash", str(repo / "tools" / "device_check.sh"), "layer"], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=60)
+    _executable(tmp_path / "bin" / "python3", "#!/bin/sh\ncat > /dev/null\n")
+    done = _device_check(tmp_path, "layer", LKW_NO_PEERS="1")
     assert merged.read_text() == "merged by the first invocation", done.stdout + done.stderr
     assert not (out / "results" / "h100" / "11.json").exists()  # copied in, unchanged, pruned
