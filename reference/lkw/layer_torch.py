@@ -59,7 +59,7 @@ MIN_SCALE = float(quant.MIN_SCALE)
 
 # The registered versions each workbook step calls, best first (the first one registered is
 # used): chapter 04's fused norms, 05's RoPE / cache / activations, 03's per-group quant, 06's GEMV
-# (T <= 16), 07's GEMM (split K up to T = 256, the plain wgmma GEMM above), 08's blockwise GEMM.
+# (T <= 16), 07's wgmma GEMM (which splits K itself where its tiles leave SMs idle), 08's blockwise GEMM.
 WORKBOOK = {
     "norm": ["04_rmsnorm/fused_add_rmsnorm/v4_fused_add"],
     "rope": ["05_elementwise/rope/v4_rope_vec16", "05_elementwise/rope/v3_rope_scalar"],
@@ -71,11 +71,9 @@ WORKBOOK = {
     "act_fp8": ["05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8"],
     "group_quant": ["03_dynamic_quant/per_group_fp8/v2_vec16", "03_dynamic_quant/per_group_fp8/v0_two_pass"],
     "gemv": ["06_int4_gemv/int4t_gemv/v7_tiled_stream", "06_int4_gemv/int4i_gemv/v6_pipelined"],
-    "gemm_mid": ["07_w4a16_gemm/w4a16r_gemm/v7_wgmma_split_k", "07_w4a16_gemm/w4a16r_gemm/v6_wgmma"],
-    "gemm_large": ["07_w4a16_gemm/w4a16r_gemm/v6_wgmma", "07_w4a16_gemm/w4a16r_gemm/v7_wgmma_split_k"],
+    "gemm": ["07_w4a16_gemm/w4a16r_gemm/v6_wgmma", "07_w4a16_gemm/w4a16r_gemm/v5_split_k"],
     "fp8_gemm": ["08_fp8_gemm/fp8_gemm_blockwise/v5_tuned", "08_fp8_gemm/fp8_gemm_blockwise/v4_blockwise"],
 }
-SPLIT_K_MAX_T = 256  # chapter 07's split-K version wins up to here on Llama shapes (results/h200)
 
 # Which torch path each format's torch steps took in this process ("" until first used).
 TORCH_PATHS: dict[str, str] = {}
@@ -773,7 +771,7 @@ def w4a16_kernel(t: int, names) -> str:
     """The W4A16 version for T tokens: chapter 06's GEMV at T <= 16, chapter 07's GEMM above."""
     if t <= dl.GEMV_MAX_T:
         return pick("gemv", names)
-    return pick("gemm_mid" if t <= SPLIT_K_MAX_T else "gemm_large", names)
+    return pick("gemm", names)
 
 
 def _w4a16_layout(p: Proj, name: str):
@@ -797,7 +795,7 @@ def _w4a16_layout(p: Proj, name: str):
 
 def _wb_project(t: int, names):
     torch = _torch()
-    gemv_gemm = w4a16_kernel(t, names) if _has_any(names, ("gemv", "gemm_mid", "gemm_large")) else None
+    gemv_gemm = w4a16_kernel(t, names) if _has_any(names, ("gemv", "gemm")) else None
     group_quant = pick("group_quant", names) if _has_any(names, ("group_quant",)) else None
     fp8_name = pick("fp8_gemm", names) if _has_any(names, ("fp8_gemm",)) else None
 

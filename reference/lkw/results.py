@@ -1123,8 +1123,7 @@ def example(chapter: str) -> dict:
                     ("w4a16r_gemm", "v3_repacked_lop3", "version", int4, 0.15, 0.3),
                     ("w4a16r_gemm", "v4_scales_in_shared", "version", int4, 0.2, 0.35),
                     ("w4a16r_gemm", "v5_split_k", "version", int4, 0.4, 0.35),
-                    ("w4a16r_gemm", "v6_wgmma", "version", int4, 0.1, 0.75),
-                    ("w4a16r_gemm", "v7_wgmma_split_k", "version", int4, 0.4, 0.75),
+                    ("w4a16r_gemm", "v6_wgmma", "version", int4, 0.4, 0.75),
                     ("w4a16_gemm", "torch_matmul", "peer", bf16, 0.9, 1.0),
                     ("w4a16_gemm", "vllm marlin_gemm", "peer", int4, 0.6, 0.5),
                 ]:

@@ -1,4 +1,4 @@
-// Chapter 07 — the repacked INT4 weights read as a GEMV at small M (v8; chapter 09's v14 runs the
+// Chapter 07 — the repacked INT4 weights read as a GEMV at small M (v7; chapter 09's v14 runs the
 // same loop over one expert's words): no tensor cores, every 16-byte piece read once.
 //
 // A block owns 64 output channels (one row of the repacked layout, [N/64, 8K]) and splits K among

@@ -71,7 +71,7 @@ inline dim3 tile_grid(const GemmArgs& a, int m_tiles, int splits = 1) {
               unsigned(splits));
 }
 
-// The tensor maps of the wgmma versions (v6, v7), a TMA box each per stage (lkw/tma.h; zeros past
+// The tensor maps of the wgmma version (v6), a TMA box each per stage (lkw/tma.h; zeros past
 // the tensors' edges): x [M, K] in bt × 64 boxes swizzled for the wgmma descriptor; the repacked
 // words [N/64, 8K] seen as [N/64, 4K] 8-byte elements, whose 4 × 256 box is the four 64-channel
 // blocks' 2 KB of a stage; the scales [K/G, N] in 1 × 256 boxes, one per group row of the stage,

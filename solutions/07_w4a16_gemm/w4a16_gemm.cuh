@@ -25,6 +25,11 @@
 //   v2_cp_async_ldmatrix  tiles through shared memory: a cp.async ring of stages, ldmatrix for x
 //   v3_repacked_lop3    the offline repack: one 16-byte shared read per lane is its B fragment,
 //                       the lop3 magic unpack of chapter 02
+//   v4_scales_in_shared the group scales (and zero points) staged beside the words, once a stage
+//   v5_split_k          K split over blocks where the tiles leave SMs idle; the last one sums
+//   v6_wgmma            Hopper: the unpacked weights as wgmma's register operand, x by TMA,
+//                       full/empty mbarriers; v5's split and a 16-token tile at small M
+//   v7_gemv_small_m     M ≤ 16 without the tensor cores: the repacked words streamed as a GEMV
 // The reference and its tolerance: reference/lkw/w4a16.py.
 #pragma once
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// v14_grouped_w4a16_gemv — the INT4 experts at decode as a GEMV (chapter 07's v8): no tensor cores.
+// v14_grouped_w4a16_gemv — the INT4 experts at decode as a GEMV (chapter 07's v7): no tensor cores.
 //
 // Since v10: at decode an expert holds a row or two of a 16-row mma tile, so v10's tensor cores
 // multiply sentinel rows, and each 64-k stage waits on cp.async, an unpack and a barrier: far below
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const int count = count_sh;
 
-  // This warp's share of the 16-k steps (chapter 07's v8), of expert e's 64-channel row nb.
+  // This warp's share of the 16-k steps (chapter 07's v7), of expert e's 64-channel row nb.
   const int steps = int(k / 16);
   const int begin = steps * warp / kWarps, end = steps * (warp + 1) / kWarps;
   const uint32_t* words = w + (int64_t(expert) * (n / 64) + nb) * (8 * k) + 4 * lane;  // (E, N/64, 8K)
@@ -102,7 +102,7 @@ Status grouped_v14_w4a16(const GroupedW4a16Args& a, cudaStream_t stream) {
 }
 
 const Register kRegistered{grouped_w4a16_version(
-    "v14_grouped_w4a16_gemv", "decode as chapter 07's v8 GEMV, one expert's words a block",
+    "v14_grouped_w4a16_gemv", "decode as chapter 07's v7 GEMV, one expert's words a block",
     grouped_v14_w4a16,
     {{"grouped_v14_kernel",
       {},

@@ -204,7 +204,7 @@ TEST(HostPlan, SplitRangesCoverEveryStageOnce) {
     }
 }
 
-// v6 and v7 read x, the words and the scales through tensor maps: what TMA cannot take is refused
+// v6 reads x, the words and the scales through tensor maps: what TMA cannot take is refused
 // before the driver is asked (no GPU needed).
 TEST(HostTensorMap, WhatTmaCannotTakeIsRefused) {
   CUtensorMap map;
@@ -221,7 +221,7 @@ TEST(HostTensorMap, WhatTmaCannotTakeIsRefused) {
   EXPECT_TRUE(refused(base, 16, 64, 257, 64, none));    // a box side over 256
   EXPECT_TRUE(refused(base, 0, 64, 16, 64, none));      // empty
   EXPECT_TRUE(refused(base, 16, 128, 16, 128, sw128));  // 256 bytes across a 128-byte swizzle
-  EXPECT_FALSE(refused(base, 16, 64, 16, 64, sw128));   // x's box in v6 and v7
+  EXPECT_FALSE(refused(base, 16, 64, 16, 64, sw128));   // x's box in v6
 }
 
 }  // namespace

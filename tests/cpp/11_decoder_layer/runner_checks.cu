@@ -131,8 +131,8 @@ TEST(HostLayerRunner, W4a16SwitchesKernelsAtSixteenTokens) {
   ASSERT_EQ(at17.size(), 11u);
   EXPECT_EQ(at16[1], "qkv_proj=06_int4_gemv/int4t_gemv/v7_tiled_stream");
   EXPECT_EQ(at16.back(), "down_proj=06_int4_gemv/int4t_gemv/v7_tiled_stream");
-  EXPECT_EQ(at17[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v7_wgmma_split_k");
-  EXPECT_EQ(at17.back(), "down_proj=07_w4a16_gemm/w4a16r_gemm/v7_wgmma_split_k");
+  EXPECT_EQ(at17[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v6_wgmma");
+  EXPECT_EQ(at17.back(), "down_proj=07_w4a16_gemm/w4a16r_gemm/v6_wgmma");
 }
 
 TEST(HostLayerRunner, Fp8QuantizesEveryGemmInput) {
