@@ -95,6 +95,38 @@ inline Status workspace(int64_t floats, int64_t tiles, float** partials, unsigne
 }
 
 // ---------------------------------------------------------------------------------------------
+// v3's split-K: grid (T = ⌈N / 16⌉ tiles, S), `wave` = the blocks resident on the whole GPU, each
+// block `warps` warps taking turns along K (so a split keeps at least `warps` steps). With one wave
+// or less, the fewest splits that make the wave half full (never a second wave); between one and
+// two waves, the S ≤ 4 whose last wave is fullest; past two waves S = 1 (the last wave is a small
+// part). k per split is a whole number of steps, and S counts the splits that k per split makes.
+struct SplitK {
+  int64_t k_split;  // k per split, a multiple of kIterK
+  int splits;
+};
+
+inline SplitK plan_split_k(int64_t n, int64_t k, int64_t wave, int warps) {
+  const int64_t tiles = ceil_div(n, kTileRows), iters = ceil_div(k, kIterK);
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(iters / warps, kMaxSplits));
+  int64_t splits = 1;
+  if (tiles <= wave) {  // one wave: at least half full, never a second
+    splits = std::min({cap, ceil_div(wave / 2, tiles), std::max<int64_t>(1, wave / tiles)});
+  } else if (tiles < 2 * wave) {  // a second wave: the S ≤ 4 whose last wave is fullest
+    double best_fill = 0;
+    for (int64_t s = 1; s <= std::min<int64_t>(cap, 4); ++s) {
+      const int64_t blocks = tiles * s;
+      const double fill = double(blocks) / double(ceil_div(blocks, wave) * wave);
+      if (fill > best_fill + 0.02) {  // more splits only for a clearly fuller last wave
+        best_fill = fill;
+        splits = s;
+      }
+    }
+  }
+  const int64_t per_split = ceil_div(iters, splits);
+  return {per_split * kIterK, int(ceil_div(iters, per_split))};
+}
+
+// ---------------------------------------------------------------------------------------------
 // How far a persistent kernel splits K. One block of `warps` warps per SM, the blocks divided
 // evenly among S splits (⌊sms / S⌋ each); a block holds T = ⌈tiles / blocks⌉ tiles of ⌈iters / S⌉
 // steps. Each model below is a time in units of one streaming warp's step; of the S from s_min

@@ -211,38 +211,6 @@ __global__ void __launch_bounds__(kWarps * 32, kNTiles == 1 ? 5 : 3)
   store_tile<kNTiles>(p, acc, tile, int(blockIdx.y), g, t, lane);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Host side: the split-K plan, the workspace, the launch.
-
-struct SplitK {
-  int64_t k_split;  // k per split, a multiple of kIterK
-  int splits;
-};
-
-// S from T = ceil(N / 16) tiles and `wave` = resident blocks on the whole GPU: with one wave or less,
-// the fewest splits that make the wave half full (never a second wave); between one and two waves,
-// the S ≤ 4 whose last wave is fullest; past two waves S = 1 (the last wave is a small part).
-SplitK plan_split_k(int64_t n, int64_t k, int64_t wave) {
-  const int64_t tiles = ceil_div(n, kTileRows), iters = ceil_div(k, kIterK);
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(iters / kWarps, kMaxSplits));
-  int64_t splits = 1;
-  if (tiles <= wave) {  // one wave: at least half full, never a second
-    splits = std::min({cap, ceil_div(wave / 2, tiles), std::max<int64_t>(1, wave / tiles)});
-  } else if (tiles < 2 * wave) {  // a second wave: the S ≤ 4 whose last wave is fullest
-    double best_fill = 0;
-    for (int64_t s = 1; s <= std::min<int64_t>(cap, 4); ++s) {
-      const int64_t blocks = tiles * s;
-      const double fill = double(blocks) / double(ceil_div(blocks, wave) * wave);
-      if (fill > best_fill + 0.02) {  // more splits only for a clearly fuller last wave
-        best_fill = fill;
-        splits = s;
-      }
-    }
-  }
-  const int64_t per_split = ceil_div(iters, splits);
-  return {per_split * kIterK, int(ceil_div(iters, per_split))};
-}
-
 template <int kNTiles, bool kScaleInA, bool kZp>
 Status launch_v3(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
   auto* kernel = gemv_v3_kernel<kNTiles, kScaleInA, kZp>;
@@ -251,7 +219,7 @@ Status launch_v3(const GemvOp& op, const GemvArgs& a, cudaStream_t stream) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, 0);
     return blocks > 0 ? blocks : 1;
   }();
-  const SplitK plan = plan_split_k(a.n, a.k, int64_t(sm_count()) * blocks_per_sm);
+  const SplitK plan = plan_split_k(a.n, a.k, int64_t(sm_count()) * blocks_per_sm, kWarps);  // gemv_plan.h
   const int64_t tiles = ceil_div(a.n, kTileRows);
   Params p{a.x,      a.w,  a.scales,           a.zeros,     a.y,
            nullptr,  nullptr, int(a.m),        int(a.k),    int(plan.k_split),

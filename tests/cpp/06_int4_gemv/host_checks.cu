@@ -138,6 +138,37 @@ TEST(HostModel, BytesCountEveryTensorOnce) {
   }
 }
 
+// v3's plan_split_k(n, k, wave, warps): a wave of 1056 blocks (132 SMs × 8), 4 warps a block.
+TEST(HostPlan, V3SplitsToHalfFillOneWaveAndNeverStartsASecond) {
+  // 8192 × 28672: 512 tiles, half a wave: two splits fill it, 56 steps each.
+  SplitK p = plan_split_k(8192, 28672, 1056, 4);
+  EXPECT_EQ(p.splits, 2);
+  EXPECT_EQ(p.k_split, 56 * kIterK);
+  // Four tiles: as many splits as the warps' turns along K allow (32 steps / 4 warps).
+  p = plan_split_k(64, 8192, 1056, 4);
+  EXPECT_EQ(p.splits, 8);
+  EXPECT_EQ(p.k_split, 4 * kIterK);
+  // 1792 tiles, between one and two waves: S = 1, 2, 3 use 85% of their waves' slots, S = 4 97%.
+  EXPECT_EQ(plan_split_k(28672, 8192, 1056, 4).splits, 4);
+  // Two waves of tiles or more: the last wave is a small part, no split.
+  EXPECT_EQ(plan_split_k(2 * 1056 * kTileRows, 28672, 1056, 4).splits, 1);
+}
+
+TEST(HostPlan, V3SplitsCoverKWithWholeStepsAndNoEmptySplit) {
+  for (int64_t n : {16, 64, 1024, 8192, 14336, 28672})
+    for (int64_t k : {256, 1024, 4096, 8192, 28672, 57344})
+      for (int64_t wave : {132, 1056, 2112}) {
+        const SplitK p = plan_split_k(n, k, wave, 4);
+        const int64_t tiles = (n + kTileRows - 1) / kTileRows, iters = (k + kIterK - 1) / kIterK;
+        EXPECT_EQ(p.k_split % kIterK, 0) << n << " " << k << " " << wave;
+        EXPECT_GE(p.splits * p.k_split, k) << n << " " << k << " " << wave;
+        EXPECT_LT((p.splits - 1) * p.k_split, k) << n << " " << k << " " << wave;  // none empty
+        EXPECT_LE(p.splits, std::max<int64_t>(1, std::min<int64_t>(iters / 4, kMaxSplits)));
+        if (tiles <= wave) EXPECT_LE(tiles * p.splits, wave) << n << " " << k << " " << wave;
+        if (tiles >= 2 * wave) EXPECT_EQ(p.splits, 1) << n << " " << k << " " << wave;
+      }
+}
+
 // plan_splits(tiles, iters, sms, warps, s_min, s_max) on the H200's 132 SMs, 16 warps a block.
 TEST(HostPlan, SplitsOnlyWhereTheTilesLeaveWarpsIdle) {
   // 28672 × 8192: 1792 tiles already give every block 14 tiles: no split.
