@@ -518,10 +518,36 @@ ROPE_MAX_POS = 8192  # the cos/sin cache's rows; positions uniform over them
 QK_NORM_EPS = 1e-6
 CACHE_BLOCK = 16
 CACHE_T = (16, 1024, 8192)
-# The caches hold CACHE_SPREAD times the blocks the tokens need, and the tokens take distinct
-# slots drawn over all of them (no padding: every token is written), as a batch of sequences
-# appends to blocks scattered over the cache.
+# The caches hold CACHE_SPREAD times the blocks the tokens need (no padding: every token is
+# written). The slots follow cache_slots: at decode sizes (T <= CACHE_DECODE_MAX_T) each token is
+# the next one of its own sequence, at a slot of its own anywhere in the cache; above, a prefill
+# batch of CACHE_PROMPT-token prompts, each filling blocks of its own in order from offset 0, the
+# blocks scattered over the cache as an allocator's free list leaves them.
 CACHE_SPREAD = 4
+CACHE_DECODE_MAX_T = 128
+CACHE_PROMPT = 1000  # not a multiple of the block: each prompt's last block is partly filled
+
+
+def cache_slots(t: int, order, block: int = CACHE_BLOCK, prompt: int = CACHE_PROMPT):
+    """slot_mapping [T] of a batch (numpy or torch; `order` a permutation of the cache's blocks, or
+    of its slots at decode sizes). Decode (t <= CACHE_DECODE_MAX_T): the first t slots of `order`.
+    Prefill: token i is position i % prompt of prompt i // prompt, which takes the next
+    ceil(prompt / block) blocks of `order`; so the tokens of a block are consecutive, and a block's
+    column of the paged value layout is written by block consecutive tokens."""
+    if t <= CACHE_DECODE_MAX_T:
+        return order[:t]
+    per_prompt = -(-prompt // block)
+    if -(-t // prompt) * per_prompt > len(order):
+        raise ValueError(f"{len(order)} blocks cannot hold {t} tokens in prompts of {prompt}")
+    i = np.arange(t) if isinstance(order, np.ndarray) else _torch_arange_like(order, t)
+    pos = i % prompt
+    return order[(i // prompt) * per_prompt + pos // block] * block + pos % block
+
+
+def _torch_arange_like(tensor, n: int):
+    import torch
+
+    return torch.arange(n, device=tensor.device)
 # The layouts vLLM's reshape_and_cache (paged) and reshape_and_cache_flash (NHD, and HND through
 # the cache's strides) write.
 CACHE_LAYOUTS = ("paged", "nhd", "hnd")
@@ -671,8 +697,9 @@ def elementwise_cases() -> list[Case]:
     - rope (NEOX, rot_dim 128, a [8192, 128] FP32 cos/sin cache shared by the sets) on both Llama
       models at every T; qk_norm_rope on Qwen3-8B's heads at every T (eps 1e-6);
     - reshape_and_cache and reshape_and_cache_fp8 (block 16) in the paged, NHD and HND layouts
-      (CACHE_LAYOUTS) on Llama-3-8B's KV heads at CACHE_T, no padding; the caches start poisoned
-      and are updated in place (Case.initial_outputs).
+      (CACHE_LAYOUTS) on Llama-3-8B's KV heads at CACHE_T, no padding, the slots of decode or of
+      a prefill batch (cache_slots); the caches start poisoned and are updated in place
+      (Case.initial_outputs).
 
     The reference checks 64 sampled tokens where T > 64 (the caches whole). Peers: the same math in
     torch, eager and compiled (compiled at prefill sizes), and lkw.peers' vLLM, FlashInfer and Liger
@@ -809,7 +836,9 @@ def elementwise_cases() -> list[Case]:
                 def make(torch, gen, t=t, layout=layout, kv_dtype=kv_dtype, num_blocks=num_blocks):
                     key = _activations(torch, gen, t, hk * d).view(t, hk, d)
                     value = _activations(torch, gen, t, hk * d).view(t, hk, d)
-                    slots = torch.randperm(num_blocks * CACHE_BLOCK, device="cuda", generator=gen)[:t]
+                    decode = t <= CACHE_DECODE_MAX_T  # a permutation of the slots, else of the blocks
+                    order = torch.randperm(num_blocks * (CACHE_BLOCK if decode else 1), device="cuda", generator=gen)
+                    slots = cache_slots(t, order)
                     inputs = [key, value, slots]
                     fp8 = kv_dtype == "float8_e4m3fn"
                     if fp8:  # per-tensor scales at the tensors' absmax / 448: nothing saturates

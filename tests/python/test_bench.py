@@ -1009,6 +1009,27 @@ def test_elementwise_cases_are_the_issue_s_shapes_and_the_shape_strings_select_t
     assert len(bench.cases_of("05_elementwise", shape=r"^t=1,")) == 2 * 6 + 2 + 1
 
 
+def test_cache_slots_are_decode_tokens_or_prompts_filling_scattered_blocks():
+    rng = np.random.default_rng(5)
+    block, prompt = bench.CACHE_BLOCK, bench.CACHE_PROMPT
+    order = rng.permutation(64 * block)  # decode: a permutation of the slots, its first T taken
+    assert (bench.cache_slots(16, order) == order[:16]).all()
+    blocks = rng.permutation(-(-8192 // block) * bench.CACHE_SPREAD)
+    slots = bench.cache_slots(8192, blocks)
+    assert len(set(slots.tolist())) == 8192  # distinct: no token overwrites another
+    per_prompt = -(-prompt // block)
+    for p in range(-(-8192 // prompt)):
+        mine = slots[p * prompt:(p + 1) * prompt]
+        assert mine[0] % block == 0  # a prompt starts a block of its own
+        assert (mine % block == np.arange(len(mine)) % block).all()  # its tokens in order
+        used = np.unique(mine // block)
+        assert set(used.tolist()) == set(blocks[p * per_prompt:p * per_prompt + len(used)].tolist())
+    # A block's tokens are consecutive: the paged value column is written by neighbouring tokens.
+    assert all(np.ptp(np.flatnonzero(slots // block == b)) < block for b in np.unique(slots // block))
+    with pytest.raises(ValueError, match="cannot hold"):
+        bench.cache_slots(8192, blocks[:500])
+
+
 def test_elementwise_cases_name_their_tensors_peers_and_in_place_caches():
     from lkw import elementwise as ew
     from lkw import golden, peers
