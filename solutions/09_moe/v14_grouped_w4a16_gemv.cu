@@ -2,7 +2,7 @@
 //
 // Since v10: at decode an expert holds a row or two of a 16-row mma tile, so v10's tensor cores
 // multiply sentinel rows, and each 64-k stage waits on cp.async, an unpack and a barrier: far below
-// the copy ceiling (the book has the figures). Chapter 07's v8 answers the same problem for a dense
+// the copy ceiling (the book has the figures). Chapter 07's v7 answers the same problem for a dense
 // GEMM: stream the repacked words through the lop3 unpack into FP32 FMAs (gemv.cuh). v14 runs its
 // loop on one expert: a block takes one align block and 64 channels, lists the block's live rows
 // first (any order: each row is its own sum) and passes over the expert's words with kRows of them
