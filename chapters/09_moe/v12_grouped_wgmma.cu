@@ -12,7 +12,8 @@
 // One wgmma group stays in flight while the next stage's barrier passes (loads run two stages
 // behind the ring's end). gate_up: the up warpgroups hand their FP32 sums to the gate ones in shared
 // memory, which store silu(g)·u rounded once (v8); moe_grouped_gemm_sum: each weighted FP32 row is
-// added into its token's by a 16-byte atomic. Expect: prefill near chapter 07's v6; decode as this chapter's v7.
+// added into its token's by a 16-byte atomic.
+// Expect: prefill near chapter 07's v6; decode as this chapter's v7.
 #include "experts.cuh"
 #include "lkw/ptx.cuh"
 #include "lkw/tma.h"
