@@ -1,15 +1,16 @@
 // v7_cache_vec16 — a block per token, units of 8 elements: 16-byte reads, whole-vector writes.
 //
-// Since v6: a thread moves a unit of 8 consecutive elements of one head of key and of value: one
-// 16-byte load each. Where the layout keeps those 8 elements together — the paged key's x-vector
-// (8 BF16 or half of 16 FP8), NHD and HND rows — the write is one 16-byte store (8 bytes of FP8
-// codes). The paged value layout stores a head as a column: its 8 elements are block_size apart,
-// 8 narrow stores whatever the vector width — the one transposed write of the chapter. A block is
-// one token, so the slot is read once per block and every offset is 32-bit arithmetic on the unit
-// within the token: v6 spends four 64-bit divisions per element on its indices, which at 8 bytes
-// an element costs more instructions than the bytes allow at the copy ceiling.
-// A D that is not a multiple of 8 (NHD, HND) takes the same kernel with units of one element.
-// Expect: ≥ 85% of the copy ceiling at T = 8192 for NHD; below it for the paged value column;
+// Since v6: a thread moves a unit of 8 consecutive elements of one head: one 16-byte load. Where
+// the layout keeps those 8 elements together — the paged key's x-vector (8 BF16 or half of 16
+// FP8), NHD and HND rows — the write is one 16-byte store (8 bytes of FP8 codes). The paged value
+// layout stores a head as a column, block_size elements apart: there every element is a narrow
+// store into its own 32-byte sector, and the lanes take consecutive elements of the column (v6's
+// map), so that a store instruction touches 8 lines, not 32. A block is one token, so the slot is
+// read once per block and every offset is 32-bit arithmetic on the unit within the token: v6
+// spends four 64-bit divisions per element on its indices, more instructions than the bytes allow
+// at the copy ceiling. A D that is not a multiple of 8 (NHD, HND) takes units of one element.
+// Expect: ≥ 85% of the copy ceiling at T = 8192 for NHD and HND; the paged value column with
+// slots at random writes a sector per element (read and written whole by the DRAM), v6's time.
 // SASS: LDG.E.128, STG.E.128 (BF16) or STG.E.64 (FP8).
 #include "elementwise.cuh"
 
@@ -38,21 +39,6 @@ __device__ __forceinline__ Stored<kFp8, kVec> to_cache(const Bf16Vec<kVec>& v, f
   }
 }
 
-// Element j of a stored unit, as the cache's 8- or 16-bit element (the column writes): the bits
-// as they are (a BF16 cache stores its input's bits, NaN payloads included).
-template <bool kFp8, int kVec>
-__device__ __forceinline__ auto element(const Stored<kFp8, kVec>& s, int j) {
-  if constexpr (kFp8 && kVec == 8) {
-    return uint8_t((j < 4 ? s.x : s.y) >> (8 * (j % 4)));
-  } else if constexpr (kFp8) {
-    return s;
-  } else if constexpr (kVec == 8) {
-    return uint16_t(s.word[j / 2] >> (16 * (j % 2)));
-  } else {
-    return s.word[0];
-  }
-}
-
 template <Layout kLayout, bool kFp8, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) cache_v7_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
@@ -70,23 +56,36 @@ __global__ void __launch_bounds__(kMaxThreads) cache_v7_kernel(CacheArgs a) {
   const float k_inv = kFp8 ? quant::fp8_inverse(*a.k_scale) : 0.0f;
   const float v_inv = kFp8 ? quant::fp8_inverse(*a.v_scale) : 0.0f;
   for (int u = threadIdx.x; u < units; u += blockDim.x) {
-    // Stage: load the unit of key and of value.
-    const Bf16Vec<kVec> k = key_vec[u], v = value_vec[u];
+    // Stage: load the unit of key (and of value, but for the paged column below).
+    const Bf16Vec<kVec> k = key_vec[u];
     const int h = u * kVec / d, i = u * kVec % d;
     // Stage: convert and store each where its layout puts it.
     // BEGIN SOLUTION: v7 — one store of the whole unit where the layout keeps it together
-    const Unit ks = to_cache<kFp8>(k, k_inv), vs = to_cache<kFp8>(v, v_inv);
+    const Unit ks = to_cache<kFp8>(k, k_inv);
     *reinterpret_cast<Unit*>(key_cache + key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size,
                                                              kX)) = ks;
-    if constexpr (kLayout == Layout::kPaged) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j)  // a column: block_size elements apart
-        value_cache[value_offset<kLayout>(b, o, h, i + j, a.hk, a.d, a.block_size)] =
-            element<kFp8, kVec>(vs, j);
-    } else {
+    if constexpr (kLayout != Layout::kPaged) {
+      const Unit vs = to_cache<kFp8>(value_vec[u], v_inv);
       *reinterpret_cast<Unit*>(value_cache + value_offset<kLayout>(b, o, h, i, a.hk, a.d,
                                                                    a.block_size)) = vs;
     }
+    // END SOLUTION
+  }
+  if constexpr (kLayout == Layout::kPaged) {
+    // The paged value column: element i of a head lies block_size elements from i + 1, so each
+    // element is a narrow store into a sector of its own. Lanes on consecutive i put one store
+    // instruction's 32 elements into 1 KB (8 lines of 128 bytes); a unit of 8 a lane would spread
+    // them over 8 KB (32 lines), four times the L2 requests for the same bytes.
+    const __nv_bfloat16* const value_row = a.value + token * a.hk * a.d;  // (Hk·D)
+    // BEGIN SOLUTION: v7 — the column, a lane per element, consecutive along D
+    for (int h = 0; h < int(a.hk); ++h)
+      for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const __nv_bfloat16 v = value_row[h * d + i];
+        Elem stored;
+        if constexpr (kFp8) stored = kv_fp8(__bfloat162float(v), v_inv);
+        else stored = __bfloat16_as_ushort(v);
+        value_cache[value_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size)] = stored;
+      }
     // END SOLUTION
   }
 }
