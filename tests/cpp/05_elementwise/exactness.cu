@@ -192,57 +192,65 @@ TEST(Rope, SkipsPositionsOutsideTheCache) {
 TEST(Cache, ScalarVsVecAndBadSlots) {
   SKIP_WITHOUT_GPU();
   const int64_t t = 37, hk = 3, blocks = 9, bs = 16;
-  for (const bool fp8 : {false, true})
-    for (const int64_t d : {128, 16, 6})
-      for (int layout = 0; layout < 3; ++layout) {
-        const int64_t x = fp8 ? 16 : 8;
-        if (layout == 0 && d % x) continue;
-        const std::string what = std::string(fp8 ? "FP8" : "BF16") + " layout " +
-                                 std::to_string(layout) + " D " + std::to_string(d);
-        auto rng = rng_for(what);
-        std::vector<int64_t> slots(size_t(blocks * bs));
-        for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
-        std::shuffle(slots.begin(), slots.end(), rng);
-        slots.resize(size_t(t));
-        slots[3] = slots[10] = -1;  // padding
-        std::vector<int64_t> bad = slots;
-        bad[20] = -2, bad[21] = blocks * bs, bad[22] = blocks * bs + 1000;  // not slots
-        std::vector<int64_t> skipped = slots;
-        skipped[20] = skipped[21] = skipped[22] = -1;
-        const DType c = fp8 ? DType::kE4M3 : DType::kBF16;
-        std::vector<int64_t> k_shape, v_shape;
-        if (layout == 0) {
-          k_shape = {blocks, hk, d / x, bs, x};
-          v_shape = {blocks, hk, d, bs};
-        } else {
-          k_shape = v_shape = layout == 1 ? std::vector<int64_t>{blocks, bs, hk, d}
-                                          : std::vector<int64_t>{blocks, hk, bs, d};
+  for (const bool prompt : {false, true})  // slots at random (decode), or filling blocks in order
+    for (const bool fp8 : {false, true})
+      for (const int64_t d : {128, 16, 6})
+        for (int layout = 0; layout < 3; ++layout) {
+          const int64_t x = fp8 ? 16 : 8;
+          if (layout == 0 && d % x) continue;
+          const std::string what = std::string(prompt ? "prompt " : "") + (fp8 ? "FP8" : "BF16") +
+                                   " layout " + std::to_string(layout) + " D " + std::to_string(d);
+          auto rng = rng_for(what);
+          std::vector<int64_t> slots(size_t(blocks * bs)), order(static_cast<size_t>(blocks));
+          for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
+          for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+          std::shuffle(slots.begin(), slots.end(), rng);
+          std::shuffle(order.begin(), order.end(), rng);
+          if (prompt)  // token i at offset i % bs of the (i / bs)-th block of the order
+            for (size_t i = 0; i < slots.size(); ++i)
+              slots[i] = order[i / bs] * bs + int64_t(i) % bs;
+          slots.resize(size_t(t));
+          slots[3] = slots[10] = -1;  // padding
+          std::vector<int64_t> bad = slots;
+          bad[20] = -2, bad[21] = blocks * bs, bad[22] = blocks * bs + 1000;  // not slots
+          std::vector<int64_t> skipped = slots;
+          skipped[20] = skipped[21] = skipped[22] = -1;
+          const DType c = fp8 ? DType::kE4M3 : DType::kBF16;
+          std::vector<int64_t> k_shape, v_shape;
+          if (layout == 0) {
+            k_shape = {blocks, hk, d / x, bs, x};
+            v_shape = {blocks, hk, d, bs};
+          } else {
+            k_shape = v_shape = layout == 1 ? std::vector<int64_t>{blocks, bs, hk, d}
+                                            : std::vector<int64_t>{blocks, hk, bs, d};
+          }
+          // Initial caches of random finite bits: what no token writes must keep them.
+          const int64_t cache_bytes = blocks * bs * hk * d * (fp8 ? 1 : 2);
+          std::vector<uint8_t> init(static_cast<size_t>(cache_bytes));
+          for (uint8_t& b : init) b = uint8_t(rng() % 0x70);
+          HostTensor kc{c, k_shape, init}, vc{c, v_shape, init};
+          std::vector<HostTensor> in{bf16({t, hk, d}, random_bf16(rng, t * hk * d, d)),
+                                     bf16({t, hk, d}, random_bf16(rng, t * hk * d, d)),
+                                     host_tensor(DType::kI64, {t}, slots)};
+          if (fp8) {
+            in.push_back(host_tensor(DType::kF32, {1}, std::vector<float>{0.02f}));
+            in.push_back(host_tensor(DType::kF32, {1}, std::vector<float>{0.5f}));
+          }
+          const std::string op = fp8 ? "reshape_and_cache_fp8" : "reshape_and_cache";
+          const std::map<std::string, double> p{{"layout", double(layout)}};
+          const Outputs v6 = run(name(op, "v6_cache_scalar"), in, {kc, vc}, p);
+          const Outputs v7 = run(name(op, "v7_cache_vec16"), in, {kc, vc}, p);
+          const Outputs v8 = run(name(op, "v8_cache_staged"), in, {kc, vc}, p);
+          expect_same(v6, v7, what);
+          expect_same(v6, v8, "v8 " + what);
+          for (const char* id : {"v6_cache_scalar", "v7_cache_vec16", "v8_cache_staged"}) {
+            in[2] = host_tensor(DType::kI64, {t}, bad);
+            const Outputs with_bad = run(name(op, id), in, {kc, vc}, p);
+            in[2] = host_tensor(DType::kI64, {t}, skipped);
+            const Outputs with_padding = run(name(op, id), in, {kc, vc}, p);
+            expect_same(with_bad, with_padding, std::string(id) + " bad slots, " + what);
+          }
         }
-        // Initial caches of random finite bits: what no token writes must keep them.
-        const int64_t cache_bytes = blocks * bs * hk * d * (fp8 ? 1 : 2);
-        std::vector<uint8_t> init(static_cast<size_t>(cache_bytes));
-        for (uint8_t& b : init) b = uint8_t(rng() % 0x70);
-        HostTensor kc{c, k_shape, init}, vc{c, v_shape, init};
-        std::vector<HostTensor> in{bf16({t, hk, d}, random_bf16(rng, t * hk * d, d)),
-                                   bf16({t, hk, d}, random_bf16(rng, t * hk * d, d)),
-                                   host_tensor(DType::kI64, {t}, slots)};
-        if (fp8) {
-          in.push_back(host_tensor(DType::kF32, {1}, std::vector<float>{0.02f}));
-          in.push_back(host_tensor(DType::kF32, {1}, std::vector<float>{0.5f}));
-        }
-        const std::string op = fp8 ? "reshape_and_cache_fp8" : "reshape_and_cache";
-        const std::map<std::string, double> p{{"layout", double(layout)}};
-        const Outputs v6 = run(name(op, "v6_cache_scalar"), in, {kc, vc}, p);
-        const Outputs v7 = run(name(op, "v7_cache_vec16"), in, {kc, vc}, p);
-        expect_same(v6, v7, what);
-        for (const char* id : {"v6_cache_scalar", "v7_cache_vec16"}) {
-          in[2] = host_tensor(DType::kI64, {t}, bad);
-          const Outputs with_bad = run(name(op, id), in, {kc, vc}, p);
-          in[2] = host_tensor(DType::kI64, {t}, skipped);
-          const Outputs with_padding = run(name(op, id), in, {kc, vc}, p);
-          expect_same(with_bad, with_padding, std::string(id) + " bad slots, " + what);
-        }
-      }
 }
 
 }  // namespace

@@ -134,7 +134,7 @@ Args cache(int64_t layout, std::vector<int64_t> k_shape, std::vector<int64_t> v_
 }
 
 TEST(HostCacheRules, RefusesBadLayouts) {
-  for (const char* id : {"v6_cache_scalar", "v7_cache_vec16"}) {
+  for (const char* id : {"v6_cache_scalar", "v7_cache_vec16", "v8_cache_staged"}) {
     const std::string v = name("reshape_and_cache", id);
     expect_refused(v, cache(3, {3, 2, 16, 16, 8}, {3, 2, 128, 16}), "layout 3");
     Args no_layout = cache(0, {3, 2, 16, 16, 8}, {3, 2, 128, 16});
@@ -152,6 +152,9 @@ TEST(HostCacheRules, RefusesBadLayouts) {
     const int64_t huge = int64_t(1) << 27;  // blocks of 16 slots: 2^31 slots
     expect_refused(v, cache(1, {huge, 16, 2, 128}, {huge, 16, 2, 128}), "2^31 slots");
   }
+  expect_refused(name("reshape_and_cache", "v8_cache_staged"),
+                 cache(0, {3, 2, 1024 / 8, 16, 8}, {3, 2, 1024, 16}, 4, 2, 1024),
+                 "a paged head of 1024 elements: more than the staged tile holds");
   expect_refused(name("reshape_and_cache_fp8", "v7_cache_vec16"),
                  cache(0, {3, 2, 16, 16, 8}, {3, 2, 128, 16}, 4, 2, 128, true),
                  "FP8 paged key with x = 8 (it must be 16)");
