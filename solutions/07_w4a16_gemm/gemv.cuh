@@ -56,12 +56,10 @@ __device__ __forceinline__ void step(const uint4& piece, const __nv_bfloat16* co
 }
 
 // Steps begin..end of one 64-channel row of words (`words` at this lane's first word) into acc:
-// kUnroll pieces loaded (streamed past L1: read once) before any is used; with kAhead the next
-// kUnroll are asked for before this batch's FMAs, so the lane's loads stay in flight while it
-// computes. Each group's FP32 sum times its scale (`scales` at the row's first channel of [K/G, N])
-// when the group ends. The zero points (`zeros`, at the same channel of [K/G, N], or null: z = 8)
-// are read when a group starts.
-template <int kRows, bool kAhead = false>
+// kUnroll pieces loaded (streamed past L1: read once) before any is used; each group's FP32 sum
+// times its scale (`scales` at the row's first channel of [K/G, N]) when the group ends. The zero
+// points (`zeros`, at the same channel of [K/G, N], or null: z = 8) are read when a group starts.
+template <int kRows>
 __device__ __forceinline__ void accumulate(const uint32_t* words, const __nv_bfloat16* scales, int64_t n,
                                            const __nv_bfloat16* const (&xr)[kRows], int c, int r,
                                            int begin, int end, int group_shift,
@@ -84,46 +82,19 @@ __device__ __forceinline__ void accumulate(const uint32_t* words, const __nv_bfl
       for (int i = 0; i < kRows; ++i) acc[i][ch] += part[i][ch] * s, part[i][ch] = 0.0f;
     }
   };
-  if constexpr (kAhead) {
-    // Batch ks0 (steps ks0 .. ks0 + kUnroll - 1, those before end): each step's group, its FMAs.
-    auto compute = [&](const uint4(&piece)[kUnroll], int ks0) {
+  for (int ks0 = begin; ks0 < end; ks0 += kUnroll) {
+    uint4 piece[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int ks = ks0 + u;
-        if (ks >= end) continue;
-        const int g = int((int64_t(16) * ks) >> group_shift);
-        if (g != current) flush(), current = g, start_group();
-        step<kRows>(piece[u], xr, 16 * int64_t(ks) + 2 * c, bias, part);
-      }
-    };
-    auto piece_at = [&](int ks) {  // past end: no load, zeros
-      return ks < end ? __ldcs(reinterpret_cast<const uint4*>(words + int64_t(ks) * kStepWords))
-                      : make_uint4(0, 0, 0, 0);
-    };
-    uint4 ahead[kUnroll];  // the next batch, in flight during this one's FMAs
+    for (int u = 0; u < kUnroll; ++u)
+      piece[u] = ks0 + u < end ? __ldcs(reinterpret_cast<const uint4*>(words + int64_t(ks0 + u) * kStepWords))
+                               : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) ahead[u] = piece_at(begin + u);
-    for (int ks0 = begin; ks0 < end; ks0 += kUnroll) {
-      uint4 piece[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) piece[u] = ahead[u], ahead[u] = piece_at(ks0 + kUnroll + u);
-      compute(piece, ks0);
-    }
-  } else {  // a batch's loads, then its FMAs (ptxas lays this loop out as chapter 09's v14 was tested)
-    for (int ks0 = begin; ks0 < end; ks0 += kUnroll) {
-      uint4 piece[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        piece[u] = ks0 + u < end ? __ldcs(reinterpret_cast<const uint4*>(words + int64_t(ks0 + u) * kStepWords))
-                                 : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int ks = ks0 + u;
-        if (ks >= end) continue;
-        const int g = int((int64_t(16) * ks) >> group_shift);
-        if (g != current) flush(), current = g, start_group();
-        step<kRows>(piece[u], xr, 16 * int64_t(ks) + 2 * c, bias, part);
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ks = ks0 + u;
+      if (ks >= end) continue;
+      const int g = int((int64_t(16) * ks) >> group_shift);
+      if (g != current) flush(), current = g, start_group();
+      step<kRows>(piece[u], xr, 16 * int64_t(ks) + 2 * c, bias, part);
     }
   }
   if (begin < end) flush();
