@@ -10,8 +10,8 @@
 // read once per block and every offset is 32-bit arithmetic on the unit within the token: v6
 // spends four 64-bit divisions per element on its indices, more instructions than the bytes allow
 // at the copy ceiling. A D that is not a multiple of 8 (NHD, HND) takes units of one element.
-// Expect: ≥ 85% of the copy ceiling at T = 8192 for NHD and HND; the paged value column with
-// slots at random writes a sector per element (read and written whole by the DRAM), v6's time.
+// Expect: ≥ 85% of the copy ceiling at T = 8192 for NHD and HND; the paged value column, a
+// sector per element, about v6's time (v8 writes it whole).
 // SASS: LDG.E.128, STG.E.128 (BF16) or STG.E.64 (FP8).
 #include "elementwise.cuh"
 
