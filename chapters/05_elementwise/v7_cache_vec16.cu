@@ -20,31 +20,11 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 
-// A unit's codes or BF16 bits as stored: 16 bytes (BF16) or 8 (FP8) for 8 elements.
-template <bool kFp8, int kVec>
-using Stored = std::conditional_t<kFp8, std::conditional_t<kVec == 8, uint2, uint8_t>, Bf16Vec<kVec>>;
-
-template <bool kFp8, int kVec>
-__device__ __forceinline__ Stored<kFp8, kVec> to_cache(const Bf16Vec<kVec>& v, float inv) {
-  if constexpr (!kFp8) {
-    return v;
-  } else if constexpr (kVec == 8) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      w[h] = quant::quantize_e4m3x2(get(v, 4 * h), get(v, 4 * h + 1), inv) |
-             uint32_t(quant::quantize_e4m3x2(get(v, 4 * h + 2), get(v, 4 * h + 3), inv)) << 16;
-    return make_uint2(w[0], w[1]);
-  } else {
-    return kv_fp8(get(v, 0), inv);
-  }
-}
-
 template <Layout kLayout, bool kFp8, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) cache_v7_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
   constexpr int kX = kCacheVectorBytes / sizeof(Elem);  // the paged key's vector (a.x())
-  using Unit = Stored<kFp8, kVec>;
+  using Unit = CacheUnit<kFp8, kVec>;
   auto* key_cache = static_cast<Elem*>(a.key_cache);
   auto* value_cache = static_cast<Elem*>(a.value_cache);
   const int64_t token = blockIdx.x;

@@ -22,31 +22,12 @@ constexpr int kTile = 16;  // tokens a block: the default block_size, one sector
 constexpr int kMaxThreads = 256;
 constexpr int kMaxTileD = 512;  // a head's elements in the shared tile (16 × 520 × 2 bytes)
 
-template <bool kFp8, int kVec>
-using Stored = std::conditional_t<kFp8, std::conditional_t<kVec == 8, uint2, uint8_t>, Bf16Vec<kVec>>;
-
-template <bool kFp8, int kVec>
-__device__ __forceinline__ Stored<kFp8, kVec> to_cache(const Bf16Vec<kVec>& v, float inv) {
-  if constexpr (!kFp8) {
-    return v;
-  } else if constexpr (kVec == 8) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      w[h] = quant::quantize_e4m3x2(get(v, 4 * h), get(v, 4 * h + 1), inv) |
-             uint32_t(quant::quantize_e4m3x2(get(v, 4 * h + 2), get(v, 4 * h + 3), inv)) << 16;
-    return make_uint2(w[0], w[1]);
-  } else {
-    return kv_fp8(get(v, 0), inv);
-  }
-}
-
 // grid (⌈T / kTile⌉, Hk): block (tile, h) moves head h of tokens kTile·tile .. + kTile − 1.
 template <Layout kLayout, bool kFp8, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) cache_v8_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
   constexpr int kX = kCacheVectorBytes / sizeof(Elem);  // the paged key's vector (a.x())
-  using Unit = Stored<kFp8, kVec>;
+  using Unit = CacheUnit<kFp8, kVec>;
   // A staged row is D elements and 16 bytes of pad, so that the column reads of 16 tokens fall
   // in 8 banks twice, not in one bank 16 times.
   constexpr int kPad = 16 / sizeof(Elem);
@@ -73,7 +54,7 @@ __global__ void __launch_bounds__(kMaxThreads) cache_v8_kernel(CacheArgs a) {
     const int64_t at = (((t0 + tt) * a.hk + h) * d + i) / kVec;  // (T, Hk, D) in units
     const Bf16Vec<kVec> k = reinterpret_cast<const Bf16Vec<kVec>*>(a.key)[at],
                         v = reinterpret_cast<const Bf16Vec<kVec>*>(a.value)[at];
-    const Unit ks = to_cache<kFp8>(k, k_inv), vs = to_cache<kFp8>(v, v_inv);
+    const Unit ks = to_cache_unit<kFp8>(k, k_inv), vs = to_cache_unit<kFp8>(v, v_inv);
     *reinterpret_cast<Unit*>(key_cache + key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size, kX)) = ks;
     if constexpr (kLayout == Layout::kPaged)
       *reinterpret_cast<Unit*>(v_sh + tt * row + i) = vs;  // stage: [token][D + pad] as stored

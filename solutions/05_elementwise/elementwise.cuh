@@ -639,4 +639,25 @@ __device__ __forceinline__ uint8_t kv_fp8(float v, float inv) {
   return uint8_t(quant::quantize_e4m3x2(v, 0.0f, inv) & 0xff);
 }
 
+// A unit of kVec elements as the cache stores it (v7, v8): the BF16 bits (16 bytes for 8), or the
+// E4M3 codes (8 bytes for 8, one byte for one).
+template <bool kFp8, int kVec>
+using CacheUnit = std::conditional_t<kFp8, std::conditional_t<kVec == 8, uint2, uint8_t>, Bf16Vec<kVec>>;
+
+template <bool kFp8, int kVec>
+__device__ __forceinline__ CacheUnit<kFp8, kVec> to_cache_unit(const Bf16Vec<kVec>& v, float inv) {
+  if constexpr (!kFp8) {
+    return v;
+  } else if constexpr (kVec == 8) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      w[h] = quant::quantize_e4m3x2(get(v, 4 * h), get(v, 4 * h + 1), inv) |
+             uint32_t(quant::quantize_e4m3x2(get(v, 4 * h + 2), get(v, 4 * h + 3), inv)) << 16;
+    return make_uint2(w[0], w[1]);
+  } else {
+    return kv_fp8(get(v, 0), inv);
+  }
+}
+
 }  // namespace lkw::elementwise

@@ -19,31 +19,11 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 
-// A unit's codes or BF16 bits as stored: 16 bytes (BF16) or 8 (FP8) for 8 elements.
-template <bool kFp8, int kVec>
-using Stored = std::conditional_t<kFp8, std::conditional_t<kVec == 8, uint2, uint8_t>, Bf16Vec<kVec>>;
-
-template <bool kFp8, int kVec>
-__device__ __forceinline__ Stored<kFp8, kVec> to_cache(const Bf16Vec<kVec>& v, float inv) {
-  if constexpr (!kFp8) {
-    return v;
-  } else if constexpr (kVec == 8) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      w[h] = quant::quantize_e4m3x2(get(v, 4 * h), get(v, 4 * h + 1), inv) |
-             uint32_t(quant::quantize_e4m3x2(get(v, 4 * h + 2), get(v, 4 * h + 3), inv)) << 16;
-    return make_uint2(w[0], w[1]);
-  } else {
-    return kv_fp8(get(v, 0), inv);
-  }
-}
-
 template <Layout kLayout, bool kFp8, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) cache_v7_kernel(CacheArgs a) {
   using Elem = std::conditional_t<kFp8, uint8_t, uint16_t>;
   constexpr int kX = kCacheVectorBytes / sizeof(Elem);  // the paged key's vector (a.x())
-  using Unit = Stored<kFp8, kVec>;
+  using Unit = CacheUnit<kFp8, kVec>;
   auto* key_cache = static_cast<Elem*>(a.key_cache);
   auto* value_cache = static_cast<Elem*>(a.value_cache);
   const int64_t token = blockIdx.x;
@@ -61,11 +41,11 @@ __global__ void __launch_bounds__(kMaxThreads) cache_v7_kernel(CacheArgs a) {
     const int h = u * kVec / d, i = u * kVec % d;
     // Stage: convert and store each where its layout puts it.
     // BEGIN SOLUTION: v7 — one store of the whole unit where the layout keeps it together
-    const Unit ks = to_cache<kFp8>(k, k_inv);
+    const Unit ks = to_cache_unit<kFp8>(k, k_inv);
     *reinterpret_cast<Unit*>(key_cache + key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size,
                                                              kX)) = ks;
     if constexpr (kLayout != Layout::kPaged) {
-      const Unit vs = to_cache<kFp8>(value_vec[u], v_inv);
+      const Unit vs = to_cache_unit<kFp8>(value_vec[u], v_inv);
       *reinterpret_cast<Unit*>(value_cache + value_offset<kLayout>(b, o, h, i, a.hk, a.d,
                                                                    a.block_size)) = vs;
     }
