@@ -55,11 +55,13 @@ __global__ void __launch_bounds__(kMaxThreads) cache_v8_kernel(CacheArgs a) {
     const Bf16Vec<kVec> k = reinterpret_cast<const Bf16Vec<kVec>*>(a.key)[at],
                         v = reinterpret_cast<const Bf16Vec<kVec>*>(a.value)[at];
     const Unit ks = to_cache_unit<kFp8>(k, k_inv), vs = to_cache_unit<kFp8>(v, v_inv);
-    *reinterpret_cast<Unit*>(key_cache + key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size, kX)) = ks;
+    *reinterpret_cast<Unit*>(key_cache +
+                             key_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size, kX)) = ks;
     if constexpr (kLayout == Layout::kPaged)
       *reinterpret_cast<Unit*>(v_sh + tt * row + i) = vs;  // stage: [token][D + pad] as stored
     else
-      *reinterpret_cast<Unit*>(value_cache + value_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size)) = vs;
+      *reinterpret_cast<Unit*>(value_cache +
+                               value_offset<kLayout>(b, o, h, i, a.hk, a.d, a.block_size)) = vs;
   }
   if constexpr (kLayout == Layout::kPaged) {
     __syncthreads();
@@ -100,10 +102,12 @@ Status cache_v8(const CacheArgs& a, cudaStream_t stream) {
   return last_launch_status(kOp.name);
 }
 
-constexpr const char* kSummary = "16 tokens of a head a block: the paged value column staged, written across tokens";
+constexpr const char* kSummary =
+    "16 tokens of a head a block: the paged value column staged, written across tokens";
 const Register kBf16{cache_version(
     kCacheBf16, "v8_cache_staged", kSummary, cache_v8<kCacheBf16>,
-    {{"cache_v8_kernelILNS0_6LayoutE0ELb0ELi8E", {}, {"LDG.E.128", "STS.128", "STG.E.U16"}, {}, true,
+    {{"cache_v8_kernelILNS0_6LayoutE0ELb0ELi8E", {}, {"LDG.E.128", "STS.128", "STG.E.U16"}, {},
+      true,
       "paged: 16-byte loads, the value tile staged in shared memory, 2-byte column stores"}})};
 const Register kFp8{cache_version(
     kCacheFp8, "v8_cache_staged", kSummary, cache_v8<kCacheFp8>,
