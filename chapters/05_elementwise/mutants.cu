@@ -10,7 +10,7 @@
 //                                                cache's last slot instead of skipped
 // Each runs a registered version on altered arguments, so it is that version plus one slip.
 #include "lkw/workspace.h"
-#include "elementwise.cuh"
+#include "cache.cuh"
 
 namespace lkw::elementwise {
 namespace {

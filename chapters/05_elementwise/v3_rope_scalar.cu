@@ -11,7 +11,7 @@
 // past the cache.
 // Expect: well below the copy ceiling (2-byte accesses to addresses rot/2 or 1 apart, the cache
 // row re-read by every head); SASS: no 128-bit accesses.
-#include "elementwise.cuh"
+#include "rope.cuh"
 
 namespace lkw::elementwise {
 namespace {

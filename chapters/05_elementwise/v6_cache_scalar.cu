@@ -3,14 +3,14 @@
 //
 // The token's slot names a block b = slot / block_size and an offset o = slot % block_size;
 // element (h, i) of its key goes to key_offset<layout>(b, o, h, i) and of its value to
-// value_offset (elementwise.cuh): the paged layout splits a key head into 16-byte x-vectors
+// value_offset (cache.cuh): the paged layout splits a key head into 16-byte x-vectors
 // [D/x, block, x] and stores a value head as a column [D, block]; NHD and HND keep a head's D
 // elements contiguous. An FP8 cache stores e4m3(v · fp32(1 / scale)), chapter 03's rule.
 // Padding (slot −1) is skipped: neither read nor written. A slot outside the cache is skipped
 // too — the kernel cannot report it, and must not write outside the cache.
 // Expect: far below the copy ceiling (2-byte reads, 2- or 1-byte writes, the paged value
 // layout's writes block_size elements apart); SASS: no 128-bit accesses.
-#include "elementwise.cuh"
+#include "cache.cuh"
 
 namespace lkw::elementwise {
 namespace {

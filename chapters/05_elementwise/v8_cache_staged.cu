@@ -13,7 +13,7 @@
 // keep v7's 16-byte value stores: only the grid changes.
 // Expect: the paged layout at prefill near NHD's share of the copy ceiling; decode as v7.
 // SASS: LDG.E.128 and STG.E.128 (BF16, NHD) or STG.E.64 (FP8); the column stores STG.E.U16.
-#include "elementwise.cuh"
+#include "cache.cuh"
 
 namespace lkw::elementwise {
 namespace {

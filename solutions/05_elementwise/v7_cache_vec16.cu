@@ -12,7 +12,7 @@
 // Expect: ≥ 85% of the copy ceiling at T = 8192 for NHD and HND; the paged value column, a
 // sector per element, about v6's time (v8 writes it whole).
 // SASS: LDG.E.128, STG.E.128 (BF16) or STG.E.64 (FP8).
-#include "elementwise.cuh"
+#include "cache.cuh"
 
 namespace lkw::elementwise {
 namespace {
