@@ -526,28 +526,6 @@ CACHE_T = (16, 1024, 8192)
 CACHE_SPREAD = 4
 CACHE_DECODE_MAX_T = 128
 CACHE_PROMPT = 1000  # not a multiple of the block: each prompt's last block is partly filled
-
-
-def cache_slots(t: int, order, block: int = CACHE_BLOCK, prompt: int = CACHE_PROMPT):
-    """slot_mapping [T] of a batch (numpy or torch; `order` a permutation of the cache's blocks, or
-    of its slots at decode sizes). Decode (t <= CACHE_DECODE_MAX_T): the first t slots of `order`.
-    Prefill: token i is position i % prompt of prompt i // prompt, which takes the next
-    ceil(prompt / block) blocks of `order`; so the tokens of a block are consecutive, and a block's
-    column of the paged value layout is written by block consecutive tokens."""
-    if t <= CACHE_DECODE_MAX_T:
-        return order[:t]
-    per_prompt = -(-prompt // block)
-    if -(-t // prompt) * per_prompt > len(order):
-        raise ValueError(f"{len(order)} blocks cannot hold {t} tokens in prompts of {prompt}")
-    i = np.arange(t) if isinstance(order, np.ndarray) else _torch_arange_like(order, t)
-    pos = i % prompt
-    return order[(i // prompt) * per_prompt + pos // block] * block + pos % block
-
-
-def _torch_arange_like(tensor, n: int):
-    import torch
-
-    return torch.arange(n, device=tensor.device)
 # The layouts vLLM's reshape_and_cache (paged) and reshape_and_cache_flash (NHD, and HND through
 # the cache's strides) write.
 CACHE_LAYOUTS = ("paged", "nhd", "hnd")
@@ -563,6 +541,23 @@ FP8_SCALE_PEER_TOLERANCE = "close:0.03125:0"
 # vLLM's FP8 cache divides by the scale (x / s), the contract multiplies by fp32(1 / s): one E4M3
 # code now and then (lkw.elementwise, section 4). A BF16 cache is a copy: exact everywhere.
 CACHE_PEER_TOLERANCE = {"bfloat16": "exact", "float8_e4m3fn": "ulp:1"}
+
+
+def cache_slots(t: int, order: np.ndarray, block: int = CACHE_BLOCK,
+                prompt: int = CACHE_PROMPT) -> np.ndarray:
+    """slot_mapping [T] of a batch, `order` a permutation of the cache's blocks (of its slots at
+    decode sizes). Decode (t <= CACHE_DECODE_MAX_T): the first t slots of `order`. Prefill: token i
+    is position i % prompt of prompt i // prompt, which takes the next ceil(prompt / block) blocks
+    of `order`; so the tokens of a block are consecutive, and a block's column of the paged value
+    layout is written by block consecutive tokens."""
+    if t <= CACHE_DECODE_MAX_T:
+        return order[:t]
+    per_prompt = -(-prompt // block)
+    if -(-t // prompt) * per_prompt > len(order):
+        raise ValueError(f"{len(order)} blocks cannot hold {t} tokens in prompts of {prompt}")
+    i = np.arange(t)
+    pos = i % prompt
+    return order[(i // prompt) * per_prompt + pos // block] * block + pos % block
 
 
 def _in_place_eager_and_compiled(body: Callable, n_outputs: int) -> dict[str, Callable]:
@@ -837,8 +832,9 @@ def elementwise_cases() -> list[Case]:
                     key = _activations(torch, gen, t, hk * d).view(t, hk, d)
                     value = _activations(torch, gen, t, hk * d).view(t, hk, d)
                     decode = t <= CACHE_DECODE_MAX_T  # a permutation of the slots, else of the blocks
-                    order = torch.randperm(num_blocks * (CACHE_BLOCK if decode else 1), device="cuda", generator=gen)
-                    slots = cache_slots(t, order)
+                    order = torch.randperm(num_blocks * (CACHE_BLOCK if decode else 1), device="cuda",
+                                           generator=gen)
+                    slots = torch.from_numpy(cache_slots(t, order.cpu().numpy())).to(order.device)
                     inputs = [key, value, slots]
                     fp8 = kv_dtype == "float8_e4m3fn"
                     if fp8:  # per-tensor scales at the tensors' absmax / 448: nothing saturates
