@@ -106,7 +106,7 @@ TEST(HostLayerRunner, EachStepIsARegisteredVersion) {
       "attn_norm=04_rmsnorm/fused_add_rmsnorm/v4_fused_add",
       "qkv_proj=00_roofline/gemm_bf16/cublas",
       "rope=05_elementwise/rope/v4_rope_vec16",
-      "cache_write=05_elementwise/reshape_and_cache/v7_cache_vec16",
+      "cache_write=05_elementwise/reshape_and_cache/v8_cache_staged",
       "attention=11_decoder_layer/runner/paged_attention",
       "o_proj=00_roofline/gemm_bf16/cublas",
       "ffn_norm=04_rmsnorm/fused_add_rmsnorm/v4_fused_add",
