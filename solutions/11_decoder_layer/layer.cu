@@ -46,7 +46,7 @@ Scratch plan_scratch(const LayerTensors& l) {
     return here;
   };
   const int64_t t = s.t, hd = s.head_dim, k_max = std::max(s.d, s.hq * hd);
-  p.splits = attention_splits(t, s.hq, s.table_blocks * s.block_size);
+  p.splits = attention_splits(t, s.hq, s.hkv, s.table_blocks * s.block_size);
   p.r1 = take(2 * t * s.d);
   p.xn = take(2 * t * s.d);
   p.xq = take(t * k_max);
