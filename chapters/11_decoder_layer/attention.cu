@@ -57,6 +57,16 @@ __device__ __forceinline__ void block_reduce(float (&v)[kMaxGroup], float (*red_
   }
 }
 
+// 8 BF16 (one 16-byte load) to floats, in memory order.
+__device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
+  const auto* e = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(e[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+}
+
 // The split count's share of the keys, rounded to whole tiles (so 8-key chunks never straddle a
 // split).
 __host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) {
@@ -64,8 +74,8 @@ __host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) 
 }
 
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, float scale) {
-  __shared__ float q_sh[kMaxGroup][kMaxHeadDim];
-  __shared__ float p_sh[kMaxGroup][kThreads];
+  __shared__ __align__(16) float q_sh[kMaxGroup][kMaxHeadDim];  // read 8 floats at a time
+  __shared__ __align__(16) float p_sh[kMaxGroup][kThreads];
   __shared__ float max_sh[kMaxGroup][kWarps], sum_sh[kMaxGroup][kWarps];
   const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const int split = blockIdx.x;
@@ -112,14 +122,17 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 #pragma unroll
           for (int u = 0; u < kLoads; ++u) {
             if (c0 + u >= d / 8) break;
-            const auto* e = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+            float x[8];
+            unpack8(v[u], x);
+            const int dim = 8 * int(c0 + u);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float2 f = __bfloat1622float2(e[i]);
-              const int dim = 8 * int(c0 + u) + 2 * i;
+            for (int g = 0; g < kMaxGroup; ++g) {
+              if (g >= heads) break;
+              const float4 qa = *reinterpret_cast<const float4*>(&q_sh[g][dim]);
+              const float4 qb = *reinterpret_cast<const float4*>(&q_sh[g][dim + 4]);
+              const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
-              for (int g = 0; g < kMaxGroup; ++g)
-                if (g < heads) s[g] = fmaf(q_sh[g][dim + 1], f.y, fmaf(q_sh[g][dim], f.x, s[g]));
+              for (int i = 0; i < 8; ++i) s[g] = fmaf(qv[i], x[i], s[g]);
             }
           }
         }
@@ -165,19 +178,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
         }
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
-          const auto* e = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+          const int j0 = int(c0) + 8 * u;
+          if (j0 >= tile) break;
+          float x[8];
+          unpack8(v[u], x);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int jj = int(c0) + 8 * u + i;
-            if (jj >= tile) break;
-            const float x = i % 2 ? __high2float(e[i / 2]) : __low2float(e[i / 2]);
+          for (int g = 0; g < kMaxGroup; ++g) {
+            if (g >= heads) break;
+            const float4 pa = *reinterpret_cast<const float4*>(&p_sh[g][j0]);
+            const float4 pb = *reinterpret_cast<const float4*>(&p_sh[g][j0 + 4]);
+            const float pv[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+            // Past the context the cache holds whatever it held: a zero weight skips it, never
+            // multiplies it (0 x NaN).
 #pragma unroll
-            for (int g = 0; g < kMaxGroup; ++g) {
-              const float pj = p_sh[g][jj];
-              // Past the context the cache holds whatever it held: a zero weight skips it, never
-              // multiplies it (0 x NaN).
-              if (g < heads && pj != 0.0f) acc[g][r] = fmaf(pj, x, acc[g][r]);
-            }
+            for (int i = 0; i < 8; ++i)
+              if (pv[i] != 0.0f) acc[g][r] = fmaf(pv[i], x[i], acc[g][r]);
           }
         }
       }
