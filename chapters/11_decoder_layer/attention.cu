@@ -5,11 +5,14 @@
 //
 // Query token t (position p) of head h reads KV head h / (Hq / Hkv), keys 0..p through the block
 // table (vLLM's paged layout), softmax in FP32 (running max and sum, exp of differences), P.V in
-// FP32, o rounded once to BF16. A block owns (split, head, token): its keys are a contiguous
-// share of the cache's capacity, 128 at a time (a thread per key for the scores, a thread per
-// dimension for P.V). With splits > 1 each block writes (max, sum, unnormalized o) in FP32 and a
-// second kernel combines them. The context length is read from positions on the device, so the
-// grid depends only on the capacity: a captured decode step stays valid as the cache grows.
+// FP32, o rounded once to BF16. A block owns (split, KV head, token) and the query heads that share
+// the KV head (up to kMaxGroup of them: the cache is read once for the group, not once a head). Its
+// keys are a contiguous share of the cache's capacity, 128 at a time: a thread per key for the
+// scores, then a thread per dimension for P.V, reading 8 keys' values of its dimension (16 bytes,
+// contiguous in the [blocks, Hkv, D, bs] layout) at a time. With splits > 1 each block writes
+// (max, sum, unnormalized o) per head in FP32 and a second kernel combines them. The context length
+// is read from positions on the device, so the grid depends only on the capacity: a captured
+// decode step stays valid as the cache grows.
 // Also here: split_qkv, the copy that makes q, k, v dense for chapter 05's RoPE when T > 1.
 #include <cuda_bf16.h>
 
@@ -23,6 +26,8 @@ namespace {
 constexpr int kThreads = 128;  // keys per tile, and dimensions per pass of P.V
 constexpr int kWarps = kThreads / 32;
 constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
+constexpr int kMaxGroup = 8;  // query heads a block (Llama-3: 4; a larger group takes several blocks)
+constexpr int kLoads = 4;     // 16-byte loads in flight a thread
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -33,114 +38,191 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Every thread gets the block's max (or sum); one barrier. `red_sh` is this reduction's own array,
-// so the next reduction of the other kind cannot overwrite it while it is read.
-__device__ __forceinline__ float block_max(float v, float* red_sh) {
-  v = warp_max(v);
-  if (threadIdx.x % 32 == 0) red_sh[threadIdx.x / 32] = v;
+// Every thread gets the block's max (or sum) of each of the group's heads; one barrier. `red_sh`
+// is this reduction's own array, so the next reduction of the other kind cannot overwrite it while
+// it is read.
+template <bool kMax>
+__device__ __forceinline__ void block_reduce(float (&v)[kMaxGroup], float (*red_sh)[kWarps]) {
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    const float w = kMax ? warp_max(v[g]) : warp_sum(v[g]);
+    if (threadIdx.x % 32 == 0) red_sh[g][threadIdx.x / 32] = w;
+  }
   __syncthreads();
-  float r = red_sh[0];
-  for (int w = 1; w < kWarps; ++w) r = fmaxf(r, red_sh[w]);
-  return r;
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    float r = red_sh[g][0];
+    for (int w = 1; w < kWarps; ++w) r = kMax ? fmaxf(r, red_sh[g][w]) : r + red_sh[g][w];
+    v[g] = r;
+  }
 }
-__device__ __forceinline__ float block_sum(float v, float* red_sh) {
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) red_sh[threadIdx.x / 32] = v;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kWarps; ++w) r += red_sh[w];
-  return r;
+
+// 8 BF16 (one 16-byte load) to floats, in memory order.
+__device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
+  const auto* e = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(e[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+}
+
+// The split count's share of the keys, rounded to whole tiles (so 8-key chunks never straddle a
+// split).
+__host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) {
+  return ((capacity + splits - 1) / splits + kThreads - 1) / kThreads * kThreads;
 }
 
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, float scale) {
-  __shared__ float q_sh[kMaxHeadDim];
-  __shared__ float p_sh[kThreads];
-  __shared__ float max_sh[kWarps], sum_sh[kWarps];
-  const int split = blockIdx.x, h = blockIdx.y;
-  const int64_t t = blockIdx.z;
-  const int64_t kvh = h / (a.hq / a.hkv);
-  const int64_t d = a.d;
-  const auto* q = static_cast<const __nv_bfloat16*>(a.q) + (t * a.hq + h) * d;  // (T,Hq,D)
-  for (int i = threadIdx.x; i < d; i += kThreads) q_sh[i] = __bfloat162float(q[i]) * scale;
+  __shared__ __align__(16) float q_sh[kMaxGroup][kMaxHeadDim];  // read 8 floats at a time
+  __shared__ __align__(16) float p_sh[kMaxGroup][kThreads];
+  __shared__ float max_sh[kMaxGroup][kWarps], sum_sh[kMaxGroup][kWarps];
+  const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int split = blockIdx.x;
+  const int64_t kvh = blockIdx.y / chunks, h0 = kvh * group + blockIdx.y % chunks * kMaxGroup;
+  const int heads = int(group - blockIdx.y % chunks * kMaxGroup < kMaxGroup ? group - blockIdx.y % chunks * kMaxGroup
+                                                                            : kMaxGroup);
+  const int64_t t = blockIdx.z, d = a.d;
+  const auto* q = static_cast<const __nv_bfloat16*>(a.q) + (t * a.hq + h0) * d;  // (T,Hq,D)
+  for (int i = threadIdx.x; i < kMaxGroup * d; i += kThreads)
+    q_sh[i / d][i % d] = i / d < heads ? __bfloat162float(q[i]) * scale : 0.0f;
   __syncthreads();
 
   // This block's keys: its share of the capacity, cut at the token's own position (causal).
   const int64_t capacity = a.table_blocks * a.block_size, pos = a.positions[t];
   const int64_t len = pos < 0 ? 0 : (pos + 1 < capacity ? pos + 1 : capacity);
-  const int64_t per_split = (capacity + a.splits - 1) / a.splits;
+  const int64_t per_split = keys_per_split(capacity, a.splits);
   const int64_t begin = split * per_split;
   const int64_t end = begin + per_split < len ? begin + per_split : len;
-  const auto* kc = static_cast<const uint4*>(a.key_cache);  // 8 BF16 of a key per uint4
-  const auto* vc = static_cast<const __nv_bfloat16*>(a.value_cache);
+  const auto* kc = static_cast<const uint4*>(a.key_cache);    // 8 BF16 of a key per uint4
+  const auto* vc = static_cast<const uint4*>(a.value_cache);  // 8 keys' BF16 of a dimension per uint4
 
-  float m = -INFINITY, l = 0.0f, acc[kDimsPerThread] = {};
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDimsPerThread] = {};
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) m[g] = -INFINITY, l[g] = 0.0f;
   for (int64_t base = begin; base < end; base += kThreads) {
-    // Scores: thread i takes key base + i.
+    // Scores: thread i takes key base + i, for every head of the group.
     const int64_t j = base + threadIdx.x;
-    float s = -INFINITY;
+    float s[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) s[g] = -INFINITY;
+    bool valid = false;
     if (j < end) {
       const int64_t blk = a.block_table[j / a.block_size], off = j % a.block_size;
-      if (blk >= 0 && blk < a.num_blocks) {
-        s = 0.0f;
-        for (int64_t c = 0; c < d / 8; ++c) {
-          // (B,Hkv,D/8,bs) units of 8 BF16
-          const uint4 v = kc[((blk * a.hkv + kvh) * (d / 8) + c) * a.block_size + off];
-          const auto* e = reinterpret_cast<const __nv_bfloat162*>(&v);
+      valid = blk >= 0 && blk < a.num_blocks;
+      if (valid) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(e[i]);
-            s = fmaf(q_sh[8 * c + 2 * i], f.x, s);
-            s = fmaf(q_sh[8 * c + 2 * i + 1], f.y, s);
+        for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
+        const uint4* key = kc + (blk * a.hkv + kvh) * (d / 8) * a.block_size + off;  // (B,Hkv,D/8,bs)
+        for (int64_t c0 = 0; c0 < d / 8; c0 += kLoads) {
+          uint4 v[kLoads];
+#pragma unroll
+          for (int u = 0; u < kLoads; ++u)
+            if (c0 + u < d / 8) v[u] = key[(c0 + u) * a.block_size];
+#pragma unroll
+          for (int u = 0; u < kLoads; ++u) {
+            if (c0 + u >= d / 8) break;
+            float x[8];
+            unpack8(v[u], x);
+            const int dim = 8 * int(c0 + u);
+#pragma unroll
+            for (int g = 0; g < kMaxGroup; ++g) {
+              if (g >= heads) break;
+              const float4 qa = *reinterpret_cast<const float4*>(&q_sh[g][dim]);
+              const float4 qb = *reinterpret_cast<const float4*>(&q_sh[g][dim + 4]);
+              const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+              for (int i = 0; i < 8; ++i) s[g] = fmaf(qv[i], x[i], s[g]);
+            }
           }
         }
       }
     }
-    // Softmax of the tile against the running max: rescale what came before.
-    const float m_new = fmaxf(m, block_max(s, max_sh));
-    if (m_new == -INFINITY) continue;  // the same in every thread: no valid key yet
-    const float alpha = expf(m - m_new);  // 0 while m is -inf
-    const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
-    p_sh[threadIdx.x] = p;  // the previous tile's readers passed block_max's barrier
-    l = l * alpha + block_sum(p, sum_sh);  // its barrier publishes p_sh
-    m = m_new;
-    // P.V: thread i owns dimensions i, i + 128.
+    if (!__syncthreads_or(valid)) continue;  // the same in every thread: no valid key in the tile
+    // Softmax of the tile against the running max: rescale what came before. The previous tile's
+    // readers of p_sh passed the max's barrier; the sum's barrier publishes this tile's p.
+    float m_new[kMaxGroup], p[kMaxGroup], alpha[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) m_new[g] = s[g];
+    block_reduce<true>(m_new, max_sh);
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      m_new[g] = fmaxf(m[g], m_new[g]);
+      alpha[g] = g < heads ? expf(m[g] - m_new[g]) : 0.0f;  // 0 while m is -inf
+      p[g] = s[g] == -INFINITY || g >= heads ? 0.0f : expf(s[g] - m_new[g]);
+      p_sh[g][threadIdx.x] = p[g];
+      m[g] = m_new[g];
+    }
+    block_reduce<false>(p, sum_sh);
+    // P.V: thread i owns dimensions i, i + 128; 8 keys' values of a dimension a load.
     const int64_t tile = end - base < kThreads ? end - base : kThreads;
 #pragma unroll
-    for (int r = 0; r < kDimsPerThread; ++r) acc[r] *= alpha;
-    for (int64_t jj = 0; jj < tile; ++jj) {
-      const float pj = p_sh[jj];
-      if (pj == 0.0f) continue;
-      const int64_t key = base + jj;
-      const int64_t blk = a.block_table[key / a.block_size], off = key % a.block_size;
+    for (int g = 0; g < kMaxGroup; ++g) {
+      l[g] = l[g] * alpha[g] + p[g];
 #pragma unroll
-      for (int r = 0; r < kDimsPerThread; ++r) {
-        const int64_t dim = threadIdx.x + r * kThreads;
-        if (dim < d) {
-          const int64_t at = ((blk * a.hkv + kvh) * d + dim) * a.block_size + off;  // (B,Hkv,D,bs)
-          acc[r] = fmaf(pj, __bfloat162float(vc[at]), acc[r]);
+      for (int r = 0; r < kDimsPerThread; ++r) acc[g][r] *= alpha[g];
+    }
+#pragma unroll
+    for (int r = 0; r < kDimsPerThread; ++r) {
+      const int64_t dim = threadIdx.x + r * kThreads;
+      if (dim >= d) continue;
+      for (int64_t c0 = 0; c0 < tile; c0 += 8 * kLoads) {
+        uint4 v[kLoads];
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          const int64_t key = base + c0 + 8 * u;  // a multiple of 8: its 8 keys share a cache block
+          const int64_t blk = c0 + 8 * u < tile ? a.block_table[key / a.block_size] : -1;
+          v[u] = blk >= 0 && blk < a.num_blocks
+                     ? vc[(((blk * a.hkv + kvh) * d + dim) * a.block_size + key % a.block_size) / 8]
+                     : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          const int j0 = int(c0) + 8 * u;
+          if (j0 >= tile) break;
+          float x[8];
+          unpack8(v[u], x);
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g) {
+            if (g >= heads) break;
+            const float4 pa = *reinterpret_cast<const float4*>(&p_sh[g][j0]);
+            const float4 pb = *reinterpret_cast<const float4*>(&p_sh[g][j0 + 4]);
+            const float pv[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+            // Past the context the cache holds whatever it held: a zero weight skips it, never
+            // multiplies it (0 x NaN).
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              if (pv[i] != 0.0f) acc[g][r] = fmaf(pv[i], x[i], acc[g][r]);
+          }
         }
       }
     }
   }
 
-  if (a.splits == 1) {
-    auto* o = static_cast<__nv_bfloat16*>(a.o) + (t * a.hq + h) * d;  // (T,Hq D)
+  // Store: o, or this split's (max, sum, unnormalized o) of each head.
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= heads) break;
+    const int64_t h = h0 + g;
+    if (a.splits == 1) {
+      auto* o = static_cast<__nv_bfloat16*>(a.o) + (t * a.hq + h) * d;  // (T,Hq D)
+#pragma unroll
+      for (int r = 0; r < kDimsPerThread; ++r) {
+        const int64_t dim = threadIdx.x + r * kThreads;
+        if (dim < d) o[dim] = __float2bfloat16_rn(l[g] > 0.0f ? acc[g][r] / l[g] : 0.0f);
+      }
+      continue;
+    }
+    float* part = a.partials + ((t * a.hq + h) * a.splits + split) * (d + 2);  // (T,Hq,S,D+2)
+    if (threadIdx.x == 0) {
+      part[0] = m[g];
+      part[1] = l[g];
+    }
 #pragma unroll
     for (int r = 0; r < kDimsPerThread; ++r) {
       const int64_t dim = threadIdx.x + r * kThreads;
-      if (dim < d) o[dim] = __float2bfloat16_rn(l > 0.0f ? acc[r] / l : 0.0f);
+      if (dim < d) part[2 + dim] = acc[g][r];
     }
-    return;
-  }
-  float* part = a.partials + ((t * a.hq + h) * a.splits + split) * (d + 2);  // (T,Hq,S,D+2)
-  if (threadIdx.x == 0) {
-    part[0] = m;
-    part[1] = l;
-  }
-#pragma unroll
-  for (int r = 0; r < kDimsPerThread; ++r) {
-    const int64_t dim = threadIdx.x + r * kThreads;
-    if (dim < d) part[2 + dim] = acc[r];
   }
 }
 
@@ -185,11 +267,13 @@ __global__ void split_qkv_kernel(const uint4* qkv, uint4* q, uint4* k, uint4* v,
 
 }  // namespace
 
-// Enough blocks to fill the GPU at decode (about 512), none below 256 keys each, at most 32.
-int attention_splits(int64_t t, int64_t hq, int64_t capacity) {
-  const int64_t rows = t * hq;
+// Enough blocks to fill the GPU twice at decode (about 256; a block is a KV head's group of query
+// heads over its share of the keys), none below 128 keys each, at most 32.
+int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity) {
+  const int64_t group = hkv > 0 ? hq / hkv : 1;
+  const int64_t rows = t * hkv * ((group + kMaxGroup - 1) / kMaxGroup);
   if (rows >= 256) return 1;
-  const int64_t by_keys = (capacity + 255) / 256, by_blocks = (512 + rows - 1) / rows;
+  const int64_t by_keys = (capacity + kThreads - 1) / kThreads, by_blocks = (256 + rows - 1) / rows;
   int64_t s = by_keys < by_blocks ? by_keys : by_blocks;
   return int(s < 1 ? 1 : s > 32 ? 32 : s);
 }
@@ -210,11 +294,14 @@ Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
                        "D must be a multiple of 8 up to " + std::to_string(kMaxHeadDim))
                  .that(a.splits >= 1 && a.splits <= 65535, "splits must be in 1..65535")
                  .that(a.t <= 65535 && a.hq <= 65535, "T and Hq must be at most 65535 (grid)")
+                 .that(a.block_size % 8 == 0, "block_size must be a multiple of 8 (16-byte value loads)")
                  .aligned(a.key_cache, 16, "key_cache")
+                 .aligned(a.value_cache, 16, "value_cache")
                  .arch_at_least(80)
                  .status();
   if (!s.ok()) return s;
-  const dim3 grid(unsigned(a.splits), unsigned(a.hq), unsigned(a.t));
+  const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const dim3 grid(unsigned(a.splits), unsigned(a.hkv * chunks), unsigned(a.t));
   attention_kernel<<<grid, kThreads, 0, stream>>>(a, 1.0f / std::sqrt(float(a.d)));
   if (a.splits > 1) combine_kernel<<<dim3(unsigned(a.hq), unsigned(a.t)), kThreads, 0, stream>>>(a);
   return last_launch_status("decoder layer attention");

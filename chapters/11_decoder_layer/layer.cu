@@ -27,7 +27,7 @@ constexpr const char* kGemvW4a16 = "06_int4_gemv/int4t_gemv/v7_tiled_stream";
 constexpr const char* kGemmW4a16 = "07_w4a16_gemm/w4a16r_gemm/v6_wgmma";
 constexpr const char* kGemmFp8 = "08_fp8_gemm/fp8_gemm_blockwise/v5_tuned";
 constexpr const char* kRope = "05_elementwise/rope/v4_rope_vec16";
-constexpr const char* kCache = "05_elementwise/reshape_and_cache/v7_cache_vec16";
+constexpr const char* kCache = "05_elementwise/reshape_and_cache/v8_cache_staged";
 constexpr const char* kAct = "05_elementwise/silu_and_mul/v1_act_vec16";
 constexpr const char* kActFp8 = "05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8";
 
@@ -47,7 +47,7 @@ Scratch plan_scratch(const LayerTensors& l) {
     return here;
   };
   const int64_t t = s.t, hd = s.head_dim, k_max = std::max(s.d, s.hq * hd);
-  p.splits = attention_splits(t, s.hq, s.table_blocks * s.block_size);
+  p.splits = attention_splits(t, s.hq, s.hkv, s.table_blocks * s.block_size);
   p.r1 = take(2 * t * s.d);
   p.xn = take(2 * t * s.d);
   p.xq = take(t * k_max);

@@ -98,7 +98,7 @@ struct AttentionArgs {
   int64_t t, hq, hkv, d, num_blocks, block_size, table_blocks;
   int splits;
 };
-int attention_splits(int64_t t, int64_t hq, int64_t capacity);
+int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity);
 Status paged_attention(const AttentionArgs& a, cudaStream_t stream);
 // qkv [T, (Hq + 2 Hkv) D] -> q [T, Hq D], k [T, Hkv D], v [T, Hkv D] (dense, for T > 1).
 Status split_qkv(const void* qkv, void* q, void* k, void* v, int64_t t, int64_t q_cols,

@@ -64,7 +64,7 @@ WORKBOOK = {
     "norm": ["04_rmsnorm/fused_add_rmsnorm/v4_fused_add"],
     "rope": ["05_elementwise/rope/v4_rope_vec16", "05_elementwise/rope/v3_rope_scalar"],
     "cache": [
-        "05_elementwise/reshape_and_cache/v7_cache_vec16",
+        "05_elementwise/reshape_and_cache/v8_cache_staged",
         "05_elementwise/reshape_and_cache/v6_cache_scalar",
     ],
     "act": ["05_elementwise/silu_and_mul/v1_act_vec16", "05_elementwise/silu_and_mul/v0_act_scalar"],

@@ -216,11 +216,16 @@ __device__ __forceinline__ float col_scale(const GemmArgs& a, int64_t n) {
 
 // The product s_a[m, kb]·s_b[n0/128, kb] that row m takes for K block kb (blockwise scales), 1
 // for the others (their scales wait for the epilogue). Rows past M read row 0's: never stored.
+__device__ __forceinline__ const float* block_scale_a(const GemmArgs& a, int64_t row, int kb) {
+  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0;
+  return a.a_scales_row_major ? a.s_a + r * blocks + kb : a.s_a + kb * a.m + r;  // (M, KB) or (KB, M)
+}
+__device__ __forceinline__ const float* block_scale_b(const GemmArgs& a, int64_t n0, int kb) {
+  return a.s_b + (n0 / kScaleBlock) * (a.k / kScaleBlock) + kb;  // (ceil(N/128), KB)
+}
 __device__ __forceinline__ float block_scale(const GemmArgs& a, int64_t row, int64_t n0, int kb) {
   if (a.granularity != Granularity::kBlockwise) return 1.f;
-  const int64_t blocks = a.k / kScaleBlock, r = row < a.m ? row : 0;
-  const float sa = a.a_scales_row_major ? a.s_a[r * blocks + kb] : a.s_a[kb * a.m + r];  // (M, KB) or (KB, M)
-  return sa * a.s_b[(n0 / kScaleBlock) * blocks + kb];  // (ceil(N/128), KB)
+  return *block_scale_a(a, row, kb) * *block_scale_b(a, n0, kb);
 }
 
 // bf16(s_a · (s_b · acc)) of a pair (scale B first, then A: vLLM's epilogue order, which the

@@ -74,20 +74,30 @@ inline int persistent_grid(const TileSchedule& s, int max_blocks = 0) {
 }
 
 // The tile width of the warp-specialized versions (128-row tiles): 256 halves A's traffic per
-// FLOP, but only pays while the wider tiles still give every SM one; blockwise scales keep two
-// accumulators a thread, which leaves room for 128 only.
-inline int block_n_for(int64_t m, int64_t n, bool blockwise, int sms) {
-  return !blockwise && plan_tiles(m, n, 128, 256).tiles() >= sms ? 256 : 128;
+// FLOP, but only pays while the wider tiles still give every SM one. Blockwise scales keep two
+// accumulators a thread, room for 192 (two scale blocks of B a tile) at most: v5 takes it where
+// those tiles fill the SMs twice over; with fewer, the narrower tiles' extra blocks win
+// (ablation_v5_wide_blockwise, lab notes 08).
+inline int block_n_for(int64_t m, int64_t n, bool blockwise, int sms, bool wide_blockwise = false) {
+  if (blockwise) return wide_blockwise && plan_tiles(m, n, 128, 192).tiles() >= 2 * sms ? 192 : 128;
+  return plan_tiles(m, n, 128, 256).tiles() >= sms ? 256 : 128;
+}
+
+// v5's K shares: chapter 07's rule (as many as fill the SMs when the tiles cannot), where M <= 64
+// only, and with at least kMinBlocksPerShare blocks a share. Measured (ablation_v5_no_split, lab
+// notes 08): at M = 128 no split shape gained, and shares of 8 blocks lost to the whole K.
+constexpr int kMinBlocksPerShare = 12;
+inline int v5_splits(int64_t m, int tiles, int k_blocks, int sms) {
+  if (m > 64 || tiles >= sms) return 1;
+  return std::max(1, std::min(sms / tiles, k_blocks / kMinBlocksPerShare));
 }
 
 // v5's whole plan for a shape on `sms` SMs: the width above, bands of group_m tile rows, and the
-// K shares of chapter 07's rule (w4a16::splits_for, passed in: as many as fill the SMs when the
-// tiles cannot, at least kMinKTilesPerSplit blocks each).
-template <class SplitsFor>
-TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
-                     SplitsFor splits_for) {
-  TileSchedule s = plan_tiles(m, n, 128, block_n_for(m, n, blockwise, sms), k, group_m);
-  s.splits = splits_for(s.tiles(), s.k_blocks, sms, 1);
+// K shares above.
+inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
+                            bool wide_blockwise = true) {
+  TileSchedule s = plan_tiles(m, n, 128, block_n_for(m, n, blockwise, sms, wide_blockwise), k, group_m);
+  s.splits = v5_splits(m, s.tiles(), s.k_blocks, sms);
   return s;
 }
 

@@ -1,19 +1,18 @@
-// v5_tuned — v4 planned per shape: split K where the tiles cannot fill the SMs, tiles in L2 bands.
+// v5_tuned — v4 planned per shape: split K where the tiles cannot fill the SMs, wider tiles where
+// they fill them twice, L2 bands, and each K block's scales carried in its stage.
 //
-// Since v4: at M = 64 or 128 (decode, the DeepSeek shapes' small M) there is one row of tiles, so
-// N = 2112 makes 17 tiles for 132 SMs and each block streams 128 rows of B alone: the GEMM is
-// memory-bound and most of the memory system idles. v5 splits each tile's K blocks into shares
-// (chapter 07's splits_for: as many as fill the SMs, at least 4 blocks each); a unit of work is
-// (tile, share), and the shares of a tile meet as chapter 07's v5 does: each writes its FP32 sums
-// to its own slice, counts in, and the last to arrive adds the slices in share order (the same sum
-// in every run) and stores the tile. At large M the blocks walk the tiles in bands of kGroupM tile
-// rows (schedule.cuh), so the A rows and B columns in flight at once stay in L2. Tile width:
-// blockwise 128 (two accumulators), else 256 while the tiles fill the SMs. Rowwise and tensor
-// scales accumulate the whole share in the tensor core (v3's), blockwise ones are promoted (v4's)
-// with each block's scales loaded two blocks ahead (one block's wgmmas are shorter than a load).
-// Expect: small M several times v4; large shapes a few per cent from the bands. The epilogue, a
-// trait: unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
-#include "07_w4a16_gemm/gemm_plan.h"
+// Since v4: at M = 64 (decode, the DeepSeek shapes' small M) N = 2112 makes 17 tiles for 132 SMs
+// and each block streams 128 rows of B alone: most of the memory system idles. v5 splits each
+// tile's K blocks into shares (schedule.cuh's v5_splits: at M <= 64, 12 blocks a share at least);
+// the shares of a tile meet as chapter 07's v5 does: each writes its FP32 sums to its own slice,
+// counts in, and the last adds the slices in share order (the same sum every run) and stores the
+// tile. At large M the blocks walk the tiles in bands of kGroupM tile rows (the A and B in flight
+// stay in L2); blockwise tiles are 192 wide where those fill the SMs twice (else 128), the others
+// 256 while those fill them. Blockwise, a scale warp of the producer copies each K block's scales
+// into its stage (4-byte cp.async), so the consumers' loop reads them from shared memory.
+// Expect: small M several times v4, large blockwise shapes nearly twice v4. The epilogue, a trait:
+// unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
+#include "07_w4a16_gemm/gemm_plan.h"  // split_workspace
 #include "fp8_gemm.cuh"
 #include "lkw/launch.h"
 #include "lkw/ptx.cuh"
@@ -41,21 +40,42 @@ struct StoreTma {
   static constexpr bool kTma = true;
 };
 
-template <int kBlockN, class Store>
+// A promoted (blockwise) stage also carries its K block's scales: s_a of the tile's rows, then s_b
+// (kScaleSlot floats, after the staging); with the staging that leaves room for 5 stages.
+template <bool kPromote, int kBlockN, class Store>
 struct Tile {
   static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = kBlockN == 256 ? (Store::kTma ? 3 : 4) : 6;
+  static constexpr int kStages = kBlockN == 256   ? (Store::kTma ? 3 : 4)
+                                 : kBlockN == 192 ? (Store::kTma ? 4 : 5)
+                                                  : (kPromote && Store::kTma ? 5 : 6);
   static constexpr int kStagingBytes = Store::kTma ? kBlockM * kBlockN * 2 : 0;  // BF16 y tile
-  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + alignment
+  static constexpr int kScaleSlot = kBlockM + 4, kScaleBytes = kPromote ? kStages * kScaleSlot * 4 : 0;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + kScaleBytes + 1024;  // + alignment
+  static constexpr unsigned kFullArrivals = kPromote ? 1 + 32 : 1;  // the TMA issuer (+ the scale warp)
 };
+
+// Promotion: total += acc · the block's scales. The 8-column groups below kFirst take the first
+// scale block's pair, the rest the second's (a 192-wide tile starts at 0 or 64 of a scale block,
+// so the split is at group 16 or 8, known per tile).
+template <int kBlockN, int kFirst, int kScales>
+__device__ __forceinline__ void promote(float (&total)[kBlockN / 2], const float (&acc)[kBlockN / 2],
+                                        const float (&sc)[kScales]) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 2; ++j) {
+    if constexpr (kScales == 2)
+      total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
+    else
+      total[j] = fmaf(acc[j], sc[(j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
+  }
+}
 
 template <bool kPromote, int kBlockN, class Store>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_v5_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                   const __grid_constant__ CUtensorMap y_map, const GemmArgs a, const TileSchedule sched,
                   float* __restrict__ partials, unsigned* __restrict__ arrivals) {
-  using T = Tile<kBlockN, Store>;
+  using T = Tile<kPromote, kBlockN, Store>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t full_sh[T::kStages], empty_sh[T::kStages];
@@ -63,16 +83,46 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   auto a_tile = [&](int s) { return smem + s * T::kStageBytes; };
   auto b_tile = [&](int s) { return a_tile(s) + T::kABytes; };
+  auto scale_slot = [&](int s) {
+    return reinterpret_cast<float*>(smem + T::kStages * T::kStageBytes + T::kStagingBytes) + s * T::kScaleSlot;
+  };
   if (threadIdx.x == 0)
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbarrier_init(&full_sh[s], 1);
+      ptx::mbarrier_init(&full_sh[s], T::kFullArrivals);
       ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers);
     }
   __syncthreads();
 
   if (group == 0) {
-    // Producer: v4's, over the unit's share of K.
+    // Producer: v4's, over the unit's share of K. Blockwise, warp 1 is a scale warp: it walks the
+    // same ring and copies each K block's scales into the stage's slot with 4-byte cp.async (rows
+    // past M zero-filled); each lane's arrival on the full barrier lands with its copies, so a
+    // stage is full once its tiles and its scales are in.
     ptx::setmaxnreg_dec<kProducerRegs>();
+    if (kPromote && warp == 1) {
+      int it = 0;
+      for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
+        int m0, n0, kb0, kb1;
+        sched.origin(unit, &m0, &n0);
+        sched.k_range(unit, &kb0, &kb1);
+        for (int kt = kb0; kt < kb1; ++kt, ++it) {
+          const int s = it % T::kStages;
+          float* const slot = scale_slot(s);
+          ptx::mbarrier_wait(&empty_sh[s], ((it / T::kStages) & 1) ^ 1);
+          for (int r = lane; r < kBlockM; r += 32)
+            ptx::cp_async_4(slot + r, block_scale_a(a, m0 + r, kt), m0 + r < a.m ? 4 : 0);
+          if (lane == 0) ptx::cp_async_4(slot + kBlockM, block_scale_b(a, n0, kt), 4);
+          if (kBlockN > kScaleBlock && lane == 1) {  // a 192-wide tile's second scale block (N's last at most)
+            const int64_t next = (n0 / kScaleBlock + 1) * kScaleBlock, last = (a.n - 1) / kScaleBlock * kScaleBlock;
+            ptx::cp_async_4(slot + kBlockM + 1, block_scale_b(a, next < last ? next : last, kt), 4);
+          }
+          ptx::cp_async_mbarrier_arrive_noinc(&full_sh[s]);
+        }
+      }
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();  // no lane leaves with its copies in flight
+      return;
+    }
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
@@ -141,31 +191,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kPromote) {
 #pragma unroll
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
-      // The blocks in pairs, each with its own pair of scales, loaded two blocks before their
-      // promotion: a scale's load from L2 takes longer than one block's wgmmas.
-      float even[2], odd[2];
-      auto scales = [&](float (&sc)[2], int kt) {
-        if (kt < kb1) sc[0] = block_scale(a, row, n0, kt), sc[1] = block_scale(a, row + 8, n0, kt);
-      };
-      auto step = [&](float (&sc)[2], int kt) {
+      for (int kt = kb0; kt < kb1; ++kt, ++it) {
         const int s = it % T::kStages;
         issue(s, false);  // a fresh sum each block: promotion
+        // The block's scales from its stage (landed with it), read while the wgmmas run and
+        // before the stage is released.
+        const float* const slot = scale_slot(s);
+        const int r = c * 64 + 16 * warp + g;
+        constexpr int kScales = kBlockN > kScaleBlock ? 4 : 2;  // sc[2], sc[3]: the second scale block's
+        float sc[kScales];
+        sc[0] = slot[r] * slot[kBlockM], sc[1] = slot[r + 8] * slot[kBlockM];
+        if constexpr (kScales == 4) sc[2] = slot[r] * slot[kBlockM + 1], sc[3] = slot[r + 8] * slot[kBlockM + 1];
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
+        __syncwarp();  // every lane's reads of the slot before the warp's release of the stage
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
-#pragma unroll
-        for (int j = 0; j < kBlockN / 2; ++j) total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
-        scales(sc, kt + 2);  // this pair's next block
-        ++it;
-      };
-      scales(even, kb0);
-      scales(odd, kb0 + 1);
-      int kt = kb0;
-      for (; kt + 1 < kb1; kt += 2) {
-        step(even, kt);
-        step(odd, kt + 1);
+        if constexpr (kScales == 2) {
+          promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
+        } else {
+          if (n0 % kScaleBlock == 0)
+            promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
+          else
+            promote<kBlockN, kScaleBlock / 16>(total, acc, sc);
+        }
       }
-      if (kt < kb1) step(even, kt);
     } else {
       // Tensor and rowwise scales: v3's loop, one wgmma group kept in flight across the blocks.
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
@@ -222,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <bool kPromote, int kBlockN, class Store>
 Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
-  using T = Tile<kBlockN, Store>;
+  using T = Tile<kPromote, kBlockN, Store>;
   if (Store::kTma && sched.splits != 1)
     return error(Code::kInvalidArgument, "v5: the TMA-store epilogue takes whole tiles only, not a split plan");
   CUtensorMap a_map, b_map, y_map{};
@@ -251,24 +300,38 @@ Status launch_planned(const GemmArgs& a, const TileSchedule& sched, bool tma_whe
                                               : launch_v5<kPromote, kBlockN, StoreDirect>(a, sched, stream);
 }
 
-template <bool kTmaWhereWhole>
+// kSplitK off: the ablation that keeps every tile's whole K in one block, the plan's other side
+// where the tiles cannot fill the SMs.
+// kWide: the ablation that gives blockwise tiles 192 columns (two 96-float sums a thread, 4 or 5
+// stages) for 1.5 times the FLOPs per byte loaded of the 128-wide tile.
+template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
-  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise},
-                           90, kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store");
+  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90,
+                           kWide      ? "ablation_v5_wide_blockwise"
+                           : !kSplitK ? "ablation_v5_no_split"
+                                      : (kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store"));
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  const TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, w4a16::splits_for);
+  TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM);
+  if (!kSplitK) sched.splits = 1;
+  if (kWide && blockwise) {  // 192 columns at every shape, with the plan's shares for that width
+    sched = plan_tiles(a.m, a.n, kBlockM, 192, a.k, kGroupM);
+    sched.splits = v5_splits(a.m, sched.tiles(), sched.k_blocks, sm_count());
+  }
+  if (blockwise && sched.block_n == 192) return launch_planned<true, 192>(a, sched, kTmaWhereWhole, stream);
   if (blockwise) return launch_planned<true, 128>(a, sched, kTmaWhereWhole, stream);
   return sched.block_n == 256 ? launch_planned<false, 256>(a, sched, kTmaWhereWhole, stream)
                               : launch_planned<false, 128>(a, sched, kTmaWhereWhole, stream);
 }
 
 const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"},
-                         {"LDGSTS", "HMMA"}, false, "v4's machinery, split K, the tile stored by TMA"};
-// Staging a 256-wide tile (128 sums and their column scales a thread, 168 registers under 384
-// threads) spills two words of the loop's state around the epilogue: allowed above, and said.
+                         {"HMMA"}, false, "v4's machinery, split K, the tile stored by TMA"};
+// Spills, allowed and said: staging a 256-wide tile (128 sums and their column scales a thread,
+// 168 registers under 384 threads) spills two words of the loop's state around the epilogue, and
+// the scale warp, at 40 registers, a few words of its walk (the producer side, not the MMA loop).
+// LDGSTS: the scale warp's 4-byte copies (blockwise kernels only).
 const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
-                            {"LDGSTS", "HMMA"}, true, "v4's machinery with the split-K reduction; no spills"};
+                            {"HMMA"}, false, "v4's machinery with the split-K reduction"};
 constexpr const char* kSummary = "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue";
 const Register kRegistered{gemm_version(kBlockwiseOp, "v5_tuned", kSummary, gemm_v5<true>, 90,
                                         {kTmaFacts, kDirectFacts})};
@@ -279,6 +342,16 @@ const Register kDirectBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_direct_s
                                              gemm_v5<false>, 90, {kDirectFacts}, Kind::kAblation)};
 const Register kDirectRowwise{gemm_version(kOp, "ablation_v5_direct_store", kDirectSummary, gemm_v5<false>, 90,
                                            {kDirectFacts}, Kind::kAblation)};
+// The ablation of the split: every tile's K in one block, the tile stored by TMA.
+constexpr const char* kNoSplitSummary = "v5 with every tile's whole K in one block, no split K";
+const Register kNoSplitBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_no_split", kNoSplitSummary,
+                                              gemm_v5<true, false>, 90, {kTmaFacts}, Kind::kAblation)};
+const Register kNoSplitRowwise{gemm_version(kOp, "ablation_v5_no_split", kNoSplitSummary, gemm_v5<true, false>, 90,
+                                            {kTmaFacts}, Kind::kAblation)};
+// The ablation of the blockwise tile's width: 192 columns instead of 128.
+constexpr const char* kWideSummary = "v5 with 128 x 192 blockwise tiles (two scale blocks of B a tile)";
+const Register kWideBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_wide_blockwise", kWideSummary,
+                                           gemm_v5<true, true, true>, 90, {kTmaFacts, kDirectFacts}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::fp8

@@ -129,6 +129,7 @@ Status describe(Format f, const Args& a, LayerTensors* out) {
           .positive(sh.num_blocks, "the cache's blocks")
           .positive(sh.hkv, "Hkv")
           .positive(sh.block_size, "block_size")
+          .that(sh.block_size % 8 == 0, "block_size must be a multiple of 8 (the attention's 16-byte value loads)")
           .positive(sh.table_blocks, "the block table's length")
           .positive(sh.max_pos, "the cos_sin_cache's rows")
           .that(hd > 0 && hd % 8 == 0 && hd <= kMaxHeadDim,

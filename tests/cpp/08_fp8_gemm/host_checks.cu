@@ -178,25 +178,31 @@ TEST(HostSchedule, BandsAndSplitsCoverEveryTileAndKBlockOnce) {
 }
 
 // v5's plan on the H200's 132 SMs for the issue's shapes: DeepSeek-V3's decode side (M = 64) splits
-// K until the SMs are full; M = 4096 and the square shapes do not split; tensor and rowwise scales
-// take 256-wide tiles once those fill the SMs, blockwise ones never.
+// K until the SMs are full, 12 blocks a share at least; M = 128, M = 4096 and the square shapes do
+// not split; tensor and rowwise scales take 256-wide tiles once those fill the SMs, blockwise ones
+// 192-wide once those fill them twice.
 TEST(HostSchedule, V5PlansTheIssueShapes) {
   auto plan = [](int64_t m, int64_t n, int64_t k, bool blockwise) {
-    return plan_v5(m, n, k, blockwise, 132, 16, w4a16::splits_for);
+    return plan_v5(m, n, k, blockwise, 132, 16);
   };
   const TileSchedule small = plan(64, 2112, 7168, true);  // 17 tiles, 56 K blocks
   EXPECT_EQ(small.block_n, 128);
   EXPECT_EQ(small.tiles(), 17);
-  EXPECT_EQ(small.splits, 7);  // 119 units
+  EXPECT_EQ(small.splits, 4);  // 56 / 12: 68 units
   EXPECT_EQ(plan(64, 4096, 7168, true).splits, 4);    // 32 tiles
+  EXPECT_EQ(plan(64, 7168, 2048, true).splits, 1);    // 16 blocks: two shares of 8 lose
+  EXPECT_EQ(plan(128, 2112, 7168, true).splits, 1);   // M = 128: no split
   EXPECT_EQ(plan(128, 32768, 512, true).splits, 1);   // 256 tiles already
+  EXPECT_EQ(plan(128, 32768, 512, true).block_n, 128);  // 171 tiles of 192: not twice the SMs
   EXPECT_EQ(plan(64, 7168, 16384, false).splits, 2);  // 56 tiles of 128 (28 of 256 do not fill)
   EXPECT_EQ(plan(64, 7168, 16384, false).block_n, 128);
   const TileSchedule big = plan(8192, 8192, 8192, false);
   EXPECT_EQ(big.block_n, 256);
   EXPECT_EQ(big.splits, 1);
   EXPECT_EQ(big.group_m, 16);
-  EXPECT_EQ(plan(8192, 8192, 8192, true).block_n, 128);
+  EXPECT_EQ(plan(8192, 8192, 8192, true).block_n, 192);
+  EXPECT_EQ(plan(4096, 4096, 4096, true).block_n, 192);  // 704 tiles
+  EXPECT_EQ(plan_v5(4096, 4096, 4096, true, 132, 16, false).block_n, 128);
   for (int64_t n : {2112, 24576, 32768, 7168, 4096})
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
 }

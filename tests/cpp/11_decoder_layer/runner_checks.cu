@@ -106,7 +106,7 @@ TEST(HostLayerRunner, EachStepIsARegisteredVersion) {
       "attn_norm=04_rmsnorm/fused_add_rmsnorm/v4_fused_add",
       "qkv_proj=00_roofline/gemm_bf16/cublas",
       "rope=05_elementwise/rope/v4_rope_vec16",
-      "cache_write=05_elementwise/reshape_and_cache/v7_cache_vec16",
+      "cache_write=05_elementwise/reshape_and_cache/v8_cache_staged",
       "attention=11_decoder_layer/runner/paged_attention",
       "o_proj=00_roofline/gemm_bf16/cublas",
       "ffn_norm=04_rmsnorm/fused_add_rmsnorm/v4_fused_add",
@@ -193,6 +193,10 @@ TEST(HostLayerRunner, RefusesMismatchedShapesAndFormats) {
   a.outputs[0].shape = {9, 2, 8, 16, 4};  // key cache: not the paged layout of D = 32
   expect_refused(Format::kBf16, a, "key_cache");
   a = bf16.args();
+  a.outputs[0].shape = {9, 2, 4, 12, 8};  // 12-token blocks: the attention loads 8 keys' values at once
+  a.outputs[1].shape = {9, 2, 32, 12};
+  expect_refused(Format::kBf16, a, "16-byte value loads");
+  a = bf16.args();
   a.inputs[5].shape = {512, 16};  // RoPE over part of the head
   expect_refused(Format::kBf16, a, "cos_sin_cache");
   a = bf16.args();
@@ -240,11 +244,14 @@ TEST(HostLayerRunner, RefusesBadAddresses) {
 }
 
 TEST(HostLayerRunner, AttentionSplitsFollowTheWork) {
-  EXPECT_EQ(layer::attention_splits(1, 32, 2048), 8);    // decode: 2048 keys in 8 shares
-  EXPECT_EQ(layer::attention_splits(1, 32, 16384), 16);  // enough blocks to fill the GPU
-  EXPECT_EQ(layer::attention_splits(1, 4, 384), 2);      // at least 256 keys a split
-  EXPECT_EQ(layer::attention_splits(2048, 32, 4096), 1);  // prefill: rows fill the GPU
-  EXPECT_EQ(layer::attention_splits(1, 1, 1 << 20), 32);  // at most 32
+  // A block is a KV head's query heads (up to 8) over its share of the keys.
+  EXPECT_EQ(layer::attention_splits(1, 32, 8, 2048), 16);    // decode: 2048 keys in 16 shares of 128
+  EXPECT_EQ(layer::attention_splits(1, 32, 8, 16384), 32);   // 8 x 32 blocks fill the GPU twice
+  EXPECT_EQ(layer::attention_splits(1, 4, 2, 384), 3);       // at least 128 keys a split
+  EXPECT_EQ(layer::attention_splits(1, 64, 2, 16384), 32);   // a group of 32: 4 blocks a KV head
+  EXPECT_EQ(layer::attention_splits(1, 64, 2, 1024), 8);     // ... each over 128 keys
+  EXPECT_EQ(layer::attention_splits(2048, 32, 8, 4096), 1);  // prefill: rows fill the GPU
+  EXPECT_EQ(layer::attention_splits(1, 1, 1, 1 << 20), 32);  // at most 32
 }
 
 // ---------------------------------------------------------------------------------------------
