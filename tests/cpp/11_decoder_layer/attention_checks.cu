@@ -1,0 +1,117 @@
+// The runner's paged attention alone (GPU): against a float64 softmax(q k / sqrt(D)) v over the
+// token's context, on shapes the layer's golden cases do not reach: a group of 32 query heads (4
+// blocks a KV head), D = 256 with 8-token blocks, a padding token (position -1: zeros), prefill
+// rows of different lengths, and a context split over many blocks. The value cache is NaN outside
+// the context (a kernel that multiplies a zero weight by it fails), the output is poisoned, and
+// the guard bytes past each buffer must stay intact.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "layer.h"
+#include "lkw/buffer.h"
+#include "lkw/check.h"
+
+namespace lkw::test {
+namespace {
+
+struct AttentionCase {
+  const char* name;
+  int64_t t, hq, hkv, d, bs, table;
+  std::vector<int64_t> positions;
+};
+
+float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+class RunnerAttention : public testing::TestWithParam<AttentionCase> {};
+
+TEST_P(RunnerAttention, MatchesTheFloat64Reference) {
+  if (device_arch() < 80) GTEST_SKIP() << "no CUDA device of sm_80 or later here: GPU test skipped";
+  const AttentionCase& c = GetParam();
+  const int64_t blocks = c.table + 3, capacity = c.table * c.bs;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> n01;
+  std::vector<__nv_bfloat16> q(c.t * c.hq * c.d), kc(blocks * c.hkv * c.d * c.bs), vc(kc.size());
+  for (auto& x : q) x = __float2bfloat16(n01(gen));
+  for (auto& x : kc) x = __float2bfloat16(n01(gen));
+  std::fill(vc.begin(), vc.end(), __float2bfloat16(std::nanf("")));
+  std::vector<int64_t> order(blocks), table(c.table);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), gen);
+  std::copy(order.begin(), order.begin() + c.table, table.begin());
+  // The paged layouts: key (blocks, Hkv, D/8, bs, 8), value (blocks, Hkv, D, bs).
+  auto key_at = [&](int64_t j, int64_t h, int64_t i) {
+    return (((table[j / c.bs] * c.hkv + h) * (c.d / 8) + i / 8) * c.bs + j % c.bs) * 8 + i % 8;
+  };
+  auto value_at = [&](int64_t j, int64_t h, int64_t i) {
+    return ((table[j / c.bs] * c.hkv + h) * c.d + i) * c.bs + j % c.bs;
+  };
+  const int64_t last = *std::max_element(c.positions.begin(), c.positions.end());
+  for (int64_t j = 0; j <= last; ++j)
+    for (int64_t h = 0; h < c.hkv; ++h)
+      for (int64_t i = 0; i < c.d; ++i) vc[value_at(j, h, i)] = __float2bfloat16(n01(gen));
+
+  const int splits = layer::attention_splits(c.t, c.hq, c.hkv, capacity);
+  DeviceBuffer dq(q.size() * 2), dk(kc.size() * 2), dv(vc.size() * 2), dtable(table.size() * 8),
+      dpos(c.positions.size() * 8), dout(q.size() * 2), dpart(c.t * c.hq * splits * (c.d + 2) * 4);
+  dq.upload(q.data()), dk.upload(kc.data()), dv.upload(vc.data()), dtable.upload(table.data());
+  dpos.upload(c.positions.data());
+  dout.poison();
+  const layer::AttentionArgs a{dq.data(), dk.data(), dv.data(), static_cast<const int64_t*>(dtable.data()),
+                               static_cast<const int64_t*>(dpos.data()), dout.data(),
+                               static_cast<float*>(dpart.data()), c.t, c.hq, c.hkv, c.d, blocks, c.bs,
+                               c.table, splits};
+  ASSERT_TRUE(layer::paged_attention(a, nullptr).ok());
+  std::vector<__nv_bfloat16> o(q.size());
+  dout.download(o.data());
+  for (const DeviceBuffer* b : {&dq, &dk, &dv, &dtable, &dpos, &dout, &dpart}) EXPECT_TRUE(b->guard_intact());
+
+  int bad = 0;
+  for (int64_t t = 0; t < c.t; ++t)
+    for (int64_t h = 0; h < c.hq; ++h) {
+      const int64_t kvh = h / (c.hq / c.hkv), len = std::clamp<int64_t>(c.positions[t] + 1, 0, capacity);
+      std::vector<double> p(len);
+      double big = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        double s = 0;
+        for (int64_t i = 0; i < c.d; ++i) s += double(to_f(q[(t * c.hq + h) * c.d + i])) * to_f(kc[key_at(j, kvh, i)]);
+        p[j] = s / std::sqrt(double(c.d));
+        big = std::max(big, p[j]);
+      }
+      for (double& x : p) sum += (x = std::exp(x - big));
+      for (int64_t i = 0; i < c.d; ++i) {
+        double want = 0;
+        for (int64_t j = 0; j < len; ++j) want += p[j] * to_f(vc[value_at(j, kvh, i)]);
+        want = len > 0 ? want / sum : 0.0;
+        const double got = to_f(o[(t * c.hq + h) * c.d + i]);
+        // o is rounded once to BF16 (2^-9 relative); FP32 sums over the context add less.
+        if (!(std::fabs(got - want) <= 4e-3 + 8e-3 * std::fabs(want)) && bad++ < 5)
+          ADD_FAILURE() << "token " << t << " head " << h << " dim " << i << ": " << got << ", want " << want;
+      }
+    }
+  EXPECT_EQ(bad, 0) << c.name << " (splits " << splits << ")";
+}
+
+std::vector<int64_t> first_positions(int64_t n) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), 0);
+  return p;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RunnerAttention,
+    testing::Values(AttentionCase{"llama_decode_2048", 1, 32, 8, 128, 16, 128, {2047}},
+                    AttentionCase{"llama_decode_short", 1, 32, 8, 128, 16, 128, {130}},
+                    AttentionCase{"group_of_32", 2, 64, 2, 128, 32, 40, {1000, 37}},
+                    AttentionCase{"d256_blocks_of_8", 1, 8, 8, 256, 8, 30, {200}},
+                    AttentionCase{"padding_token", 2, 12, 4, 64, 16, 10, {-1, 77}},
+                    AttentionCase{"prefill_24", 24, 4, 2, 32, 16, 2, first_positions(24)}),
+    [](const testing::TestParamInfo<AttentionCase>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace lkw::test
