@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,15 @@ inline Version gemm_version(const char* op, const char* id, const char* summary,
   };
   return v;
 }
+
+// Registers a version under each of `ops`: one that takes every granularity serves both
+// (kBlockwiseOp and kOp), each op its own registry entry.
+struct RegisterGemm {
+  RegisterGemm(std::initializer_list<const char*> ops, const char* id, const char* summary, GemmLaunch launch,
+               int min_arch, const std::vector<SassFact>& sass, Kind kind = Kind::kVersion) {
+    for (const char* op : ops) Registry::get().add(gemm_version(op, id, summary, launch, min_arch, sass, kind));
+  }
+};
 
 // The tensor maps of the TMA versions: A's rows in boxes of block_m × 128 bytes, B's in boxes of
 // block_n × 128, both in the 128-byte swizzle their wgmma descriptors name.

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "07_w4a16_gemm/gemm_plan.h"  // split_workspace
+
 namespace lkw::fp8 {
 
 // The SMs of the current device (a persistent grid has one block per SM), 132 on an H200.
@@ -58,6 +60,16 @@ struct TileSchedule {
     *kb0 = int(unsigned(split) * unsigned(k_blocks) / unsigned(splits));
     *kb1 = int(unsigned(split + 1) * unsigned(k_blocks) / unsigned(splits));
   }
+  // Both: the unit's tile origin and its K blocks.
+  struct Unit {
+    int m0, n0, kb0, kb1;
+  };
+  __host__ __device__ Unit locate(int unit) const {
+    Unit u;
+    origin(unit, &u.m0, &u.n0);
+    k_range(unit, &u.kb0, &u.kb1);
+    return u;
+  }
 };
 
 inline TileSchedule plan_tiles(int64_t m, int64_t n, int block_m, int block_n, int64_t k = 0,
@@ -100,6 +112,33 @@ inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int
   TileSchedule s = plan_tiles(m, n, 128, block_n_for(m, n, blockwise, sms, wide_blockwise), k, group_m);
   s.splits = v5_splits(m, s.tiles(), s.k_blocks, sms);
   return s;
+}
+
+// v5's plan as each of its registrations takes it: the version's (split_k on, wide off) or an
+// ablation's. split_k off keeps every tile's whole K in one block, the plan's other side where the
+// tiles cannot fill the SMs; wide gives blockwise tiles 192 columns at every shape (two 96-float
+// sums a thread, 4 or 5 stages) for 1.5 times the FLOPs per byte loaded of the 128-wide tile, with
+// the plan's shares for that width.
+inline TileSchedule plan_v5_variant(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
+                                    bool split_k, bool wide) {
+  if (wide && blockwise) {
+    TileSchedule s = plan_tiles(m, n, 128, 192, k, group_m);
+    s.splits = v5_splits(m, s.tiles(), s.k_blocks, sms);
+    return s;
+  }
+  TileSchedule s = plan_v5(m, n, k, blockwise, sms, group_m);
+  if (!split_k) s.splits = 1;
+  return s;
+}
+
+// v5's split-K workspace for a plan (chapter 07's): each tile's FP32 slices, one a share, and its
+// arrival counter. A plan of whole tiles needs none.
+inline Status v5_workspace(const TileSchedule& s, float** partials, unsigned** arrivals) {
+  *partials = nullptr;
+  *arrivals = nullptr;
+  if (s.splits <= 1) return {};
+  return w4a16::split_workspace(int64_t(s.tiles()) * s.splits * s.block_m * s.block_n, s.tiles(), partials,
+                                arrivals);
 }
 
 }  // namespace lkw::fp8

@@ -12,7 +12,6 @@
 // into its stage (4-byte cp.async), so the consumers' loop reads them from shared memory.
 // Expect: small M several times v4, large blockwise shapes nearly twice v4. The epilogue, a trait:
 // unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
-#include "07_w4a16_gemm/gemm_plan.h"  // split_workspace
 #include "fp8_gemm.cuh"
 #include "lkw/launch.h"
 #include "lkw/ptx.cuh"
@@ -33,41 +32,30 @@ constexpr int kGroupM = 16;  // tile rows per band: 2048 rows of A in flight at 
 // The epilogue, a trait (named types, so that the SASS facts can name them): each thread's pairs
 // to y (v4's), or the tile staged in shared memory and stored by TMA, the stage's room taken from
 // the ring (a 256-wide tile keeps 3 stages instead of 4).
-struct StoreDirect {
-  static constexpr bool kTma = false;
-};
-struct StoreTma {
-  static constexpr bool kTma = true;
-};
+struct StoreDirect { static constexpr bool kTma = false; };
+struct StoreTma { static constexpr bool kTma = true; };
 
 // A promoted (blockwise) stage also carries its K block's scales: s_a of the tile's rows, then s_b
 // (kScaleSlot floats, after the staging); with the staging that leaves room for 5 stages.
 template <bool kPromote, int kBlockN, class Store>
 struct Tile {
-  static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
-  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK, kStageBytes = kABytes + kBBytes;
   static constexpr int kStages = kBlockN == 256   ? (Store::kTma ? 3 : 4)
                                  : kBlockN == 192 ? (Store::kTma ? 4 : 5)
                                                   : (kPromote && Store::kTma ? 5 : 6);
   static constexpr int kStagingBytes = Store::kTma ? kBlockM * kBlockN * 2 : 0;  // BF16 y tile
-  static constexpr int kScaleSlot = kBlockM + 4, kScaleBytes = kPromote ? kStages * kScaleSlot * 4 : 0;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + kScaleBytes + 1024;  // + alignment
-  static constexpr unsigned kFullArrivals = kPromote ? 1 + 32 : 1;  // the TMA issuer (+ the scale warp)
+  static constexpr int kScaleOffset = kStages * kStageBytes + kStagingBytes, kScaleSlot = kBlockM + 4;
+  static constexpr int kSmemBytes = kScaleOffset + (kPromote ? kStages * kScaleSlot * 4 : 0) + 1024;  // + alignment
 };
 
-// Promotion: total += acc · the block's scales. The 8-column groups below kFirst take the first
-// scale block's pair, the rest the second's (a 192-wide tile starts at 0 or 64 of a scale block,
-// so the split is at group 16 or 8, known per tile).
-template <int kBlockN, int kFirst, int kScales>
-__device__ __forceinline__ void promote(float (&total)[kBlockN / 2], const float (&acc)[kBlockN / 2],
-                                        const float (&sc)[kScales]) {
+// Promotion: total += acc · the block's scales, a pair (rows g and g + 8) a scale block. With two,
+// the 8-column groups below kFirst take the first pair, the rest the second (a 192-wide tile starts
+// at 0 or 64 of a scale block, so the split is at group 16 or 8, known per tile).
+template <int kFirst, int kSums, int kScales>
+__device__ __forceinline__ void promote(float (&total)[kSums], const float (&acc)[kSums], const float (&sc)[kScales]) {
 #pragma unroll
-  for (int j = 0; j < kBlockN / 2; ++j) {
-    if constexpr (kScales == 2)
-      total[j] = fmaf(acc[j], sc[(j / 2) % 2], total[j]);
-    else
-      total[j] = fmaf(acc[j], sc[(j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
-  }
+  for (int j = 0; j < kSums; ++j)
+    total[j] = fmaf(acc[j], sc[(kScales == 2 || j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
 }
 
 template <bool kPromote, int kBlockN, class Store>
@@ -83,12 +71,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   auto a_tile = [&](int s) { return smem + s * T::kStageBytes; };
   auto b_tile = [&](int s) { return a_tile(s) + T::kABytes; };
-  auto scale_slot = [&](int s) {
-    return reinterpret_cast<float*>(smem + T::kStages * T::kStageBytes + T::kStagingBytes) + s * T::kScaleSlot;
-  };
+  auto scale_slot = [&](int s) { return reinterpret_cast<float*>(smem + T::kScaleOffset) + s * T::kScaleSlot; };
   if (threadIdx.x == 0)
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbarrier_init(&full_sh[s], T::kFullArrivals);
+      ptx::mbarrier_init(&full_sh[s], kPromote ? 1 + 32 : 1);  // the TMA issuer (+ the scale warp)
       ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers);
     }
   __syncthreads();
@@ -102,9 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kPromote && warp == 1) {
       int it = 0;
       for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
-        int m0, n0, kb0, kb1;
-        sched.origin(unit, &m0, &n0);
-        sched.k_range(unit, &kb0, &kb1);
+        const auto [m0, n0, kb0, kb1] = sched.locate(unit);
         for (int kt = kb0; kt < kb1; ++kt, ++it) {
           const int s = it % T::kStages;
           float* const slot = scale_slot(s);
@@ -126,9 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     int it = 0;
     for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
-      int m0, n0, kb0, kb1;
-      sched.origin(unit, &m0, &n0);
-      sched.k_range(unit, &kb0, &kb1);
+      const auto [m0, n0, kb0, kb1] = sched.locate(unit);
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
         const int s = it % T::kStages;
         ptx::mbarrier_wait(&empty_sh[s], ((it / T::kStages) & 1) ^ 1);
@@ -170,9 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   int it = 0;
   for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
-    int m0, n0, kb0, kb1;
-    sched.origin(unit, &m0, &n0);
-    sched.k_range(unit, &kb0, &kb1);
+    const auto [m0, n0, kb0, kb1] = sched.locate(unit);
     const int64_t row = m0 + c * 64 + 16 * warp + g;
     // Load and compute: block kt's stage, once landed, through the four wgmmas of its 128 k into
     // acc (added to it, or a fresh sum), committed as one group.
@@ -206,14 +186,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::wgmma_fence_operands(acc);
         __syncwarp();  // every lane's reads of the slot before the warp's release of the stage
         if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
-        if constexpr (kScales == 2) {
-          promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
-        } else {
-          if (n0 % kScaleBlock == 0)
-            promote<kBlockN, kScaleBlock / 8>(total, acc, sc);
-          else
-            promote<kBlockN, kScaleBlock / 16>(total, acc, sc);
-        }
+        if (kScales == 2 || n0 % kScaleBlock == 0)
+          promote<kScaleBlock / 8>(total, acc, sc);
+        else
+          promote<kScaleBlock / 16>(total, acc, sc);
       }
     } else {
       // Tensor and rowwise scales: v3's loop, one wgmma group kept in flight across the blocks.
@@ -238,12 +214,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A warpgroup whose 64 rows all lie past M (at M <= 64, the tile's second half) has nothing to
     // keep: it writes no slice and reads none, and only meets the barriers.
     const bool live = m0 + 64 * c < a.m;
-    if (live) {
+    if (live)
 #pragma unroll
       for (int j = 0; j < kBlockN / 2; j += 4)
         __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j),
                make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]));
-    }
     __threadfence();
     ptx::named_barrier_sync(1, 128 * kConsumers);  // every consumer's slice written and fenced
     // BEGIN SOLUTION: one thread counts this share in on arrivals[tile]; the share that finds
@@ -269,59 +244,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (Store::kTma && threadIdx.x % 128 == 0) ptx::bulk_wait_group_read<0>();  // the staging outlives its reads
 }
 
-template <bool kPromote, int kBlockN, class Store>
-Status launch_v5(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
-  using T = Tile<kPromote, kBlockN, Store>;
-  if (Store::kTma && sched.splits != 1)
-    return error(Code::kInvalidArgument, "v5: the TMA-store epilogue takes whole tiles only, not a split plan");
-  CUtensorMap a_map, b_map, y_map{};
-  Status s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
-  if (s.ok() && Store::kTma) s = tensor_map_bf16_sw128(&y_map, a.y, a.m, a.n, 64);  // 64 × 64 boxes
-  if (!s.ok()) return s;
-  float* partials = nullptr;
-  unsigned* arrivals = nullptr;
-  if (sched.splits > 1) {
-    s = w4a16::split_workspace(int64_t(sched.tiles()) * sched.splits * kBlockM * kBlockN, sched.tiles(),
-                               &partials, &arrivals);
-    if (!s.ok()) return s;
-  }
-  return launch_with_smem(fp8_v5_kernel<kPromote, kBlockN, Store>, dim3(persistent_grid(sched, a.max_blocks)),
-                          kThreads, T::kSmemBytes, stream, kOp, a_map, b_map, y_map, a, sched, partials,
-                          arrivals);
-}
-
-// The epilogue by the plan: where each tile is stored by the block that computed it, by TMA (the
-// block goes on to its next tile while the copy engine drains the last); where the tiles are split
-// over K, the last share's pairs straight to y (there the staging measured slower). The ablation
-// stores every tile directly.
+// The epilogue by the plan: a tile stored by the block that computed it goes by TMA (the block
+// goes on to its next tile while the copy engine drains the last); a tile split over K, the last
+// share's pairs straight to y (there the staging measured slower). The ablation stores directly.
 template <bool kPromote, int kBlockN>
-Status launch_planned(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, cudaStream_t stream) {
-  return tma_where_whole && sched.splits == 1 ? launch_v5<kPromote, kBlockN, StoreTma>(a, sched, stream)
-                                              : launch_v5<kPromote, kBlockN, StoreDirect>(a, sched, stream);
+Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, cudaStream_t stream) {
+  const bool tma = tma_where_whole && sched.splits == 1;
+  CUtensorMap a_map, b_map, y_map{};
+  float* partials;
+  unsigned* arrivals;
+  Status s = operand_maps(a, kBlockM, kBlockN, &a_map, &b_map);
+  if (s.ok() && tma) s = tensor_map_bf16_sw128(&y_map, a.y, a.m, a.n, 64);  // 64 × 64 boxes
+  if (s.ok()) s = v5_workspace(sched, &partials, &arrivals);
+  if (!s.ok()) return s;
+  const auto kernel = tma ? fp8_v5_kernel<kPromote, kBlockN, StoreTma> : fp8_v5_kernel<kPromote, kBlockN, StoreDirect>;
+  const int smem = tma ? Tile<kPromote, kBlockN, StoreTma>::kSmemBytes
+                       : Tile<kPromote, kBlockN, StoreDirect>::kSmemBytes;
+  return launch_with_smem(kernel, dim3(persistent_grid(sched, a.max_blocks)), kThreads, smem, stream, kOp, a_map,
+                          b_map, y_map, a, sched, partials, arrivals);
 }
 
-// kSplitK off: the ablation that keeps every tile's whole K in one block, the plan's other side
-// where the tiles cannot fill the SMs.
-// kWide: the ablation that gives blockwise tiles 192 columns (two 96-float sums a thread, 4 or 5
-// stages) for 1.5 times the FLOPs per byte loaded of the 128-wide tile.
+// kSplitK off, kWide on: the ablations' plans (schedule.cuh's plan_v5_variant).
 template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
-  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90,
-                           kWide      ? "ablation_v5_wide_blockwise"
-                           : !kSplitK ? "ablation_v5_no_split"
-                                      : (kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store"));
+  const char* id = kWide ? "ablation_v5_wide_blockwise" : !kSplitK ? "ablation_v5_no_split"
+                   : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store";
+  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  TileSchedule sched = plan_v5(a.m, a.n, a.k, blockwise, sm_count(), kGroupM);
-  if (!kSplitK) sched.splits = 1;
-  if (kWide && blockwise) {  // 192 columns at every shape, with the plan's shares for that width
-    sched = plan_tiles(a.m, a.n, kBlockM, 192, a.k, kGroupM);
-    sched.splits = v5_splits(a.m, sched.tiles(), sched.k_blocks, sm_count());
-  }
-  if (blockwise && sched.block_n == 192) return launch_planned<true, 192>(a, sched, kTmaWhereWhole, stream);
-  if (blockwise) return launch_planned<true, 128>(a, sched, kTmaWhereWhole, stream);
-  return sched.block_n == 256 ? launch_planned<false, 256>(a, sched, kTmaWhereWhole, stream)
-                              : launch_planned<false, 128>(a, sched, kTmaWhereWhole, stream);
+  const TileSchedule sched = plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide);
+  const auto launch = blockwise ? (sched.block_n == 192 ? launch_v5<true, 192> : launch_v5<true, 128>)
+                                : (sched.block_n == 256 ? launch_v5<false, 256> : launch_v5<false, 128>);
+  return launch(a, sched, kTmaWhereWhole, stream);
 }
 
 const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"},
@@ -332,26 +286,20 @@ const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG",
 // LDGSTS: the scale warp's 4-byte copies (blockwise kernels only).
 const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
                             {"HMMA"}, false, "v4's machinery with the split-K reduction"};
-constexpr const char* kSummary = "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue";
-const Register kRegistered{gemm_version(kBlockwiseOp, "v5_tuned", kSummary, gemm_v5<true>, 90,
-                                        {kTmaFacts, kDirectFacts})};
-const Register kRowwise{gemm_version(kOp, "v5_tuned", kSummary, gemm_v5<true>, 90, {kTmaFacts, kDirectFacts})};
-// The ablation (benched, tested, never graded): every tile's pairs straight to y.
-constexpr const char* kDirectSummary = "v5 with every tile stored by its threads' pairs, no TMA store";
-const Register kDirectBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_direct_store", kDirectSummary,
-                                             gemm_v5<false>, 90, {kDirectFacts}, Kind::kAblation)};
-const Register kDirectRowwise{gemm_version(kOp, "ablation_v5_direct_store", kDirectSummary, gemm_v5<false>, 90,
-                                           {kDirectFacts}, Kind::kAblation)};
-// The ablation of the split: every tile's K in one block, the tile stored by TMA.
-constexpr const char* kNoSplitSummary = "v5 with every tile's whole K in one block, no split K";
-const Register kNoSplitBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_no_split", kNoSplitSummary,
-                                              gemm_v5<true, false>, 90, {kTmaFacts}, Kind::kAblation)};
-const Register kNoSplitRowwise{gemm_version(kOp, "ablation_v5_no_split", kNoSplitSummary, gemm_v5<true, false>, 90,
-                                            {kTmaFacts}, Kind::kAblation)};
-// The ablation of the blockwise tile's width: 192 columns instead of 128.
-constexpr const char* kWideSummary = "v5 with 128 x 192 blockwise tiles (two scale blocks of B a tile)";
-const Register kWideBlockwise{gemm_version(kBlockwiseOp, "ablation_v5_wide_blockwise", kWideSummary,
-                                           gemm_v5<true, true, true>, 90, {kTmaFacts, kDirectFacts}, Kind::kAblation)};
+// For both ops (blockwise scales; tensor or rowwise ones) but the width's ablation, which only
+// blockwise tiles have; the ablations are benched and tested, never graded.
+const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v5_tuned",
+                               "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue",
+                               gemm_v5<true>, 90, {kTmaFacts, kDirectFacts}};
+const RegisterGemm kDirect{{kBlockwiseOp, kOp}, "ablation_v5_direct_store",
+                           "v5 with every tile stored by its threads' pairs, no TMA store", gemm_v5<false>, 90,
+                           {kDirectFacts}, Kind::kAblation};
+const RegisterGemm kNoSplit{{kBlockwiseOp, kOp}, "ablation_v5_no_split",
+                            "v5 with every tile's whole K in one block, no split K", gemm_v5<true, false>, 90,
+                            {kTmaFacts}, Kind::kAblation};
+const RegisterGemm kWide{{kBlockwiseOp}, "ablation_v5_wide_blockwise",
+                         "v5 with 128 x 192 blockwise tiles (two scale blocks of B a tile)", gemm_v5<true, true, true>,
+                         90, {kTmaFacts, kDirectFacts}, Kind::kAblation};
 
 }  // namespace
 }  // namespace lkw::fp8

@@ -207,6 +207,33 @@ TEST(HostSchedule, V5PlansTheIssueShapes) {
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
 }
 
+// The plans of v5's registrations (plan_v5_variant): the version's is plan_v5's; the no-split
+// ablation keeps every tile's K in one block; the wide one takes 192-wide blockwise tiles at every
+// shape, with the shares for that width, and leaves tensor and rowwise scales as v5 plans them.
+TEST(HostSchedule, V5VariantsPlanTheirAblations) {
+  auto variant = [](int64_t m, int64_t n, int64_t k, bool blockwise, bool split_k, bool wide) {
+    return plan_v5_variant(m, n, k, blockwise, 132, 16, split_k, wide);
+  };
+  const TileSchedule tuned = variant(64, 2112, 7168, true, true, false), v5 = plan_v5(64, 2112, 7168, true, 132, 16);
+  EXPECT_EQ(tuned.block_n, v5.block_n);
+  EXPECT_EQ(tuned.splits, v5.splits);
+  EXPECT_EQ(variant(64, 2112, 7168, true, false, false).splits, 1);
+  EXPECT_EQ(variant(64, 2112, 7168, true, false, false).block_n, 128);
+  const TileSchedule wide = variant(64, 2112, 7168, true, true, true);
+  EXPECT_EQ(wide.block_n, 192);
+  EXPECT_EQ(wide.tiles(), 11);
+  EXPECT_EQ(wide.splits, 4);  // 56 / 12 blocks a share, below 132 / 11
+  EXPECT_EQ(variant(128, 32768, 512, true, true, true).block_n, 192);  // where v5 keeps 128
+  EXPECT_EQ(variant(64, 7168, 16384, false, true, true).block_n, 128);
+  EXPECT_EQ(variant(64, 7168, 16384, false, true, true).splits, 2);
+  const TileSchedule unit = variant(64, 2112, 7168, true, true, false);
+  const TileSchedule::Unit u = unit.locate(unit.tiles() + 3);  // split 1 of tile 3
+  EXPECT_EQ(u.m0, 0);
+  EXPECT_EQ(u.n0, 3 * 128);
+  EXPECT_EQ(u.kb0, 14);
+  EXPECT_EQ(u.kb1, 28);
+}
+
 // The register balance of the warp-specialized versions (schedule.cuh): a block of 384 threads is
 // launched with 168 registers a thread, and the consumers' claim must fit what the producers give
 // back. 48 for the producers (the first scale-warp experiment) hung every blockwise test.
