@@ -272,7 +272,7 @@ __global__ void split_qkv_kernel(const uint4* qkv, uint4* q, uint4* k, uint4* v,
 int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity) {
   const int64_t group = hkv > 0 ? hq / hkv : 1;
   const int64_t rows = t * hkv * ((group + kMaxGroup - 1) / kMaxGroup);
-  if (rows >= 256) return 1;
+  if (rows <= 0 || rows >= 256) return 1;  // no rows: the launcher refuses the shape
   const int64_t by_keys = (capacity + kThreads - 1) / kThreads, by_blocks = (256 + rows - 1) / rows;
   int64_t s = by_keys < by_blocks ? by_keys : by_blocks;
   return int(s < 1 ? 1 : s > 32 ? 32 : s);
@@ -289,11 +289,12 @@ Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
                  .that(a.splits == 1 || a.partials, "partials are needed for splits > 1")
                  .positive(a.t, "T")
                  .positive(a.hkv, "Hkv")
-                 .that(a.hq > 0 && a.hq % a.hkv == 0, "Hq must be a multiple of Hkv")
+                 .that(a.hkv > 0 && a.hq > 0 && a.hq % a.hkv == 0, "Hq must be a multiple of Hkv")
                  .that(a.d > 0 && a.d % 8 == 0 && a.d <= kMaxHeadDim,
                        "D must be a multiple of 8 up to " + std::to_string(kMaxHeadDim))
                  .that(a.splits >= 1 && a.splits <= 65535, "splits must be in 1..65535")
                  .that(a.t <= 65535 && a.hq <= 65535, "T and Hq must be at most 65535 (grid)")
+                 .positive(a.block_size, "block_size")
                  .that(a.block_size % 8 == 0, "block_size must be a multiple of 8 (16-byte value loads)")
                  .aligned(a.key_cache, 16, "key_cache")
                  .aligned(a.value_cache, 16, "value_cache")

@@ -2359,8 +2359,8 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
     cos_sin = decoder_layer.rope_cache(cfg, 512)
     cases = []
     # (id, T, first position, table blocks of 16): decode over a context of 300 (the attention in
-    # two splits), three tokens whose second split is empty, a prefill T > 16 (chapter 07's GEMM
-    # for W4A16) in one split.
+    # three splits of 128 keys, the last one partial), three tokens whose third split is empty, a
+    # prefill T > 16 (chapter 07's GEMM for W4A16) in one split.
     for tag, t, first, blocks in (("decode_t1", 1, 300, 24), ("decode_t3", 3, 150, 24),
                                   ("prefill_t24", 24, 0, 8)):
         for fmt in decoder_layer.FORMATS:
@@ -2370,11 +2370,11 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
             tol = "/".join([LAYER_CACHE[fmt]] * 2 + [f"frob:{LAYER_FROB[fmt]}"] * 2)
             cases.append(Case(f"{fmt}_{tag}", f"decoder_layer_{fmt}", tol, inputs,
                               {"eps": cfg.eps}, [cache.key, cache.value]))
-    # The graph: 100 decode steps from position 150 (crossing the attention's split at 192).
+    # The graph: 100 decode steps from position 200 (crossing the attention's split at 256).
     steps = 100
     for fmt in decoder_layer.FORMATS:
         w, x, res, cache = _layer_setup(rng, fmt, steps, 24)
-        pos = np.arange(150, 150 + steps)
+        pos = np.arange(200, 200 + steps)
         inputs = decoder_layer.op_inputs(w, x, res, pos, cache, cos_sin)
         frob = f"frob:{LAYER_FROB[fmt]}"
         tol = "/".join([LAYER_CACHE[fmt]] * 2 + [frob] * 4)

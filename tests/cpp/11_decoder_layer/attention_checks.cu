@@ -97,6 +97,34 @@ TEST_P(RunnerAttention, MatchesTheFloat64Reference) {
   EXPECT_EQ(bad, 0) << c.name << " (splits " << splits << ")";
 }
 
+// Bad shapes are refused before anything is launched (host only: the checks come before the
+// device's): a zero or negative block size (the kernel divides by it), one not a multiple of 8,
+// no KV heads (Hq % Hkv would divide by zero), and the split count for an empty shape.
+TEST(RunnerAttentionHost, RefusesBadShapes) {
+  alignas(16) static unsigned char cache[16];
+  int64_t table = 0, pos = 0;
+  const layer::AttentionArgs good{cache, cache, cache, &table, &pos, cache, nullptr, 1, 8, 2, 64, 1, 16, 1, 1};
+  auto refused = [&](layer::AttentionArgs a, const char* what) {
+    const Status s = layer::paged_attention(a, nullptr);
+    EXPECT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.message.find(what), std::string::npos) << s.message;
+  };
+  for (int64_t bs : {0, -8}) {
+    layer::AttentionArgs a = good;
+    a.block_size = bs;
+    refused(a, "block_size");
+  }
+  layer::AttentionArgs a = good;
+  a.block_size = 12;
+  refused(a, "16-byte value loads");
+  a = good;
+  a.hkv = 0;
+  refused(a, "Hkv");
+  EXPECT_EQ(layer::attention_splits(0, 8, 2, 2048), 1);
+  EXPECT_EQ(layer::attention_splits(1, 8, 0, 2048), 1);
+  EXPECT_EQ(layer::attention_splits(1, 1, 2, 2048), 1);  // Hq < Hkv: no group
+}
+
 std::vector<int64_t> first_positions(int64_t n) {
   std::vector<int64_t> p(n);
   std::iota(p.begin(), p.end(), 0);
