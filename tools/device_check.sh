@@ -67,6 +67,25 @@ if has sanitize; then
     [ -f "build/golden/$c/manifest.txt" ] || PYTHONPATH=reference "$py" -m lkw.golden --out build/golden \
       --chapter "$c" >>"$log" 2>&1 || { echo "golden data for $c failed (see $log)"; status=1; }
   done
+  # Does racecheck follow mbarrier ordering? A correct two-slot ring (mode 0) and one released
+  # before its read (mode 2, a real race) under the tool: where the correct ring is flagged as
+  # well, the tool cannot judge shared memory that threads write and mbarriers order, and chapter
+  # 08's blockwise v5 kernels (the scale warp's slots) are memchecked only, saying so.
+  mbarrier_blind=""
+  if [ -x build/lkw_racecheck_probe ]; then
+    step "racecheck probe: a correct mbarrier ring, then a racy one"
+    compute-sanitizer --tool racecheck --error-exitcode 9 build/lkw_racecheck_probe 0 >>"$log" 2>&1; rc0=$?
+    compute-sanitizer --tool racecheck --error-exitcode 9 build/lkw_racecheck_probe 2 >>"$log" 2>&1; rc2=$?
+    [ $rc2 = 9 ] || { echo "racecheck missed the probe's real race (rc $rc2)"; status=1; }
+    if [ $rc0 = 9 ]; then
+      mbarrier_blind=1
+      echo "racecheck flags the correct mbarrier ring too: blockwise v5 (08) is left to memcheck"
+    elif [ $rc0 != 0 ]; then
+      echo "the racecheck probe's correct ring failed (rc $rc0)"; status=1
+    else
+      echo "racecheck follows mbarrier ordering: every kernel is racechecked"
+    fi
+  fi
   for tool in memcheck racecheck; do
     for c in $chapters; do
       t=build/test_$c
@@ -80,6 +99,8 @@ if has sanitize; then
       filter="${LKW_SANITIZE_FILTER:--*Host*:*Validation*:Chapter/Mutant.*}"
       # A filter given by hand keeps the cuBLAS exclusion of racecheck (gtest: "POS-NEG:NEG").
       if [ "$tool" = racecheck ]; then [[ "$filter" == *-* ]] && filter="$filter:*cublas*" || filter="$filter-*cublas*"; fi
+      [ "$tool" = racecheck ] && [ "$c" = 08_fp8_gemm ] && [ -n "$mbarrier_blind" ] &&
+        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*"
       run_log="$out/sanitize_${tool}_$c.log"
       : >"$run_log"
       # A test that hangs under the tool (it serializes the blocks: a barrier across CTAs may never

@@ -98,6 +98,53 @@ def test_a_hung_test_is_named_and_the_sanitizer_resumes_past_it(tmp_path):
         assert "Host.h" not in log  # the default filter leaves host tests out
 
 
+# The racecheck probe's stand-in: exits as racecheck would on its mode (9: hazards reported).
+FAKE_PROBE = r"""#!/usr/bin/env bash
+case "$1" in 0) exit "${PROBE_CORRECT_RC:-9}" ;; 2) exit "${PROBE_RACY_RC:-9}" ;; esac
+exit 2
+"""
+
+
+def _fake_fp8_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    """The sanitize stage on a chapter 08 of three tests (blockwise v5, rowwise v5, blockwise v4)
+    with the racecheck probe's stand-in built."""
+    repo = _fake_repo(tmp_path)
+    (repo / "solutions" / "08_fp8_gemm").mkdir()
+    shutil.rmtree(repo / "solutions" / "99_fake")
+    (repo / "build" / "golden" / "08_fp8_gemm").mkdir(parents=True)
+    (repo / "build" / "golden" / "08_fp8_gemm" / "manifest.txt").write_text("")
+    tests = "Golden.fp8_gemm_blockwise__v5_tuned__a Golden.fp8_gemm__v5_tuned__b Golden.fp8_gemm_blockwise__v4_blockwise__c"
+    _executable(repo / "build" / "test_08_fp8_gemm",
+                FAKE_TEST.replace('tests="Golden.a Golden.b Golden.hang Golden.c Host.h"', f'tests="{tests}"'))
+    _executable(repo / "build" / "lkw_racecheck_probe", FAKE_PROBE)
+    _executable(tmp_path / "bin" / "compute-sanitizer", FAKE_SANITIZER)
+    return _device_check(tmp_path, "sanitize", timeout=120, **env)
+
+
+def test_racecheck_leaves_blockwise_v5_to_memcheck_only_where_it_flags_a_correct_ring(tmp_path):
+    """Where racecheck flags the probe's correct mbarrier ring, chapter 08's blockwise v5 tests are
+    memchecked but not racechecked (and the stage says so); where it does not, they are
+    racechecked too; a probe whose real race goes unflagged fails the stage."""
+    blind = _fake_fp8_machine(tmp_path / "blind")
+    assert blind.returncode == 0, blind.stdout
+    assert "blockwise v5 (08) is left to memcheck" in blind.stdout
+    memcheck = (tmp_path / "blind" / "out" / "sanitize_memcheck_08_fp8_gemm.log").read_text()
+    racecheck = (tmp_path / "blind" / "out" / "sanitize_racecheck_08_fp8_gemm.log").read_text()
+    assert "fp8_gemm_blockwise__v5_tuned__a" in memcheck
+    assert "fp8_gemm_blockwise__v5_tuned__a" not in racecheck
+    assert "fp8_gemm__v5_tuned__b" in racecheck and "v4_blockwise__c" in racecheck
+
+    seeing = _fake_fp8_machine(tmp_path / "seeing", PROBE_CORRECT_RC="0")
+    assert seeing.returncode == 0, seeing.stdout
+    assert "every kernel is racechecked" in seeing.stdout
+    racecheck = (tmp_path / "seeing" / "out" / "sanitize_racecheck_08_fp8_gemm.log").read_text()
+    assert "fp8_gemm_blockwise__v5_tuned__a" in racecheck
+
+    missed = _fake_fp8_machine(tmp_path / "missed", PROBE_RACY_RC="0")
+    assert missed.returncode != 0
+    assert "racecheck missed the probe's real race" in missed.stdout
+
+
 def test_a_filter_that_matches_nothing_fails(tmp_path):
     out = _fake_machine(tmp_path, LKW_SANITIZE_FILTER="*nothing*")
     assert out.returncode != 0
