@@ -99,7 +99,7 @@ if has sanitize; then
       filter="${LKW_SANITIZE_FILTER:--*Host*:*Validation*:Chapter/Mutant.*}"
       # A filter given by hand keeps the cuBLAS exclusion of racecheck (gtest: "POS-NEG:NEG").
       if [ "$tool" = racecheck ]; then [[ "$filter" == *-* ]] && filter="$filter:*cublas*" || filter="$filter-*cublas*"; fi
-      [ "$tool" = racecheck ] && [ "$c" = 08_fp8_gemm ] && [ -n "$mbarrier_blind" ] &&
+      [ "$tool" = racecheck ] && [ -n "$mbarrier_blind" ] &&
         filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*"
       run_log="$out/sanitize_${tool}_$c.log"
       : >"$run_log"

@@ -66,6 +66,12 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
   }
 }
 
+// 8 floats of shared memory (two 16-byte reads; the address a multiple of 8 floats).
+__device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
 // The split count's share of the keys, rounded to whole tiles (so 8-key chunks never straddle a
 // split).
 __host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) {
@@ -127,9 +133,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 #pragma unroll
             for (int g = 0; g < kMaxGroup; ++g) {
               if (g >= heads) break;
-              const float4 qa = *reinterpret_cast<const float4*>(&q_sh[g][dim]);
-              const float4 qb = *reinterpret_cast<const float4*>(&q_sh[g][dim + 4]);
-              const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+              float qv[8];
+              load8(&q_sh[g][dim], qv);
 #pragma unroll
               for (int i = 0; i < 8; ++i) s[g] = fmaf(qv[i], x[i], s[g]);
             }
@@ -184,9 +189,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 #pragma unroll
           for (int g = 0; g < kMaxGroup; ++g) {
             if (g >= heads) break;
-            const float4 pa = *reinterpret_cast<const float4*>(&p_sh[g][j0]);
-            const float4 pb = *reinterpret_cast<const float4*>(&p_sh[g][j0 + 4]);
-            const float pv[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+            float pv[8];
+            load8(&p_sh[g][j0], pv);
             // Past the context the cache holds whatever it held: a zero weight skips it, never
             // multiplies it (0 x NaN).
 #pragma unroll
