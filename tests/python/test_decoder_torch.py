@@ -287,18 +287,28 @@ def test_the_example_run_is_in_the_bench_s_schema():
     """results.example("11_decoder_layer") (the notebook's stand-in before a real run) is what
     layer_bench writes: its print_run and goals read it, a case per format and CASES entry, each
     with every step's kernel row and a waterfall in swap order."""
-    import io
     import json
 
     from lkw import results
 
     run = json.loads(json.dumps(results.example("11_decoder_layer")))
-    assert run["chapter"] == layer_bench.CHAPTER and "not a measurement" in run["gpu"]
-    layer_bench.print_run(run, out=io.StringIO())
-    assert run["goals"] == layer_bench.goals(run)
+    assert "not a measurement" in run["gpu"]
+    check_layer_run(run)
     formats = dict.fromkeys(c["format"] for c in run["cases"])
     assert [(c["format"], c["kind"], c["t"]) for c in run["cases"]] == [
         (f, k, t) for f in formats for k, t in layer_bench.CASES]
+
+
+def check_layer_run(run: dict) -> None:
+    """What layer_bench writes, example or recorded (test_bench checks results/h200's with it):
+    print_run and goals read it; each case has every step's kernel row, a waterfall in swap
+    order ending at the workbook layer, which is checked correct, and the model's bounds."""
+    import io
+
+    assert run["chapter"] == layer_bench.CHAPTER
+    assert all(isinstance(run.get(k), str) for k in ("gpu", "date", "commit")), "header"
+    layer_bench.print_run(run, out=io.StringIO())
+    assert run["goals"] == layer_bench.goals(run)
     for c in run["cases"]:
         assert c["case"] == layer_bench.case_name(c["kind"], c["t"])
         assert [k["step"] for k in c["kernels"]] == list(dl.STEP_NAMES)
