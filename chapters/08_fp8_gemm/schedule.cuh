@@ -105,11 +105,11 @@ inline int v5_splits(int64_t m, int tiles, int k_blocks, int sms) {
   return std::max(1, std::min(sms / tiles, k_blocks / kMinBlocksPerShare));
 }
 
-// v5's whole plan for a shape on `sms` SMs: the width above (or block_n where given), bands of
-// group_m tile rows, and the K shares above.
+// v5's whole plan for a shape on `sms` SMs: the width above, wide blockwise tiles allowed (or
+// block_n where given), bands of group_m tile rows, and the K shares above.
 inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
-                            bool wide_blockwise = true, int block_n = 0) {
-  if (block_n <= 0) block_n = block_n_for(m, n, blockwise, sms, wide_blockwise);
+                            int block_n = 0) {
+  if (block_n <= 0) block_n = block_n_for(m, n, blockwise, sms, true);
   TileSchedule s = plan_tiles(m, n, 128, block_n, k, group_m);
   s.splits = v5_splits(m, s.tiles(), s.k_blocks, sms);
   return s;
@@ -122,7 +122,7 @@ inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int
 // the plan's shares for that width.
 inline TileSchedule plan_v5_variant(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
                                     bool split_k, bool wide) {
-  TileSchedule s = plan_v5(m, n, k, blockwise, sms, group_m, true, wide && blockwise ? 192 : 0);
+  TileSchedule s = plan_v5(m, n, k, blockwise, sms, group_m, wide && blockwise ? 192 : 0);
   if (!split_k) s.splits = 1;
   return s;
 }

@@ -202,7 +202,7 @@ TEST(HostSchedule, V5PlansTheIssueShapes) {
   EXPECT_EQ(big.group_m, 16);
   EXPECT_EQ(plan(8192, 8192, 8192, true).block_n, 192);
   EXPECT_EQ(plan(4096, 4096, 4096, true).block_n, 192);  // 704 tiles
-  EXPECT_EQ(plan_v5(4096, 4096, 4096, true, 132, 16, false).block_n, 128);
+  EXPECT_EQ(block_n_for(4096, 4096, true, 132, false), 128);  // v3 and v4's rule: never 192
   for (int64_t n : {2112, 24576, 32768, 7168, 4096})
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
 }
