@@ -126,6 +126,7 @@ class Builder {
                      sh.num_blocks,
                      sh.block_size,
                      sh.table_blocks,
+                     sh.t,  // one sequence: every token reads the one block table
                      plan_.splits};
     steps_->push_back({"attention", "11_decoder_layer/runner/paged_attention", {{q}, {o}, {}},
                        [aa](const Args&, cudaStream_t s) { return paged_attention(aa, s); }});

@@ -94,6 +94,20 @@ def layer_expected(fmt: str, *arrays, eps: float):
     return decoder_layer.op_reference(fmt, *arrays, eps=eps)
 
 
+def paged_attention_expected(q, key_cache, value_cache, tables, positions):
+    """11_decoder_layer's paged_attention (the runner's, not a lesson): each sequence, a row of
+    the block tables with T / B tokens, through lkw.decoder_layer.attention on its own view of
+    the paged cache; o [T, Hq, D] BF16."""
+    from lkw import decoder_layer
+
+    t, batch = q.shape[0], tables.shape[0]
+    ql, hkv, block_size = t // batch, value_cache.shape[1], value_cache.shape[3]
+    out = [decoder_layer.attention(q[b * ql:(b + 1) * ql], decoder_layer.KVCache(
+               "paged", key_cache, value_cache, tables[b], block_size), positions[b * ql:(b + 1) * ql], hkv)
+           for b in range(batch)]
+    return np.concatenate(out).reshape(q.shape)
+
+
 def layer_graph_expected(fmt: str, *arrays, eps: float):
     """Decode steps one token at a time (x, residual, positions, slot_mapping hold one row per
     step), each over the cache the step before left: -> the final caches, then out and
@@ -354,7 +368,9 @@ OPS = {
         ("int32", "int32"),
     ),
     # 11_decoder_layer (lkw.decoder_layer.op_inputs: the runner's order, layer.h) -> the caches
-    # updated in place, out, residual_out; and the graph cases (decode steps replayed)
+    # updated in place, out, residual_out; and the graph cases (decode steps replayed). The
+    # runner's attention alone: q, key_cache, value_cache, block_tables [B, n], positions -> o.
+    "paged_attention": Op(paged_attention_expected, ("bfloat16",) * 3 + ("int64", "int64"), ("bfloat16",)),
     **{
         f"decoder_layer_{fmt}": Op(
             functools.partial(layer_expected, fmt),
@@ -2370,6 +2386,21 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
             tol = "/".join([LAYER_CACHE[fmt]] * 2 + [f"frob:{LAYER_FROB[fmt]}"] * 2)
             cases.append(Case(f"{fmt}_{tag}", f"decoder_layer_{fmt}", tol, inputs,
                               {"eps": cfg.eps}, [cache.key, cache.value]))
+    # The attention alone (the op the Python layers call): B sequences, each its own row of the
+    # block tables, of different lengths: a decode batch (one split of 128 keys partial, one
+    # empty past the first key), two tokens a sequence, one prefill of 24 tokens. Every slot past
+    # a context holds random values a causal read must not touch. o: a BF16 ulp of the value
+    # (FP32 sums against float64, one rounding each), or 2^-8 near zero.
+    for tag, q_len, lengths, blocks in (("decode_b4", 1, (300, 1, 129, 16), 20),
+                                        ("two_tokens_b3", 2, (40, 2, 255), 16), ("prefill_t24", 24, (24,), 2)):
+        cache = decoder_layer.new_cache(cfg, len(lengths) * blocks * 16, "paged", 16, rng)
+        for c in (cache.key, cache.value):
+            c[...] = formats.f32_to_bf16(rng.standard_normal(c.shape).astype(np.float32))
+        tables = rng.permutation(len(lengths) * blocks).reshape(len(lengths), blocks).astype(np.int64)
+        pos = np.concatenate([np.arange(n - q_len, n) for n in lengths]).astype(np.int64)
+        q = formats.f32_to_bf16(rng.standard_normal((pos.size, cfg.hq, cfg.head_dim)).astype(np.float32))
+        cases.append(Case(f"attention_{tag}", "paged_attention", "close:0.008:0.004",
+                          [q, cache.key, cache.value, tables, pos]))
     # The graph: 100 decode steps from position 200 (crossing the attention's split at 256).
     steps = 100
     for fmt in decoder_layer.FORMATS:

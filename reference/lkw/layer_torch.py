@@ -16,10 +16,13 @@ Four sets of steps, one layer function (``forward``), the step names of lkw.deco
 - ``workbook_steps``: the registered versions of chapters 03-08 through ``lkw._ext.launch`` on
   torch's current stream (``WORKBOOK`` lists the names, best first), so a torch CUDA graph
   captures them. BF16 projections stay cuBLAS (chapter 00's peer): the workbook teaches no BF16
-  GEMM. The attention is NOT a workbook kernel in any set: torch's scaled_dot_product_attention
-  over the gathered paged cache (``reference_steps``: float64 softmax).
+  GEMM. The attention is not taught: here it is the C++ runner's paged attention (chapter 11's
+  ``paged_attention/v0_runner``, reading the cache in place), in ``torch_steps`` torch's
+  scaled_dot_product_attention over the gathered paged cache, in ``reference_steps`` a float64
+  softmax.
 - ``production_steps``: vLLM's kernels (norm, RoPE, cache, SiLU, Marlin, CUTLASS FP8) through
-  lkw.peers, where they import.
+  lkw.peers, where they import, and the workbook layer's attention (so that the two layers differ
+  by the taught kernels only).
 
 Formats (``FORMATS``): "bf16"; "w4a16" (natural words [N, K/8], group-major scales [K/G, N],
 G = 128: lkw.decoder_layer's weights; chapter 06's GEMV at T <= 16, chapter 07's GEMM above);
@@ -73,6 +76,7 @@ WORKBOOK = {
     "gemv": ["06_int4_gemv/int4t_gemv/v7_tiled_stream", "06_int4_gemv/int4i_gemv/v6_pipelined"],
     "gemm": ["07_w4a16_gemm/w4a16r_gemm/v6_wgmma", "07_w4a16_gemm/w4a16r_gemm/v5_split_k"],
     "fp8_gemm": ["08_fp8_gemm/fp8_gemm_blockwise/v5_tuned", "08_fp8_gemm/fp8_gemm_blockwise/v4_blockwise"],
+    "attention": ["11_decoder_layer/paged_attention/v0_runner"],  # not a lesson: the runner's
 }
 
 # Which torch path each format's torch steps took in this process ("" until first used).
@@ -749,6 +753,21 @@ def _wb_cache(names):
     return cache_write
 
 
+def _wb_attention(cfg: dl.Config, names):
+    """The runner's paged attention over the cache in place (no gather), q [T, Hq D] -> o."""
+    torch = _torch()
+    name = pick("attention", names)
+
+    def attention(q, cache: KVCache, meta: Meta):
+        t, d = q.shape[0], cfg.head_dim
+        o = torch.empty(t, cfg.hq, d, dtype=torch.bfloat16, device=q.device)
+        launch(name, [q.contiguous().view(t, cfg.hq, d), cache.key, cache.value,
+                      meta.block_tables.contiguous(), meta.positions], [o])
+        return o.view(t, cfg.hq * d)
+
+    return attention
+
+
 def _wb_act(quantize: bool, names):
     torch = _torch()
     name = pick("act_fp8" if quantize else "act", names)
@@ -831,7 +850,7 @@ def _has_any(names, roles) -> bool:
 
 
 def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = None) -> dict:
-    """The workbook's kernels for every step but attention (torch SDPA, not taught here), for a
+    """The workbook's kernels for every step (the attention the runner's, not taught here), for a
     batch of T tokens (the W4A16 kernel depends on T). Steps whose versions are not registered
     raise LookupError when built: `names` (default: the registry) decides."""
     fp8 = _check_fmt(fmt) == "fp8"
@@ -842,7 +861,7 @@ def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = No
         "qkv_proj": project,
         "rope": _wb_rope(names),
         "cache_write": _wb_cache(names),
-        "attention": sdpa_attention(cfg),
+        "attention": _wb_attention(cfg, names),
         "o_proj": project,
         "ffn_norm": _wb_norm(cfg.eps, names),
         "gate_up_proj": project,
@@ -879,7 +898,7 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None) -> dict[str,
     if fmt == "fp8":  # a BF16 input quantized first; down_proj's comes quantized from act
         for s in ("qkv_proj", "o_proj", "gate_up_proj"):
             owner[s] = maybe("group_quant") + " + " + gemm
-    owner["attention"] = "torch scaled_dot_product_attention (not a workbook kernel)"
+    owner["attention"] = maybe("attention") + " (not a lesson)"
     return owner
 
 
@@ -889,8 +908,8 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None) -> dict[str,
 
 def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     """(steps, step -> what runs) with vLLM's norm, RoPE, cache, SiLU (+ per-block FP8 quant),
-    Marlin W4A16 and CUTLASS blockwise FP8 GEMMs; the attention is torch's (as in every layer).
-    Raises lkw.peers.Absent when vLLM is not here. In-place kernels get copies of their inputs
+    Marlin W4A16 and CUTLASS blockwise FP8 GEMMs; the attention is the workbook layer's (the
+    runner's, where chapter 11 is built; torch SDPA otherwise). Raises lkw.peers.Absent when vLLM is not here. In-place kernels get copies of their inputs
     (vLLM's fused_add_rms_norm updates x and residual): one copy of each [T, d] per norm."""
     torch = _torch()
     from lkw import peers
@@ -954,9 +973,14 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
         ops.cutlass_scaled_mm(out, x.q, p.weight.t(), x.scales.t(), p.scales.t(), None)
         return out
 
+    try:  # the workbook layer's attention, so that the layers differ by the taught kernels only
+        attention = _wb_attention(cfg, registered())
+        attention_name = pick("attention", registered()) + " (the workbook layer's)"
+    except (ImportError, LookupError):
+        attention, attention_name = sdpa_attention(cfg), "torch scaled_dot_product_attention"
     steps = {
         "attn_norm": norm, "qkv_proj": project, "rope": rope, "cache_write": cache_write,
-        "attention": sdpa_attention(cfg), "o_proj": project, "ffn_norm": norm,
+        "attention": attention, "o_proj": project, "ffn_norm": norm,
         "gate_up_proj": project, "act": act, "down_proj": project,
     }
     norm_name = "vllm fused_add_rms_norm"
@@ -969,7 +993,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
                 o_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
                 qkv_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
                 gate_up_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
-                attention="torch scaled_dot_product_attention")
+                attention=attention_name)
     return steps, what
 
 

@@ -1256,7 +1256,8 @@ def _layer_example(ceiling: float) -> dict:
         production = {  # lkw.layer_torch.production_steps' names
             "attn_norm": norm, "qkv_proj": quant + gemm[fmt], "rope": "vllm rotary_embedding",
             "cache_write": "vllm reshape_and_cache",
-            "attention": "torch scaled_dot_product_attention", "o_proj": quant + gemm[fmt],
+            "attention": layer_torch.WORKBOOK["attention"][0] + " (the workbook layer's)",
+            "o_proj": quant + gemm[fmt],
             "ffn_norm": norm, "gate_up_proj": quant + gemm[fmt],
             "act": "vllm silu_and_mul_per_block_quant" if fmt == "fp8" else "vllm silu_and_mul",
             "down_proj": gemm[fmt]}

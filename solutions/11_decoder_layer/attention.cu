@@ -1,17 +1,17 @@
 // The decoder layer's attention — NOT a lesson: the workbook does not teach attention. A plain,
-// correct paged causal GQA attention so that the runner (and its CUDA graph) needs no Python;
-// the bench compares the layer with torch's SDPA / production attention where it matters.
+// correct paged causal GQA attention so that the runner (and its CUDA graph) needs no Python, and
+// so that the workbook's layers in Python read the paged cache in place (paged_attention below).
 //
-// Query token t (position p) of head h reads KV head h / (Hq / Hkv), keys 0..p through the block
-// table (vLLM's paged layout), softmax in FP32 (running max and sum, exp of differences), P.V in
-// FP32, o rounded once to BF16. A block owns (split, KV head, token) and the query heads that share
-// the KV head (up to kMaxGroup of them: the cache is read once for the group, not once a head). Its
-// keys are a contiguous share of the cache's capacity, 128 at a time: a thread per key for the
-// scores, then a thread per dimension for P.V, reading 8 keys' values of its dimension (16 bytes,
-// contiguous in the [blocks, Hkv, D, bs] layout) at a time. With splits > 1 each block writes
-// (max, sum, unnormalized o) per head in FP32 and a second kernel combines them. The context length
-// is read from positions on the device, so the grid depends only on the capacity: a captured
-// decode step stays valid as the cache grows.
+// Query token t (position p) of head h reads KV head h / (Hq / Hkv), keys 0..p through its
+// sequence's row of the block table (vLLM's paged layout), softmax in FP32 (running max and sum,
+// exp of differences), P.V in FP32, o rounded once to BF16. A block owns (split, KV head, token)
+// and the query heads that share the KV head (up to kMaxGroup of them: the cache is read once for
+// the group, not once a head). Its keys are a contiguous share of the cache's capacity, 128 at a
+// time: a thread per key for the scores, then a thread per dimension for P.V, reading 8 keys'
+// values of its dimension (16 bytes, contiguous in the [blocks, Hkv, D, bs] layout) at a time.
+// With splits > 1 each block writes (max, sum, unnormalized o) per head in FP32 and a second
+// kernel combines them. The context length is read from positions on the device, so the grid
+// depends only on the capacity: a captured decode step stays valid as the cache grows.
 // Also here: split_qkv, the copy that makes q, k, v dense for chapter 05's RoPE when T > 1.
 #include <cuda_bf16.h>
 
@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
   __syncthreads();
 
   // This block's keys: its share of the capacity, cut at the token's own position (causal).
+  const int64_t* table = a.block_table + t / a.q_len * a.table_blocks;  // this token's sequence
   const int64_t capacity = a.table_blocks * a.block_size, pos = a.positions[t];
   const int64_t len = pos < 0 ? 0 : (pos + 1 < capacity ? pos + 1 : capacity);
   const int64_t per_split = keys_per_split(capacity, a.splits);
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
     for (int g = 0; g < kMaxGroup; ++g) s[g] = -INFINITY;
     bool valid = false;
     if (j < end) {
-      const int64_t blk = a.block_table[j / a.block_size], off = j % a.block_size;
+      const int64_t blk = table[j / a.block_size], off = j % a.block_size;
       valid = blk >= 0 && blk < a.num_blocks;
       if (valid) {
 #pragma unroll
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 #pragma unroll
         for (int u = 0; u < kLoads; ++u) {
           const int64_t key = base + c0 + 8 * u;  // a multiple of 8: its 8 keys share a cache block
-          const int64_t blk = c0 + 8 * u < tile ? a.block_table[key / a.block_size] : -1;
+          const int64_t blk = c0 + 8 * u < tile ? table[key / a.block_size] : -1;
           v[u] = blk >= 0 && blk < a.num_blocks
                      ? vc[(((blk * a.hkv + kvh) * d + dim) * a.block_size + key % a.block_size) / 8]
                      : make_uint4(0, 0, 0, 0);
@@ -281,29 +282,37 @@ int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity) {
   return int(s < 1 ? 1 : s > 32 ? 32 : s);
 }
 
+Status check_attention(const AttentionArgs& a) {
+  return Check()
+          .not_null(a.q, "q")
+          .not_null(a.key_cache, "key_cache")
+          .not_null(a.value_cache, "value_cache")
+          .not_null(a.block_table, "block_table")
+          .not_null(a.positions, "positions")
+          .not_null(a.o, "o")
+          .that(a.splits == 1 || a.partials, "partials are needed for splits > 1")
+          .positive(a.t, "T")
+          .positive(a.hkv, "Hkv")
+          .that(a.hkv > 0 && a.hq > 0 && a.hq % a.hkv == 0, "Hq must be a multiple of Hkv")
+          .that(a.d > 0 && a.d % 8 == 0 && a.d <= kMaxHeadDim,
+                "D must be a multiple of 8 up to " + std::to_string(kMaxHeadDim))
+          .that(a.splits >= 1 && a.splits <= 65535, "splits must be in 1..65535")
+          .that(a.t <= 65535 && a.hq <= 65535, "T and Hq must be at most 65535 (grid)")
+          .that(a.q_len > 0 && a.t % a.q_len == 0, "T must be whole sequences of q_len tokens")
+          .positive(a.block_size, "block_size")
+          .that(a.block_size % 8 == 0, "block_size must be a multiple of 8 (16-byte value loads)")
+          .aligned(a.q, 2, "q")
+          .aligned(a.o, 2, "o")
+          .aligned(a.block_table, 8, "block_table")
+          .aligned(a.positions, 8, "positions")
+          .aligned(a.key_cache, 16, "key_cache")
+          .aligned(a.value_cache, 16, "value_cache")
+          .arch_at_least(80)
+          .status();
+}
+
 Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
-  Status s = Check()
-                 .not_null(a.q, "q")
-                 .not_null(a.key_cache, "key_cache")
-                 .not_null(a.value_cache, "value_cache")
-                 .not_null(a.block_table, "block_table")
-                 .not_null(a.positions, "positions")
-                 .not_null(a.o, "o")
-                 .that(a.splits == 1 || a.partials, "partials are needed for splits > 1")
-                 .positive(a.t, "T")
-                 .positive(a.hkv, "Hkv")
-                 .that(a.hkv > 0 && a.hq > 0 && a.hq % a.hkv == 0, "Hq must be a multiple of Hkv")
-                 .that(a.d > 0 && a.d % 8 == 0 && a.d <= kMaxHeadDim,
-                       "D must be a multiple of 8 up to " + std::to_string(kMaxHeadDim))
-                 .that(a.splits >= 1 && a.splits <= 65535, "splits must be in 1..65535")
-                 .that(a.t <= 65535 && a.hq <= 65535, "T and Hq must be at most 65535 (grid)")
-                 .positive(a.block_size, "block_size")
-                 .that(a.block_size % 8 == 0, "block_size must be a multiple of 8 (16-byte value loads)")
-                 .aligned(a.key_cache, 16, "key_cache")
-                 .aligned(a.value_cache, 16, "value_cache")
-                 .arch_at_least(80)
-                 .status();
-  if (!s.ok()) return s;
+  if (Status s = check_attention(a); !s.ok()) return s;
   const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(unsigned(a.splits), unsigned(a.hkv * chunks), unsigned(a.t));
   attention_kernel<<<grid, kThreads, 0, stream>>>(a, 1.0f / std::sqrt(float(a.d)));

@@ -85,19 +85,22 @@ Status describe(Format f, const Args& a, LayerTensors* out);
 int64_t scratch_bytes(const LayerTensors& l);
 
 // The attention of the runner (attention.cu): NOT taught here. Paged causal GQA over vLLM's
-// cache layout, FP32 softmax; long contexts split over `splits` blocks and combined.
+// cache layout, FP32 softmax; long contexts split over `splits` blocks and combined. T tokens are
+// T / q_len sequences of q_len tokens each (the runner: one sequence, q_len = T; a batch of
+// decode steps: q_len = 1), sequence b reading the keys of block_table row b.
 struct AttentionArgs {
-  const void* q;             // bf16 [T, Hq, D]
-  const void* key_cache;     // bf16 [blocks, Hkv, D/8, bs, 8]
-  const void* value_cache;   // bf16 [blocks, Hkv, D, bs]
-  const int64_t* block_table;
-  const int64_t* positions;  // [T]
-  void* o;                   // bf16 [T, Hq D]
-  float* partials;           // [T, Hq, splits, D + 2] when splits > 1
-  int64_t t, hq, hkv, d, num_blocks, block_size, table_blocks;
+  const void* q;              // bf16 [T, Hq, D]
+  const void* key_cache;      // bf16 [blocks, Hkv, D/8, bs, 8]
+  const void* value_cache;    // bf16 [blocks, Hkv, D, bs]
+  const int64_t* block_table;  // [T / q_len, table_blocks]
+  const int64_t* positions;   // [T]
+  void* o;                    // bf16 [T, Hq D]
+  float* partials;            // [T, Hq, splits, D + 2] when splits > 1
+  int64_t t, hq, hkv, d, num_blocks, block_size, table_blocks, q_len;
   int splits;
 };
 int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity);
+Status check_attention(const AttentionArgs& a);  // what paged_attention refuses, before a launch
 Status paged_attention(const AttentionArgs& a, cudaStream_t stream);
 // qkv [T, (Hq + 2 Hkv) D] -> q [T, Hq D], k [T, Hkv D], v [T, Hkv D] (dense, for T > 1).
 Status split_qkv(const void* qkv, void* q, void* k, void* v, int64_t t, int64_t q_cols,

@@ -227,7 +227,12 @@ def test_workbook_steps_need_their_versions(torch, lt):
         lt.workbook_steps(CFG, "bf16", 1, names=set(lt.WORKBOOK["norm"]))
     names = {n for role in lt.WORKBOOK.values() for n in role[:1]}
     owner = lt.workbook_owner("w4a16", 1, names)
-    assert owner["qkv_proj"].startswith("06_int4_gemv/") and "not a workbook kernel" in owner["attention"]
+    assert owner["qkv_proj"].startswith("06_int4_gemv/")
+    assert owner["attention"].startswith("11_decoder_layer/paged_attention/") and "not a lesson" in owner["attention"]
+    without = names - set(lt.WORKBOOK["attention"])
+    assert lt.workbook_owner("w4a16", 1, without)["attention"].startswith("(not registered)")
+    with pytest.raises(LookupError, match="attention"):
+        lt.workbook_steps(CFG, "bf16", 1, names=without)
     assert lt.workbook_owner("w4a16", 32, names)["down_proj"].startswith("07_w4a16_gemm/")
     assert lt.workbook_owner("fp8", 1, names)["o_proj"].startswith("03_dynamic_quant/")
 

@@ -168,6 +168,28 @@ def test_workbook_layer_matches_the_reference(weights, names, kind, t):
         assert bool(g.isfinite().all()) and err <= LAYER_TOLERANCE[fmt], f"{fmt} {what}: {err:.3g}"
 
 
+@pytest.mark.parametrize("lengths,q_len", [([2048] * 32, 1), ([5, 300, 2048, 17, 1], 1),
+                                           ([40, 2048, 9], 2), ([256], 256)])
+def test_the_layer_attention_matches_the_reference(names, lengths, q_len):
+    """The workbook layer's attention (the runner's, through the registered op) over a batch of
+    sequences of different lengths, each reading its own block table row in place: against the
+    float64 attention of the reference, and close to torch's SDPA over the gathered cache. The
+    cache holds N(0, 1) beyond every context (a kernel reading past a sequence's length is off)."""
+    tables = lt.block_tables(len(lengths), 2048 + 64, seed=len(lengths))
+    positions = np.concatenate([np.arange(n - q_len, n) for n in lengths])
+    meta = lt.make_meta(positions, tables, q_len, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(q_len)
+    cache = lt.new_cache(CFG, tables.size, "cuda", gen)
+    q = torch.randn(positions.size, CFG.hq * CFG.head_dim, generator=gen, device="cuda").to(torch.bfloat16)
+    got = lt.workbook_steps(CFG, "bf16", positions.size, names)["attention"](q, cache, meta).double()
+    ref = lt.ref_attention(CFG)(q, cache, meta).double()
+    sdpa = lt.sdpa_attention(CFG)(q, cache, meta).double()
+    err = float((got - ref).norm() / ref.norm())
+    assert err < 2**-8, f"relative error {err:.3g} (o rounded once to BF16: about 2^-9)"
+    assert float((sdpa - ref).norm() / ref.norm()) < 2**-6, "the check itself: SDPA agrees too"
+    assert torch.isfinite(got).all()
+
+
 def test_a_mutant_step_fails_the_layer(names):
     """The layer check catches a wrong kernel: the W4A16 GEMV fed the wrong group's scales."""
     w = lt.layer_weights(CFG, "w4a16", "cuda", seed=3)
