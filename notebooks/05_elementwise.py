@@ -101,7 +101,8 @@ for p in (1024, 8192, 131072):
 # %%
 data = results.notebook_results(CHAPTER)
 if data:
-    print(results.summary_text(data))
+    # Three ops here (one screen); every op: print(results.summary_text(data))
+    print(results.summary_text(data, ops=("silu_and_mul", "rope", "reshape_and_cache")))
 
 # %% [markdown]
 # ### Each op at prefill size
