@@ -974,8 +974,9 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
         return out
 
     try:  # the workbook layer's attention, so that the layers differ by the taught kernels only
-        attention = _wb_attention(cfg, registered())
-        attention_name = pick("attention", registered()) + " (the workbook layer's)"
+        names = registered()
+        attention = _wb_attention(cfg, names)
+        attention_name = pick("attention", names) + " (the workbook layer's)"
     except (ImportError, LookupError):
         attention, attention_name = sdpa_attention(cfg), "torch scaled_dot_product_attention"
     steps = {
