@@ -16,6 +16,7 @@
 // Also here: split_qkv, the copy that makes q, k, v dense for chapter 05's RoPE when T > 1.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "layer.h"
@@ -25,9 +26,13 @@ namespace {
 
 constexpr int kThreads = 128;  // keys per tile, and dimensions per pass of P.V
 constexpr int kWarps = kThreads / 32;
-constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
-constexpr int kMaxGroup = 8;  // query heads a block (Llama-3: 4; a larger group takes several blocks)
+constexpr int kMaxGroup = 8;  // query heads a block (a larger group takes several blocks)
 constexpr int kLoads = 4;     // 16-byte loads in flight a thread
+// The split rule (attention_splits): about kSplitBlocks blocks in all (four a Hopper SM: a block
+// streams its keys with few loads in flight, so a decode step needs many blocks to cover the
+// memory latency), each at least kMinSplitKeys keys, at most kMaxSplits splits; a split's keys a
+// multiple of kSplitKeys (so an 8-key chunk of P.V never straddles two splits).
+constexpr int64_t kSplitBlocks = 512, kMinSplitKeys = 64, kMaxSplits = 32, kSplitKeys = 32;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -41,16 +46,16 @@ __device__ __forceinline__ float warp_sum(float v) {
 // Every thread gets the block's max (or sum) of each of the group's heads; one barrier. `red_sh`
 // is this reduction's own array, so the next reduction of the other kind cannot overwrite it while
 // it is read.
-template <bool kMax>
-__device__ __forceinline__ void block_reduce(float (&v)[kMaxGroup], float (*red_sh)[kWarps]) {
+template <bool kMax, int kG>
+__device__ __forceinline__ void block_reduce(float (&v)[kG], float (*red_sh)[kWarps]) {
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     const float w = kMax ? warp_max(v[g]) : warp_sum(v[g]);
     if (threadIdx.x % 32 == 0) red_sh[g][threadIdx.x / 32] = w;
   }
   __syncthreads();
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     float r = red_sh[g][0];
     for (int w = 1; w < kWarps; ++w) r = kMax ? fmaxf(r, red_sh[g][w]) : r + red_sh[g][w];
     v[g] = r;
@@ -73,24 +78,26 @@ __device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
   x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
 }
 
-// The split count's share of the keys, rounded to whole tiles (so 8-key chunks never straddle a
-// split).
+// The split count's share of the keys, rounded up to kSplitKeys.
 __host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) {
-  return ((capacity + splits - 1) / splits + kThreads - 1) / kThreads * kThreads;
+  return ((capacity + splits - 1) / splits + kSplitKeys - 1) / kSplitKeys * kSplitKeys;
 }
 
+// kG: query heads a block holds (4 where the group is at most 4, as Llama-3's is; else 8), kDims:
+// dimensions a thread owns in P.V (D up to 128: one). Arrays sized to the shape, not to the
+// largest one, keep the registers few and the blocks an SM holds many.
+template <int kG, int kDims>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, float scale) {
-  __shared__ __align__(16) float q_sh[kMaxGroup][kMaxHeadDim];  // read 8 floats at a time
-  __shared__ __align__(16) float p_sh[kMaxGroup][kThreads];
-  __shared__ float max_sh[kMaxGroup][kWarps], sum_sh[kMaxGroup][kWarps];
-  const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  __shared__ __align__(16) float q_sh[kG][kDims * kThreads];  // read 8 floats at a time
+  __shared__ __align__(16) float p_sh[kG][kThreads];
+  __shared__ float max_sh[kG][kWarps], sum_sh[kG][kWarps];
+  const int64_t group = a.hq / a.hkv, chunks = (group + kG - 1) / kG;
   const int split = blockIdx.x;
-  const int64_t kvh = blockIdx.y / chunks, h0 = kvh * group + blockIdx.y % chunks * kMaxGroup;
-  const int heads = int(group - blockIdx.y % chunks * kMaxGroup < kMaxGroup ? group - blockIdx.y % chunks * kMaxGroup
-                                                                            : kMaxGroup);
+  const int64_t kvh = blockIdx.y / chunks, first = blockIdx.y % chunks * kG, h0 = kvh * group + first;
+  const int heads = int(group - first < kG ? group - first : kG);
   const int64_t t = blockIdx.z, d = a.d;
   const auto* q = static_cast<const __nv_bfloat16*>(a.q) + (t * a.hq + h0) * d;  // (T,Hq,D)
-  for (int i = threadIdx.x; i < kMaxGroup * d; i += kThreads)
+  for (int i = threadIdx.x; i < kG * d; i += kThreads)
     q_sh[i / d][i % d] = i / d < heads ? __bfloat162float(q[i]) * scale : 0.0f;
   __syncthreads();
 
@@ -104,22 +111,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
   const auto* kc = static_cast<const uint4*>(a.key_cache);    // 8 BF16 of a key per uint4
   const auto* vc = static_cast<const uint4*>(a.value_cache);  // 8 keys' BF16 of a dimension per uint4
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDimsPerThread] = {};
+  float m[kG], l[kG], acc[kG][kDims] = {};
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) m[g] = -INFINITY, l[g] = 0.0f;
+  for (int g = 0; g < kG; ++g) m[g] = -INFINITY, l[g] = 0.0f;
   for (int64_t base = begin; base < end; base += kThreads) {
     // Scores: thread i takes key base + i, for every head of the group.
     const int64_t j = base + threadIdx.x;
-    float s[kMaxGroup];
+    float s[kG];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) s[g] = -INFINITY;
+    for (int g = 0; g < kG; ++g) s[g] = -INFINITY;
     bool valid = false;
     if (j < end) {
       const int64_t blk = table[j / a.block_size], off = j % a.block_size;
       valid = blk >= 0 && blk < a.num_blocks;
       if (valid) {
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
+        for (int g = 0; g < kG; ++g) s[g] = 0.0f;
         const uint4* key = kc + (blk * a.hkv + kvh) * (d / 8) * a.block_size + off;  // (B,Hkv,D/8,bs)
         for (int64_t c0 = 0; c0 < d / 8; c0 += kLoads) {
           uint4 v[kLoads];
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
             unpack8(v[u], x);
             const int dim = 8 * int(c0 + u);
 #pragma unroll
-            for (int g = 0; g < kMaxGroup; ++g) {
+            for (int g = 0; g < kG; ++g) {
               if (g >= heads) break;
               float qv[8];
               load8(&q_sh[g][dim], qv);
@@ -147,12 +154,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
     if (!__syncthreads_or(valid)) continue;  // the same in every thread: no valid key in the tile
     // Softmax of the tile against the running max: rescale what came before. The previous tile's
     // readers of p_sh passed the max's barrier; the sum's barrier publishes this tile's p.
-    float m_new[kMaxGroup], p[kMaxGroup], alpha[kMaxGroup];
+    float m_new[kG], p[kG], alpha[kG];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) m_new[g] = s[g];
+    for (int g = 0; g < kG; ++g) m_new[g] = s[g];
     block_reduce<true>(m_new, max_sh);
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < kG; ++g) {
       m_new[g] = fmaxf(m[g], m_new[g]);
       alpha[g] = g < heads ? expf(m[g] - m_new[g]) : 0.0f;  // 0 while m is -inf
       p[g] = s[g] == -INFINITY || g >= heads ? 0.0f : expf(s[g] - m_new[g]);
@@ -163,13 +170,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
     // P.V: thread i owns dimensions i, i + 128; 8 keys' values of a dimension a load.
     const int64_t tile = end - base < kThreads ? end - base : kThreads;
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < kG; ++g) {
       l[g] = l[g] * alpha[g] + p[g];
 #pragma unroll
-      for (int r = 0; r < kDimsPerThread; ++r) acc[g][r] *= alpha[g];
+      for (int r = 0; r < kDims; ++r) acc[g][r] *= alpha[g];
     }
 #pragma unroll
-    for (int r = 0; r < kDimsPerThread; ++r) {
+    for (int r = 0; r < kDims; ++r) {
       const int64_t dim = threadIdx.x + r * kThreads;
       if (dim >= d) continue;
       for (int64_t c0 = 0; c0 < tile; c0 += 8 * kLoads) {
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
           float x[8];
           unpack8(v[u], x);
 #pragma unroll
-          for (int g = 0; g < kMaxGroup; ++g) {
+          for (int g = 0; g < kG; ++g) {
             if (g >= heads) break;
             float pv[8];
             load8(&p_sh[g][j0], pv);
@@ -206,13 +213,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 
   // Store: o, or this split's (max, sum, unnormalized o) of each head.
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     if (g >= heads) break;
     const int64_t h = h0 + g;
     if (a.splits == 1) {
       auto* o = static_cast<__nv_bfloat16*>(a.o) + (t * a.hq + h) * d;  // (T,Hq D)
 #pragma unroll
-      for (int r = 0; r < kDimsPerThread; ++r) {
+      for (int r = 0; r < kDims; ++r) {
         const int64_t dim = threadIdx.x + r * kThreads;
         if (dim < d) o[dim] = __float2bfloat16_rn(l[g] > 0.0f ? acc[g][r] / l[g] : 0.0f);
       }
@@ -224,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
       part[1] = l[g];
     }
 #pragma unroll
-    for (int r = 0; r < kDimsPerThread; ++r) {
+    for (int r = 0; r < kDims; ++r) {
       const int64_t dim = threadIdx.x + r * kThreads;
       if (dim < d) part[2 + dim] = acc[g][r];
     }
@@ -272,15 +279,16 @@ __global__ void split_qkv_kernel(const uint4* qkv, uint4* q, uint4* k, uint4* v,
 
 }  // namespace
 
-// Enough blocks to fill the GPU twice at decode (about 256; a block is a KV head's group of query
-// heads over its share of the keys), none below 128 keys each, at most 32.
+// A row is (token, KV head, group chunk): the blocks a split-less grid has. Split each row's keys
+// until the grid holds about kSplitBlocks blocks (Llama-3-8B, 8 rows a token: 32 splits at T = 1,
+// 8 at T = 8, 2 at T = 32, none from T = 64), each split at least kMinSplitKeys keys.
 int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity) {
   const int64_t group = hkv > 0 ? hq / hkv : 1;
   const int64_t rows = t * hkv * ((group + kMaxGroup - 1) / kMaxGroup);
-  if (rows <= 0 || rows >= 256) return 1;  // no rows: the launcher refuses the shape
-  const int64_t by_keys = (capacity + kThreads - 1) / kThreads, by_blocks = (256 + rows - 1) / rows;
-  int64_t s = by_keys < by_blocks ? by_keys : by_blocks;
-  return int(s < 1 ? 1 : s > 32 ? 32 : s);
+  if (rows <= 0 || rows >= kSplitBlocks) return 1;  // no rows: the launcher refuses the shape
+  const int64_t by_keys = capacity / kMinSplitKeys, by_blocks = (kSplitBlocks + rows - 1) / rows;
+  const int64_t s = std::min({by_keys, by_blocks, kMaxSplits});
+  return int(s < 1 ? 1 : s);
 }
 
 Status check_attention(const AttentionArgs& a) {
@@ -316,7 +324,13 @@ Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (Status s = check_attention(a); !s.ok()) return s;
   const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(unsigned(a.splits), unsigned(a.hkv * chunks), unsigned(a.t));
-  attention_kernel<<<grid, kThreads, 0, stream>>>(a, 1.0f / std::sqrt(float(a.d)));
+  const float scale = 1.0f / std::sqrt(float(a.d));
+  const bool narrow = a.d <= kThreads;
+  if (group <= 4) {
+    (narrow ? attention_kernel<4, 1> : attention_kernel<4, 2>)<<<grid, kThreads, 0, stream>>>(a, scale);
+  } else {
+    (narrow ? attention_kernel<8, 1> : attention_kernel<8, 2>)<<<grid, kThreads, 0, stream>>>(a, scale);
+  }
   if (a.splits > 1) combine_kernel<<<dim3(unsigned(a.hq), unsigned(a.t)), kThreads, 0, stream>>>(a);
   return last_launch_status("decoder layer attention");
 }

@@ -247,8 +247,8 @@ def verify(case: Case, steps: dict, which: int = 0) -> dict:
 
 def swappable(fmt: str, owner: dict[str, str]) -> list[str]:
     """The steps the workbook replaces, in layer order: not BF16's GEMMs (cuBLAS in both layers),
-    not a step the workbook layer leaves to torch (the attention in runs before the runner's
-    attention joined the layer). The runner's attention is one of them, though not a lesson."""
+    not a step the workbook layer leaves to torch (a prompt's attention: torch's in every layer).
+    The runner's attention at decode is one of them, though not a lesson."""
     out = []
     for name in layer_torch.STEP_NAMES:
         if owner[name].startswith(("cuBLAS", "torch")):
@@ -319,7 +319,7 @@ def compiled_bf16(case: Case):
     def flat(x, res, n1, wqkv, wo, n2, wgu, wd, pos, slots, tables, kc, vc, cos_sin):
         p = lambda w: layer_torch.Proj("bf16", w, None, w.shape[0], w.shape[1])
         w = layer_torch.LayerWeights("bf16", n1, p(wqkv), p(wo), n2, p(wgu), p(wd))
-        meta = layer_torch.Meta(pos, slots, tables, meta0.q_len)
+        meta = layer_torch.Meta(pos, slots, tables, meta0.q_len, meta0.prompt)
         return layer_torch.forward(steps, cfg, w, x, res, meta, layer_torch.KVCache(kc, vc), cos_sin)
 
     torch._dynamo.reset()
@@ -422,7 +422,7 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
     case = make_case(cfg, fmt, kind, t, base)
     r = len(case.sets)
     log(f"{fmt} {case_name(kind, t)}: {r} rotated copies")
-    owner = layer_torch.workbook_owner(fmt, t, names)
+    owner = layer_torch.workbook_owner(fmt, t, names, prompt=case.sets[0].meta.prompt)
     wb = layer_torch.workbook_steps(cfg, fmt, t, names)
     check = verify(case, wb)
     log(f"  workbook layer vs reference: rel error {check['rel_error']:.3g} "

@@ -19,7 +19,9 @@ Four sets of steps, one layer function (``forward``), the step names of lkw.deco
   GEMM. The attention is not taught: here it is the C++ runner's paged attention (chapter 11's
   ``paged_attention/v0_runner``, reading the cache in place), in ``torch_steps`` torch's
   scaled_dot_product_attention over the gathered paged cache, in ``reference_steps`` a float64
-  softmax.
+  softmax. A prompt (``Meta.prompt``: every sequence's first tokens) takes torch's causal
+  scaled_dot_product_attention in every layer but the reference (``prompt_attention``): the
+  runner's kernel is a decode kernel.
 - ``production_steps``: vLLM's kernels (norm, RoPE, cache, SiLU, Marlin, CUTLASS FP8) through
   lkw.peers, where they import, and the workbook layer's attention (so that the two layers differ
   by the taught kernels only).
@@ -318,6 +320,9 @@ class Meta:
     slots: object
     block_tables: object
     q_len: int
+    # Every sequence's q_len tokens are its first (positions 0..q_len-1, q_len > 1): a prompt, whose
+    # keys are its own new tokens, so a causal attention kernel needs no positions (prompt_attention).
+    prompt: bool = False
 
     @property
     def batch(self) -> int:
@@ -332,7 +337,8 @@ def make_meta(positions, block_tables, q_len: int, device) -> Meta:
     seq = np.arange(pos.size) // q_len
     slots = tables[seq, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
-    return Meta(t(pos), t(slots), t(tables), q_len)
+    prompt = q_len > 1 and bool(np.array_equal(pos, np.tile(np.arange(q_len), pos.size // q_len)))
+    return Meta(t(pos), t(slots), t(tables), q_len, prompt)
 
 
 def block_tables(batch: int, max_len: int, seed: int | None = 0) -> np.ndarray:
@@ -358,6 +364,7 @@ def advance(meta: Meta) -> None:
     """Every sequence one token further (decode): positions and slots rewritten in place, on the
     device, as a captured graph's next replay needs them."""
     torch = _torch()
+    meta.prompt = False
     meta.positions.add_(1)
     seq = torch.arange(meta.positions.numel(), device=meta.positions.device) // meta.q_len
     blk = meta.block_tables[seq, meta.positions // BLOCK_SIZE]
@@ -572,7 +579,11 @@ def sdpa_attention(cfg: dl.Config):
     _torch()  # a clear error without torch, before the import below
     import torch.nn.functional as F
 
+    prompt = prompt_attention(cfg)
+
     def attention(q, cache: KVCache, meta: Meta):
+        if meta.prompt:
+            return prompt(q, cache, meta)
         kk, vv = gather_kv(cache, meta)  # (B,L,Hkv,D)
         b, length, hkv, d = kk.shape
         g, ql = cfg.hq // hkv, meta.q_len
@@ -582,6 +593,29 @@ def sdpa_attention(cfg: dl.Config):
         o = F.scaled_dot_product_attention(qh, kk.transpose(1, 2), vv.transpose(1, 2),
                                            attn_mask=mask, scale=1.0 / math.sqrt(d))  # (B,Hkv,G Q,D)
         return o.view(b, hkv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(b * ql, cfg.hq * d)
+
+    return attention
+
+
+def prompt_attention(cfg: dl.Config):
+    """A prompt's attention (Meta.prompt): torch's causal scaled_dot_product_attention over the
+    prompt's own keys, gathered from the cache (a flash-attention kernel where torch has one), GQA
+    by enable_gqa. Every layer but the reference takes it for a prompt: chapter 11 teaches no
+    attention, and the runner's decode kernel reads a token's keys once per query token, so a
+    prompt of T tokens reads about T / 2 times the cache."""
+    _torch()
+    import torch.nn.functional as F
+
+    def attention(q, cache: KVCache, meta: Meta):
+        ql, d = meta.q_len, cfg.head_dim
+        nb = -(-ql // BLOCK_SIZE)
+        kk, vv = gather_kv(cache, Meta(meta.positions, meta.slots, meta.block_tables[:, :nb], ql))
+        b = kk.shape[0]
+        kk, vv = kk[:, :ql].transpose(1, 2), vv[:, :ql].transpose(1, 2)  # (B,Hkv,Q,D): square
+        qh = q.view(b, ql, cfg.hq, d).transpose(1, 2)  # (B,Hq,Q,D)
+        o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True, scale=1.0 / math.sqrt(d),
+                                           enable_gqa=True)  # (B,Hq,Q,D)
+        return o.transpose(1, 2).reshape(b * ql, cfg.hq * d)
 
     return attention
 
@@ -757,8 +791,11 @@ def _wb_attention(cfg: dl.Config, names):
     """The runner's paged attention over the cache in place (no gather), q [T, Hq D] -> o."""
     torch = _torch()
     name = pick("attention", names)
+    prompt = prompt_attention(cfg)
 
     def attention(q, cache: KVCache, meta: Meta):
+        if meta.prompt:  # torch's flash attention: the runner's kernel is a decode kernel
+            return prompt(q, cache, meta)
         t, d = q.shape[0], cfg.head_dim
         o = torch.empty(t, cfg.hq, d, dtype=torch.bfloat16, device=q.device)
         launch(name, [q.contiguous().view(t, cfg.hq, d), cache.key, cache.value,
@@ -850,7 +887,8 @@ def _has_any(names, roles) -> bool:
 
 
 def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = None) -> dict:
-    """The workbook's kernels for every step (the attention the runner's, not taught here), for a
+    """The workbook's kernels for every step (the attention the runner's, not taught here; a
+    prompt's torch's, prompt_attention), for a
     batch of T tokens (the W4A16 kernel depends on T). Steps whose versions are not registered
     raise LookupError when built: `names` (default: the registry) decides."""
     fp8 = _check_fmt(fmt) == "fp8"
@@ -870,8 +908,12 @@ def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = No
     }
 
 
-def workbook_owner(fmt: str, t: int, names: set[str] | None = None) -> dict[str, str]:
-    """Step -> the registered version(s) its workbook function calls ("" for torch's)."""
+PROMPT_ATTENTION = "torch scaled_dot_product_attention (causal, a prompt)"
+
+
+def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool = False) -> dict[str, str]:
+    """Step -> the registered version(s) its workbook function calls ("" for torch's); `prompt`:
+    the batch is a prompt (Meta.prompt), whose attention is torch's (prompt_attention)."""
     names = registered() if names is None else names
     owner = {s: "" for s in STEP_NAMES}
 
@@ -898,7 +940,7 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None) -> dict[str,
     if fmt == "fp8":  # a BF16 input quantized first; down_proj's comes quantized from act
         for s in ("qkv_proj", "o_proj", "gate_up_proj"):
             owner[s] = maybe("group_quant") + " + " + gemm
-    owner["attention"] = maybe("attention") + " (not a lesson)"
+    owner["attention"] = PROMPT_ATTENTION if prompt else maybe("attention") + " (not a lesson)"
     return owner
 
 
@@ -994,7 +1036,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
                 o_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
                 qkv_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
                 gate_up_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
-                attention=attention_name)
+                attention=attention_name + "; a prompt: " + PROMPT_ATTENTION)
     return steps, what
 
 

@@ -55,9 +55,10 @@ Status attention_args(const Args& a, AttentionArgs* out) {
   if (s = check_attention(r); !s.ok()) return s;  // null, misaligned, bad shapes: before any CUDA call
   r.splits = attention_splits(t, r.hq, r.hkv, r.table_blocks * r.block_size);
   if (r.splits > 1) {
-    // splits x rows < 512 (attention_splits: a split only below 256 rows, at most 256 / rows of
-    // them) and a row is a KV head's group of at most 8 query heads: T Hq splits < 4096.
-    constexpr int64_t kBound = 4096 * (kMaxHeadDim + 2) * 4;
+    // splits x rows < 1024 (attention_splits: a split only below 512 rows, at most
+    // ceil(512 / rows) of them) and a row is a KV head's group of at most 8 query heads:
+    // T Hq splits < 8192.
+    constexpr int64_t kBound = 8192 * (kMaxHeadDim + 2) * 4;
     const int64_t need = t * r.hq * r.splits * (d + 2) * 4;
     static Workspace scratch("paged attention partials");
     void* p = nullptr;

@@ -205,6 +205,42 @@ def test_batched_attention_is_each_sequence_alone(torch, lt, rng):
     assert float((sdpa - ref).norm() / ref.norm()) < 1e-2, "torch SDPA close to the float64 attention"
 
 
+def test_a_prompt_is_every_sequence_from_position_0(torch, lt):
+    tables = lt.block_tables(2, 32, seed=1)
+    assert lt.prefill_meta(5, "cpu").prompt
+    assert lt.make_meta([0, 1, 2, 0, 1, 2], tables, 3, "cpu").prompt
+    assert not lt.make_meta([0, 1, 2, 1, 2, 3], tables, 3, "cpu").prompt, "a chunk past a context"
+    assert not lt.make_meta([0, 2, 0, 1], tables, 2, "cpu").prompt
+    assert not lt.make_meta([0, 0], tables, 1, "cpu").prompt, "one token: the decode kernel's"
+    meta = lt.prefill_meta(4, "cpu", capacity=32)
+    lt.advance(meta)
+    assert not meta.prompt, "advanced: no longer its first tokens"
+
+
+@pytest.mark.parametrize("lengths", [(21,), (16, 16), (3, 3, 3)])
+def test_prompt_attention_is_the_causal_reference(torch, lt, rng, lengths):
+    """Every sequence's first tokens (Meta.prompt): torch's causal SDPA over the prompt's own keys
+    equals the float64 attention up to BF16 roundings; the cache past the prompt (NaN here) is
+    never read."""
+    ql, b = lengths[0], len(lengths)
+    tables = lt.block_tables(b, 40, seed=int(rng.integers(99)))  # capacity past the prompt
+    cache = lt.new_cache(CFG, tables.size, "cpu", torch.Generator().manual_seed(int(rng.integers(99))))
+    meta = lt.make_meta(np.tile(np.arange(ql), b), tables, ql, "cpu")
+    assert meta.prompt
+    ref = lt.ref_attention(CFG)(q := lt.from_bits(elementwise.heads(rng, b * ql, CFG.hq, CFG.head_dim)),
+                                cache, meta).double()
+    # NaN in every slot past the prompt: the prompt's attention never reads them.
+    k, v = lt.gather_kv(cache, meta)  # (B,L,Hkv,D) of the slots, then written back over NaN
+    cache.key.fill_(float("nan"))
+    cache.value.fill_(float("nan"))
+    lt.torch_cache_write(k[:, :ql].reshape(b * ql, CFG.hkv, -1), v[:, :ql].reshape(b * ql, CFG.hkv, -1),
+                         cache, meta.slots)
+    got = lt.prompt_attention(CFG)(q, cache, meta).double()
+    assert torch.isfinite(got).all()
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
+    assert torch.equal(lt.sdpa_attention(CFG)(q, cache, meta), lt.prompt_attention(CFG)(q, cache, meta))
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "w4a16", "fp8"])
 def test_torch_layer_is_close_to_the_reference(torch, lt, fmt, rng):
     """torch_steps (BF16 ops, torch's FP8 / INT4 paths or their fallbacks) against the float64

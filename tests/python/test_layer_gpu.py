@@ -169,12 +169,14 @@ def test_workbook_layer_matches_the_reference(weights, names, kind, t):
 
 
 @pytest.mark.parametrize("lengths,q_len", [([2048] * 32, 1), ([5, 300, 2048, 17, 1], 1),
-                                           ([40, 2048, 9], 2), ([256], 256)])
+                                           ([40, 2048, 9], 2), ([300], 256), ([256], 256)])
 def test_the_layer_attention_matches_the_reference(names, lengths, q_len):
     """The workbook layer's attention (the runner's, through the registered op) over a batch of
     sequences of different lengths, each reading its own block table row in place: against the
     float64 attention of the reference, and close to torch's SDPA over the gathered cache. The
-    cache holds N(0, 1) beyond every context (a kernel reading past a sequence's length is off)."""
+    cache holds N(0, 1) beyond every context (a kernel reading past a sequence's length is off).
+    A prompt (positions from 0: the last case) takes torch's causal flash attention instead, which
+    rounds P to BF16 as well: the looser bound."""
     tables = lt.block_tables(len(lengths), 2048 + 64, seed=len(lengths))
     positions = np.concatenate([np.arange(n - q_len, n) for n in lengths])
     meta = lt.make_meta(positions, tables, q_len, "cuda")
@@ -185,7 +187,9 @@ def test_the_layer_attention_matches_the_reference(names, lengths, q_len):
     ref = lt.ref_attention(CFG)(q, cache, meta).double()
     sdpa = lt.sdpa_attention(CFG)(q, cache, meta).double()
     err = float((got - ref).norm() / ref.norm())
-    assert err < 2**-8, f"relative error {err:.3g} (o rounded once to BF16: about 2^-9)"
+    assert meta.prompt == (positions[0] == 0)
+    bound = 2**-6 if meta.prompt else 2**-8
+    assert err < bound, f"relative error {err:.3g} (o rounded once to BF16: about 2^-9)"
     assert float((sdpa - ref).norm() / ref.norm()) < 2**-6, "the check itself: SDPA agrees too"
     assert torch.isfinite(got).all()
 

@@ -244,12 +244,16 @@ TEST(HostLayerRunner, RefusesBadAddresses) {
 }
 
 TEST(HostLayerRunner, AttentionSplitsFollowTheWork) {
-  // A block is a KV head's query heads (up to 8) over its share of the keys.
-  EXPECT_EQ(layer::attention_splits(1, 32, 8, 2048), 16);    // decode: 2048 keys in 16 shares of 128
-  EXPECT_EQ(layer::attention_splits(1, 32, 8, 16384), 32);   // 8 x 32 blocks fill the GPU twice
-  EXPECT_EQ(layer::attention_splits(1, 4, 2, 384), 3);       // at least 128 keys a split
-  EXPECT_EQ(layer::attention_splits(1, 64, 2, 16384), 32);   // a group of 32: 4 blocks a KV head
-  EXPECT_EQ(layer::attention_splits(1, 64, 2, 1024), 8);     // ... each over 128 keys
+  // A row is a KV head's query heads (up to 8) of one token; rows x splits about 512 blocks.
+  EXPECT_EQ(layer::attention_splits(1, 32, 8, 2048), 32);    // decode: 8 rows, 2048 keys in 32 of 64
+  EXPECT_EQ(layer::attention_splits(8, 32, 8, 2048), 8);     // 64 rows
+  EXPECT_EQ(layer::attention_splits(32, 32, 8, 2048), 2);    // 256 rows
+  EXPECT_EQ(layer::attention_splits(63, 32, 8, 2048), 2);    // 504 rows
+  EXPECT_EQ(layer::attention_splits(64, 32, 8, 2048), 1);    // 512 rows fill the GPU four times
+  EXPECT_EQ(layer::attention_splits(1, 4, 2, 384), 6);       // at least 64 keys a split
+  EXPECT_EQ(layer::attention_splits(1, 4, 2, 63), 1);
+  EXPECT_EQ(layer::attention_splits(1, 64, 2, 16384), 32);   // a group of 32: 4 rows a KV head
+  EXPECT_EQ(layer::attention_splits(1, 64, 2, 1024), 16);    // ... each over 64 keys
   EXPECT_EQ(layer::attention_splits(2048, 32, 8, 4096), 1);  // prefill: rows fill the GPU
   EXPECT_EQ(layer::attention_splits(1, 1, 1, 1 << 20), 32);  // at most 32
 }
