@@ -2374,9 +2374,9 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
     cfg = decoder_layer.GOLDEN
     cos_sin = decoder_layer.rope_cache(cfg, 512)
     cases = []
-    # (id, T, first position, table blocks of 16): decode over a context of 300 (the attention in
-    # three splits of 128 keys, the last one partial), three tokens whose third split is empty, a
-    # prefill T > 16 (chapter 07's GEMM for W4A16) in one split.
+    # (id, T, first position, table blocks of 16): decode over a context of 300 (the attention
+    # split, the last split partial), three tokens whose last splits are empty, a prefill T > 16
+    # (chapter 07's GEMM for W4A16).
     for tag, t, first, blocks in (("decode_t1", 1, 300, 24), ("decode_t3", 3, 150, 24),
                                   ("prefill_t24", 24, 0, 8)):
         for fmt in decoder_layer.FORMATS:
@@ -2387,8 +2387,8 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
             cases.append(Case(f"{fmt}_{tag}", f"decoder_layer_{fmt}", tol, inputs,
                               {"eps": cfg.eps}, [cache.key, cache.value]))
     # The attention alone (the op the Python layers call): B sequences, each its own row of the
-    # block tables, of different lengths: a decode batch (one split of 128 keys partial, one
-    # empty past the first key), two tokens a sequence, one prefill of 24 tokens. Every slot past
+    # block tables, of different lengths: a decode batch (splits partial, splits empty past the
+    # first key), two tokens a sequence, one prefill of 24 tokens. Every slot past
     # a context holds random values a causal read must not touch. o: a BF16 ulp of the value
     # (FP32 sums against float64, one rounding each), or 2^-8 near zero.
     for tag, q_len, lengths, blocks in (("decode_b4", 1, (300, 1, 129, 16), 20),

@@ -52,10 +52,10 @@ KV_LEN = 2048
 CASES = [("decode", 1), ("decode", 8), ("decode", 32), ("prefill", 2048)]
 QUICK_CASES = [("decode", 1)]
 REPLAYS, QUICK_REPLAYS = 20, 5
-# The full layer against the float64 reference (the runner's FP32 attention in the layer, float64
-# attention in the reference): relative Frobenius error of out and r2. Each BF16 step rounds
-# (<= 2^-9 relative), the attention rounds o to BF16 (~2^-9; torch SDPA, in the torch layers,
-# rounds P too); FP8 adds the activation codes (one code, 2^-4, where a
+# The full layer against the float64 reference (the runner's FP32 attention in the layer at decode,
+# float64 attention in the reference): relative Frobenius error of out and r2. Each BF16 step rounds
+# (<= 2^-9 relative), the attention rounds o to BF16 (~2^-9; torch SDPA, in the torch layers and
+# for a prompt in every layer, rounds P too); FP8 adds the activation codes (one code, 2^-4, where a
 # kernel's BF16 input sits an ulp from the reference's: the norm's FP32 rstd is a few ulps off in
 # many rows, which moves a few % of the codes). A wrong step is off by O(1).
 LAYER_TOLERANCE = {"bf16": 1.5e-2, "w4a16": 1.5e-2, "fp8": 8e-2}

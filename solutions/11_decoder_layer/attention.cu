@@ -11,7 +11,9 @@
 // values of its dimension (16 bytes, contiguous in the [blocks, Hkv, D, bs] layout) at a time.
 // With splits > 1 each block writes (max, sum, unnormalized o) per head in FP32 and a second
 // kernel combines them. The context length is read from positions on the device, so the grid
-// depends only on the capacity: a captured decode step stays valid as the cache grows.
+// depends only on the capacity: a captured decode step stays valid as the cache grows. A block
+// owns one query token, so a prompt of T tokens reads its keys about T / 2 times: the Python
+// layers give a prompt to torch's flash attention (lkw.layer_torch.prompt_attention).
 // Also here: split_qkv, the copy that makes q, k, v dense for chapter 05's RoPE when T > 1.
 #include <cuda_bf16.h>
 
