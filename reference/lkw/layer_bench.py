@@ -523,14 +523,22 @@ def print_run(run: dict, out=sys.stdout) -> None:
         print(f"  {g['goal']:<58} {f(g['value'], 2):>8} {g['unit']} (target {g['target']}) {met}", file=out)
 
 
+def stamped(cases: list[dict], run: dict) -> list[dict]:
+    """Each case with the commit and date of the run that measured it (its own where it has them,
+    else the run's): a merged file's header names only its last part."""
+    return [dict(c, commit=c.get("commit", run.get("commit")), date=c.get("date", run.get("date")))
+            for c in cases]
+
+
 def merge(recorded: dict, run: dict) -> dict:
     """The recorded run with this run's (format, case) rows in place of its own and the goals
-    recomputed; the run's GPU must be the recorded one's."""
+    recomputed, every case stamped with its own run's commit and date; the run's GPU must be the
+    recorded one's."""
     if recorded.get("gpu") != run["gpu"]:
         raise ValueError(f"cannot merge a {run['gpu']} run into a {recorded.get('gpu')} one")
     new = {(c["format"], c["case"]) for c in run["cases"]}
     kept = [c for c in recorded.get("cases", []) if (c["format"], c["case"]) not in new]
-    merged = dict(run, cases=kept + run["cases"])
+    merged = dict(run, cases=stamped(kept, recorded) + stamped(run["cases"], run))
     merged["goals"] = goals(merged)
     return merged
 
@@ -573,6 +581,7 @@ def main(argv=None) -> int:
                                          compile_bf16=not args.no_compile))
             torch.cuda.empty_cache()
         del base
+    run["cases"] = stamped(run["cases"], run)
     run["goals"] = goals(run)
     print_run(run)
     text = json.dumps(run, indent=1, default=str)

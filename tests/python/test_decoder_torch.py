@@ -313,12 +313,18 @@ def test_merge_replaces_a_run_s_own_cases_and_keeps_the_rest():
     the recorded run and keeps the others; the goals are recomputed; another GPU is refused."""
     from lkw import results as res
 
-    recorded = res.example("11_decoder_layer")
-    part = dict(recorded, cases=[dict(c, marker=1) for c in recorded["cases"][:2]])
+    recorded = dict(res.example("11_decoder_layer"), commit="aaaaaaa", date="2026-01-01")
+    part = dict(recorded, commit="bbbbbbb", date="2026-02-02",
+                cases=[dict(c, marker=1) for c in recorded["cases"][:2]])
     merged = layer_bench.merge(recorded, part)
     keys = [(c["format"], c["case"]) for c in merged["cases"]]
     assert sorted(keys) == sorted((c["format"], c["case"]) for c in recorded["cases"])
     assert sum("marker" in c for c in merged["cases"]) == 2
+    # every case names the run that measured it; a second merge keeps the stamps
+    assert all((c["commit"], c["date"]) == (("bbbbbbb", "2026-02-02") if "marker" in c else
+                                            ("aaaaaaa", "2026-01-01")) for c in merged["cases"])
+    again = layer_bench.merge(merged, dict(part, commit="ccccccc", cases=[]))
+    assert [c["commit"] for c in again["cases"]] == [c["commit"] for c in merged["cases"]]
     assert merged["goals"] == layer_bench.goals(merged)
     with pytest.raises(ValueError, match="cannot merge"):
         layer_bench.merge(recorded, dict(part, gpu="another GPU"))
@@ -348,6 +354,7 @@ def check_layer_run(run: dict) -> None:
 
     assert run["chapter"] == layer_bench.CHAPTER
     assert all(isinstance(run.get(k), str) for k in ("gpu", "date", "commit")), "header"
+    assert all(isinstance(c.get(k, ""), str) for c in run["cases"] for k in ("commit", "date"))
     layer_bench.print_run(run, out=io.StringIO())
     assert run["goals"] == layer_bench.goals(run)
     for c in run["cases"]:
