@@ -3,11 +3,14 @@
 // T = 3, prefill T = 24, at lkw.decoder_layer.GOLDEN size; tolerances in lkw.golden).
 //   HostLayerRunner  the step list (each step a registered version) per format and T; mismatched
 //                    shapes and formats refused with a message naming the tensor (no GPU needed)
-//   LayerGraph       a decode step captured once, replayed for 100 steps with positions, slots
+//   LayerGraph       a decode step captured once, replayed for 100 steps (LKW_GRAPH_STEPS: fewer,
+//                    step 0 checked only; the sanitizer runs) with positions, slots
 //                    and inputs written into the same buffers and the cache growing; the first
 //                    and last steps' outputs and the final caches checked (GPU)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -328,8 +331,12 @@ TEST_P(LayerGraph, ReplaysDecodeStepsWithoutRecapture) {
   s = runner.capture(stream, &exec);
   ASSERT_TRUE(s.ok()) << s.str();
 
+  // LKW_GRAPH_STEPS=n replays only the first n steps (the sanitizers' runs: racecheck's host
+  // memory grows with every replay); then only step 0's outputs are checked.
+  const char* cap = std::getenv("LKW_GRAPH_STEPS");
+  const int64_t replays = cap ? std::clamp<int64_t>(std::atoll(cap), 1, steps) : steps;
   std::vector<std::vector<uint8_t>> got(6);
-  for (int64_t i = 0; i < steps; ++i) {
+  for (int64_t i = 0; i < replays; ++i) {
     load_step(i);
     LKW_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     if (i == 0 || i == steps - 1) {
@@ -349,6 +356,7 @@ TEST_P(LayerGraph, ReplaysDecodeStepsWithoutRecapture) {
                         "out of step 0",            "residual_out of step 0",
                         "out of the last step",     "residual_out of the last step"};
   for (size_t o = 0; o < 6; ++o) {
+    if (replays < steps && o != 2 && o != 3) continue;  // the cache and the last step need all
     const CompareReport r = compare_output(got[o], d, o, c->tol(o));
     EXPECT_TRUE(r.pass) << fmt << " graph, " << what[o] << " (" << c->tol(o).str()
                         << "): " << r.str();
