@@ -2374,9 +2374,9 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
     cfg = decoder_layer.GOLDEN
     cos_sin = decoder_layer.rope_cache(cfg, 512)
     cases = []
-    # (id, T, first position, table blocks of 16): decode over a context of 300 (the attention
-    # split, the last split partial), three tokens whose last splits are empty, a prefill T > 16
-    # (chapter 07's GEMM for W4A16).
+    # (id, T, first position, table blocks of 16): decode over a context of 300 (the attention in
+    # 6 splits of 64 keys, the fifth partial, the last empty), three tokens whose last splits are
+    # empty, a prefill T > 16 (chapter 07's GEMM for W4A16).
     for tag, t, first, blocks in (("decode_t1", 1, 300, 24), ("decode_t3", 3, 150, 24),
                                   ("prefill_t24", 24, 0, 8)):
         for fmt in decoder_layer.FORMATS:
@@ -2401,7 +2401,7 @@ def decoder_layer_cases(rng: np.random.Generator) -> list[Case]:
         q = formats.f32_to_bf16(rng.standard_normal((pos.size, cfg.hq, cfg.head_dim)).astype(np.float32))
         cases.append(Case(f"attention_{tag}", "paged_attention", "close:0.008:0.004",
                           [q, cache.key, cache.value, tables, pos]))
-    # The graph: 100 decode steps from position 200 (crossing the attention's split at 256).
+    # The graph: 100 decode steps from position 200 (crossing a split boundary at 256).
     steps = 100
     for fmt in decoder_layer.FORMATS:
         w, x, res, cache = _layer_setup(rng, fmt, steps, 24)

@@ -364,7 +364,7 @@ def advance(meta: Meta) -> None:
     """Every sequence one token further (decode): positions and slots rewritten in place, on the
     device, as a captured graph's next replay needs them."""
     torch = _torch()
-    meta.prompt = False
+    meta.prompt = False  # (a graph captured for a prompt keeps its prompt path: capture another)
     meta.positions.add_(1)
     seq = torch.arange(meta.positions.numel(), device=meta.positions.device) // meta.q_len
     blk = meta.block_tables[seq, meta.positions // BLOCK_SIZE]
@@ -600,9 +600,9 @@ def sdpa_attention(cfg: dl.Config):
 def prompt_attention(cfg: dl.Config):
     """A prompt's attention (Meta.prompt): torch's causal scaled_dot_product_attention over the
     prompt's own keys, gathered from the cache (a flash-attention kernel where torch has one), GQA
-    by enable_gqa. Every layer but the reference takes it for a prompt: chapter 11 teaches no
-    attention, and the runner's decode kernel reads a token's keys once per query token, so a
-    prompt of T tokens reads about T / 2 times the cache."""
+    by enable_gqa (torch 2.5 on). Every layer but the reference takes it for a prompt: chapter 11
+    teaches no attention, and the runner's decode kernel reads a token's keys once per query
+    token, so a prompt of T tokens reads about T / 2 times the cache."""
     _torch()
     import torch.nn.functional as F
 

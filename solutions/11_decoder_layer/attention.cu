@@ -323,11 +323,13 @@ Status check_attention(const AttentionArgs& a) {
 
 Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (Status s = check_attention(a); !s.ok()) return s;
-  const int64_t group = a.hq / a.hkv, chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  // The grid's chunks of a group must be the kernel's (ceil(group / kG)); attention_splits counts
+  // ceil(group / kMaxGroup), the same number for either kG picked here.
+  const int64_t group = a.hq / a.hkv, kg = group <= 4 ? 4 : kMaxGroup, chunks = (group + kg - 1) / kg;
   const dim3 grid(unsigned(a.splits), unsigned(a.hkv * chunks), unsigned(a.t));
   const float scale = 1.0f / std::sqrt(float(a.d));
   const bool narrow = a.d <= kThreads;
-  if (group <= 4) {
+  if (kg == 4) {
     (narrow ? attention_kernel<4, 1> : attention_kernel<4, 2>)<<<grid, kThreads, 0, stream>>>(a, scale);
   } else {
     (narrow ? attention_kernel<8, 1> : attention_kernel<8, 2>)<<<grid, kThreads, 0, stream>>>(a, scale);

@@ -271,6 +271,11 @@ def test_workbook_steps_need_their_versions(torch, lt):
         lt.workbook_steps(CFG, "bf16", 1, names=without)
     assert lt.workbook_owner("w4a16", 32, names)["down_proj"].startswith("07_w4a16_gemm/")
     assert lt.workbook_owner("fp8", 1, names)["o_proj"].startswith("03_dynamic_quant/")
+    # a prompt's attention is torch's, in every layer: the waterfall does not swap it
+    prompt = lt.workbook_owner("w4a16", 2048, names, prompt=True)
+    assert prompt["attention"] == lt.PROMPT_ATTENTION and prompt["down_proj"].startswith("07_w4a16_gemm/")
+    assert "attention" in layer_bench.swappable("w4a16", owner)
+    assert "attention" not in layer_bench.swappable("w4a16", prompt)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // The runner's paged attention alone (GPU): against a float64 softmax(q k / sqrt(D)) v over the
 // token's context, on shapes the layer's golden cases do not reach: a group of 32 query heads (4
 // blocks a KV head), D = 256 with 8-token blocks, a padding token (position -1: zeros), prefill
-// rows of different lengths, a context split over many blocks (and splits that end inside a
-// block), and batches of sequences (each with its own block table row and length; decode and
+// rows of different lengths, a context split over many blocks (splits shorter than a tile, one
+// starting inside a block), groups of 6 and 12 with D = 192, and batches of sequences (each with its own block table row and length; decode and
 // two-token steps). The value cache is NaN outside the context (a kernel that multiplies a zero
 // weight by it fails), the output is poisoned, and the guard bytes past each buffer must stay
 // intact. The registered op
@@ -193,9 +193,15 @@ INSTANTIATE_TEST_SUITE_P(
                     AttentionCase{"batch_decode_4", 4, 32, 8, 128, 16, 20, {319, 0, 150, 17}, 1},
                     AttentionCase{"batch_split_3", 3, 16, 4, 64, 16, 64, {1023, 500, 1}, 1},
                     AttentionCase{"batch_two_tokens", 6, 8, 2, 64, 16, 4, {40, 41, 9, 10, -1, 63}, 2},
-                    // 296 keys in 4 splits of 96 (the last one 8): a split ends inside a block
+                    // 296 keys in 4 splits of 96, shorter than a tile (the last one 8 keys)
                     AttentionCase{"split_granule", 1, 8, 8, 64, 8, 37, {295}},
-                    AttentionCase{"split_granule_batch", 2, 8, 4, 64, 8, 37, {150, 260}, 1}),
+                    AttentionCase{"split_granule_batch", 2, 8, 4, 64, 8, 37, {150, 260}, 1},
+                    // 40-token blocks: 5 splits of 64 keys, split 1 starts inside block 1
+                    AttentionCase{"split_inside_block", 1, 8, 8, 64, 40, 8, {300}},
+                    // a group of 6 (8 heads a block, 6 used) and of 12 (two chunks, the second of
+                    // 4), D = 192 (two dimensions a thread, the second only for 64 of them)
+                    AttentionCase{"group_6_d192", 2, 48, 8, 192, 16, 20, {300, 17}, 1},
+                    AttentionCase{"group_12", 1, 24, 2, 64, 16, 10, {150}}),
     [](const testing::TestParamInfo<AttentionCase>& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -334,7 +334,7 @@ TEST_P(LayerGraph, ReplaysDecodeStepsWithoutRecapture) {
   // LKW_GRAPH_STEPS=n replays only the first n steps (the sanitizers' runs: racecheck's host
   // memory grows with every replay); then only step 0's outputs are checked.
   const char* cap = std::getenv("LKW_GRAPH_STEPS");
-  const int64_t replays = cap ? std::clamp<int64_t>(std::atoll(cap), 1, steps) : steps;
+  const int64_t replays = cap && *cap ? std::clamp<int64_t>(std::atoll(cap), 1, steps) : steps;
   std::vector<std::vector<uint8_t>> got(6);
   for (int64_t i = 0; i < replays; ++i) {
     load_step(i);
