@@ -579,11 +579,7 @@ def sdpa_attention(cfg: dl.Config):
     _torch()  # a clear error without torch, before the import below
     import torch.nn.functional as F
 
-    prompt = prompt_attention(cfg)
-
     def attention(q, cache: KVCache, meta: Meta):
-        if meta.prompt:
-            return prompt(q, cache, meta)
         kk, vv = gather_kv(cache, meta)  # (B,L,Hkv,D)
         b, length, hkv, d = kk.shape
         g, ql = cfg.hq // hkv, meta.q_len
@@ -594,7 +590,7 @@ def sdpa_attention(cfg: dl.Config):
                                            attn_mask=mask, scale=1.0 / math.sqrt(d))  # (B,Hkv,G Q,D)
         return o.view(b, hkv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(b * ql, cfg.hq * d)
 
-    return attention
+    return with_prompt_attention(cfg, attention)
 
 
 def prompt_attention(cfg: dl.Config):
@@ -616,6 +612,16 @@ def prompt_attention(cfg: dl.Config):
         o = F.scaled_dot_product_attention(qh, kk, vv, is_causal=True, scale=1.0 / math.sqrt(d),
                                            enable_gqa=True)  # (B,Hq,Q,D)
         return o.transpose(1, 2).reshape(b * ql, cfg.hq * d)
+
+    return attention
+
+
+def with_prompt_attention(cfg: dl.Config, decode):
+    """`decode`'s attention, a prompt's (Meta.prompt) through prompt_attention instead."""
+    prompt = prompt_attention(cfg)
+
+    def attention(q, cache: KVCache, meta: Meta):
+        return (prompt if meta.prompt else decode)(q, cache, meta)
 
     return attention
 
@@ -791,18 +797,15 @@ def _wb_attention(cfg: dl.Config, names):
     """The runner's paged attention over the cache in place (no gather), q [T, Hq D] -> o."""
     torch = _torch()
     name = pick("attention", names)
-    prompt = prompt_attention(cfg)
 
     def attention(q, cache: KVCache, meta: Meta):
-        if meta.prompt:  # torch's flash attention: the runner's kernel is a decode kernel
-            return prompt(q, cache, meta)
         t, d = q.shape[0], cfg.head_dim
         o = torch.empty(t, cfg.hq, d, dtype=torch.bfloat16, device=q.device)
         launch(name, [q.contiguous().view(t, cfg.hq, d), cache.key, cache.value,
                       meta.block_tables.contiguous(), meta.positions], [o])
         return o.view(t, cfg.hq * d)
 
-    return attention
+    return with_prompt_attention(cfg, attention)  # the runner's kernel is a decode kernel
 
 
 def _wb_act(quantize: bool, names):
@@ -888,9 +891,9 @@ def _has_any(names, roles) -> bool:
 
 def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = None) -> dict:
     """The workbook's kernels for every step (the attention the runner's, not taught here; a
-    prompt's torch's, prompt_attention), for a
-    batch of T tokens (the W4A16 kernel depends on T). Steps whose versions are not registered
-    raise LookupError when built: `names` (default: the registry) decides."""
+    prompt's torch's, prompt_attention), for a batch of T tokens (the W4A16 kernel depends on T).
+    Steps whose versions are not registered raise LookupError when built: `names` (default: the
+    registry) decides."""
     fp8 = _check_fmt(fmt) == "fp8"
     names = registered() if names is None else names
     project = _wb_project(t, names)
@@ -951,8 +954,9 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool
 def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     """(steps, step -> what runs) with vLLM's norm, RoPE, cache, SiLU (+ per-block FP8 quant),
     Marlin W4A16 and CUTLASS blockwise FP8 GEMMs; the attention is the workbook layer's (the
-    runner's, where chapter 11 is built; torch SDPA otherwise). Raises lkw.peers.Absent when vLLM is not here. In-place kernels get copies of their inputs
-    (vLLM's fused_add_rms_norm updates x and residual): one copy of each [T, d] per norm."""
+    runner's, where chapter 11 is built; torch SDPA otherwise). Raises lkw.peers.Absent when vLLM
+    is not here. In-place kernels get copies of their inputs (vLLM's fused_add_rms_norm updates x
+    and residual): one copy of each [T, d] per norm."""
     torch = _torch()
     from lkw import peers
 

@@ -6,8 +6,8 @@
 //   outputs o bf16 [T, Hq, D].
 // The split partials live in a scratch of the op's own, allocated once at the size that bounds
 // every split attention_splits picks (so a captured graph never sees it move).
-#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "layer.h"
 #include "lkw/workspace.h"
