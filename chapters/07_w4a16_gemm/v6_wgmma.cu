@@ -9,8 +9,9 @@
 // fragment) and x is B, a K-major tile in the 128-byte swizzle that TMA writes. Thread 0 asks for
 // each stage's boxes ahead; the warps wait on the slot's full barrier and arrive on its empty one:
 // no block barrier, no per-thread cp.async arithmetic, no proxy fence. v5's split-K comes along,
-// and a 16-token tile at M ≤ 16 (m64n16k16): both launcher knobs (ablation_v6_one_split: neither).
-// Expect: at M ≥ 256 most of cuBLAS's BF16 rate; at M ≤ 64 about v5's time. SASS: HGMMA, UTMALDG
+// and 16- and 32-token tiles at M ≤ 32 (m64n16k16, m64n32k16): launcher knobs (ablation_v6_one_split:
+// neither).
+// Expect: at M ≥ 256 most of cuBLAS's BF16 rate; at M ≤ 64 less time than v5. SASS: HGMMA, UTMALDG
 // and ATOMG; no HMMA, no I2F.
 #include "gemm_plan.h"
 #include "tiles.cuh"
@@ -30,7 +31,7 @@ constexpr int kOutRow = kBlockN + 8;  // y tile row in shared memory, padded
 
 template <int kBT>
 struct Tile {
-  static constexpr int kStages = kBT == 16 ? 8 : 6;
+  static constexpr int kStages = kBT == 16 ? 8 : kBT == 32 ? 7 : 6;  // two blocks an SM at M <= 32
   static constexpr int kLead = kStages - 2;  // stages asked for ahead of the one computed on
   static constexpr int kXBytes = kBT * 128;  // kBT rows of 64 k: 1024-byte swizzle atoms
   static constexpr int kWBytes = kGroups * kBlockWords * 4;
@@ -191,13 +192,25 @@ __global__ void __launch_bounds__(kThreads6)
     //   (about 8 lines)
     bool last_sh = true;
     if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
-    for (int q = threadIdx.x; q < kBlockN * ((rows + 1) / 2); q += kThreads6) {
-      const int channel = q % kBlockN, token = 2 * (q / kBlockN);
+    // A thread sums one (channel, token pair) over the splits; neighbouring threads take the
+    // neighbouring token pairs of a channel, so a warp's loads are whole lines of the workspace.
+    const int pairs = (rows + 1) / 2;
+    for (int q = threadIdx.x; q < kBlockN * pairs; q += kThreads6) {
+      const int channel = q / pairs, token = 2 * (q % pairs);
+      const float2* p = reinterpret_cast<const float2*>(tile_gl + channel * kBT + token);
+      constexpr int kSplitStride = kBlockN * kBT / 2;  // float2s between two splits' tiles
       float2 sum = make_float2(0.f, 0.f);
-      for (int s = 0; s < splits; ++s) {  // split order: the same sum in every run
-        const float2 p = __ldcg(
-            reinterpret_cast<const float2*>(tile_gl + (s * kBlockN + channel) * kBT + token));
-        sum.x += p.x, sum.y += p.y;
+      int s = 0;
+      for (; s + 4 <= splits; s += 4) {  // four loads in flight, the sum in split order
+        float2 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = __ldcg(p + (s + i) * kSplitStride);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sum.x += v[i].x, sum.y += v[i].y;
+      }
+      for (; s < splits; ++s) {
+        const float2 v = __ldcg(p + s * kSplitStride);
+        sum.x += v.x, sum.y += v.y;
       }
       out_sh[token * kOutRow + channel] = __float2bfloat16_rn(sum.x);
       out_sh[(token + 1) * kOutRow + channel] = __float2bfloat16_rn(sum.y);
@@ -250,16 +263,17 @@ Status launch_v6(const GemmArgs& a, cudaStream_t stream, bool may_split) {
   return last_launch_status(kW4a16rGemm.name);
 }
 
-// kSmallM: the small-M plan, K split where the tiles leave SMs idle and the 16-token tile at
-// M ≤ 16. Without it (the ablation) one split and a 64-token tile at the narrowest.
+// kSmallM: the small-M plan, K split where the tiles leave SMs idle and the 16- and 32-token tiles
+// at M ≤ 32. Without it (the ablation) one split and a 64-token tile at the narrowest.
 template <bool kSmallM>
 Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(kW4a16rGemm, a);
   if (s.ok()) s = Check().arch_at_least(90).status();  // wgmma: sm_90a
   if (!s.ok()) return s;
-  return a.m <= 16 && kSmallM ? launch_v6<16>(a, stream, kSmallM)
-         : a.m <= 64          ? launch_v6<64>(a, stream, kSmallM)
-                              : launch_v6<128>(a, stream, kSmallM);
+  return a.m <= 16 && kSmallM   ? launch_v6<16>(a, stream, kSmallM)
+         : a.m <= 32 && kSmallM ? launch_v6<32>(a, stream, kSmallM)
+         : a.m <= 64            ? launch_v6<64>(a, stream, kSmallM)
+                                : launch_v6<128>(a, stream, kSmallM);
 }
 
 Version v6_version(const char* id, const char* summary, GemmLaunch launch, std::vector<SassFact> sass,

@@ -1154,13 +1154,15 @@ W4A16_OPS = ("w4a16_gemm", "w4a16r_gemm")
 # a 128-row block); N = 64 (one n64 block of the repacked layout), 192 (an odd number of them),
 # 320 (not a multiple of 256), 512; K = 1056, 2080 and 4192 have K % 64 == 32, a k16 tail past
 # the last k64 (so only G = 32 or G = K divides them); G = K is one scale per output channel
-# (scales [1, N]). M = 1100 is nine 128-token tiles: the wgmma version's raster runs them in two
-# groups of eight.
+# (scales [1, N]). M = 29 takes the wgmma version's 32-token tile with K split 16 ways, an odd row
+# count in the last token pair. M = 1100 is nine 128-token tiles: the wgmma version's raster runs
+# them in two groups of eight.
 W4A16_SHAPES = (
     (1, 64, 256, 32),
     (5, 192, 1056, 32),
     (16, 320, 4096, 128),
     (17, 512, 256, 64),
+    (29, 320, 4192, 32),
     (33, 64, 4192, 32),
     (64, 192, 2080, 32),
     (130, 320, 1056, 1056),
