@@ -160,10 +160,12 @@ def _raw(tensors) -> list:
 
 def _poison(t) -> None:
     """All bits set (NaN in every float format) in an output, also one held as a transposed view
-    (column-major scales), whose bytes are only contiguous seen the other way round."""
+    (column-major scales), whose bytes are only contiguous seen the other way round. A view of
+    one token's scales ([G, 1], strides (1, G)) counts as contiguous to torch, but a byte view
+    needs its last stride to be 1: it is turned round too."""
     import torch
 
-    if not t.is_contiguous() and t.dim() == 2 and t.t().is_contiguous():
+    if t.dim() == 2 and t.stride(-1) != 1 and t.t().is_contiguous():
         t = t.t()
     t.view(torch.uint8).fill_(0xFF)
 

@@ -204,9 +204,10 @@ __global__ void __launch_bounds__(kThreads6)
     if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
     // A thread sums one (channel, token pair) over the splits; neighbouring threads take the
     // neighbouring token pairs of a channel, so a warp's loads are whole lines of the workspace.
-    const int pairs = (rows + 1) / 2;
-    for (int q = threadIdx.x; q < kBlockN * pairs; q += kThreads6) {
-      const int channel = q / pairs, token = 2 * (q % pairs);
+    constexpr int kPairs = kBT / 2;  // a power of two: shifts, not a division (no I2F)
+    for (int q = threadIdx.x; q < kBlockN * kPairs; q += kThreads6) {
+      const int channel = q / kPairs, token = 2 * (q % kPairs);
+      if (token >= rows) continue;
       const float2* p = reinterpret_cast<const float2*>(tile_gl + channel * kBT + token);
       constexpr int kSplitStride = kBlockN * kBT / 2;  // float2s between two splits' tiles
       float2 sum = make_float2(0.f, 0.f);

@@ -1162,6 +1162,16 @@ def test_priming_poisons_outputs_or_restores_an_in_place_op_s_initial_contents()
     assert all(torch.equal(o, i) for o, i in zip(outs, initial))
 
 
+def test_poison_reaches_column_major_scales_also_of_one_token():
+    """Scales held as the transposed view of a row-major [T, G] array: every byte set, for T = 1
+    too (a [G, 1] view with strides (1, G), which torch calls contiguous)."""
+    torch = pytest.importorskip("torch")
+    for t in (1, 3):
+        rows = torch.zeros(t, 32, dtype=torch.float32)
+        bench._poison(rows.t())
+        assert bool((rows.view(torch.uint8) == 0xFF).all())
+
+
 def _torch_bits(torch, bits: np.ndarray, dtype):
     """Host BF16 bits (uint16) as a torch BF16 tensor."""
     return torch.from_numpy(bits.view(np.int16).copy()).view(dtype)
