@@ -9,8 +9,8 @@
 // fragment) and x is B, a K-major tile in the 128-byte swizzle that TMA writes. Thread 0 asks for
 // each stage's boxes ahead; the warps wait on the slot's full barrier and arrive on its empty one:
 // no block barrier, no per-thread cp.async arithmetic, no proxy fence. v5's split-K comes along,
-// and 16- and 32-token tiles at M ≤ 32 (m64n16k16, m64n32k16): launcher knobs (ablation_v6_one_split:
-// neither).
+// and 16- and 32-token tiles at M ≤ 32 (m64n16k16, m64n32k16): launcher knobs
+// (ablation_v6_one_split: neither).
 // Expect: at M ≥ 256 most of cuBLAS's BF16 rate; at M ≤ 64 less time than v5. SASS: HGMMA, UTMALDG
 // and ATOMG; no HMMA, no I2F.
 #include "gemm_plan.h"
