@@ -109,12 +109,12 @@ if has sanitize; then
       # then resumes without that test and those that passed, up to LKW_SANITIZE_RESUMES times,
       # and the hung tests count as failures, named.
       hung="" ran=0 resumes=0 pass_filter="$filter"
+      # LKW_GRAPH_STEPS: chapter 11's graph test replays its decode step 2 times, not 100, under
+      # racecheck: the tool's host memory grows by about 1.5 GB a replay of the W4A16 layer, and
+      # 100 replays ran the machine out of memory (killed, no report). memcheck replays all 100.
+      steps_cap=""; [ "$tool" = racecheck ] && steps_cap=2
       while :; do
         part_log="$run_log.part"
-        # LKW_GRAPH_STEPS: chapter 11's graph test replays its decode step 2 times, not 100, under
-        # racecheck: the tool's host memory grows by about 1.5 GB a replay of the W4A16 layer, and
-        # 100 replays ran the machine out of memory (killed, no report). memcheck replays all 100.
-        steps_cap=""; [ "$tool" = racecheck ] && steps_cap=2
         LKW_GRAPH_STEPS=$steps_cap LKW_GOLDEN_DIR=build/golden timeout "${LKW_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
           --error-exitcode 9 "$t" --gtest_filter="$pass_filter" >"$part_log" 2>&1
         rc=$?
