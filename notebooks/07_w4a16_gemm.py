@@ -110,7 +110,7 @@ for n, k in SHAPES_70B:
 # ## The run
 #
 # Which GPU and commit, and what the run holds: the teaching path on the natural INT4 words (op
-# `w4a16_gemm`: `v0` … `v2`) and on the offline-repacked words (op `w4a16r_gemm`: `v3` … `v7`),
+# `w4a16_gemm`: `v0` … `v2`) and on the offline-repacked words (op `w4a16r_gemm`: `v3` … `v8`),
 # and the peers, measured on the same codes and scales, each packed by its own library: cuBLAS on
 # the dequantized BF16 weights (`torch_matmul`), torch's INT4 kernel, vLLM's Marlin and Machete,
 # and humming.
@@ -155,7 +155,7 @@ if data:
     versions = [e for e in entries if kinds[e] == "version"]
     peers = [e for e in entries if kinds[e] == "peer"]
     BF16 = next((e for e in peers if e[1] == "torch_matmul"), None)  # cuBLAS on BF16 weights
-    # The repacked path v3 … v7: one fused INT4 kernel each (v0 is a dequant pass, then cuBLAS).
+    # The repacked path v3 … v8: one fused INT4 kernel each (v0 is a dequant pass, then cuBLAS).
     PATH = [e for e in versions if e[0] == "w4a16r_gemm"] or versions
     BW, _ = results.ceiling_of(data, H)  # GB/s: the copy ceiling in the headline mode
 
@@ -230,7 +230,7 @@ if data:
 # ## Graph times over M
 #
 # Per shape, each version and peer: µs per launch in the headline mode at every M of the run; `*`
-# marks the fastest version of the whole path (`v0` … `v7`) at each M, `—` a pair that was not
+# marks the fastest version of the whole path (`v0` … `v8`) at each M, `—` a pair that was not
 # timed (torch's INT4 kernel stops short of the largest M). Where `v0` is the fastest, the fused
 # kernels lose to a dequantization pass followed by cuBLAS.
 
@@ -256,8 +256,8 @@ if data:
 #
 # The headline figure: cuBLAS's time on BF16 weights over each kernel's time, against M, one
 # panel per shape. Above the grey line at 1× the INT4 kernel is the faster. Solid: the repacked
-# teaching path `v3` … `v7`; dashed: the peers; black: the ideal from the bound above. The thick
-# grey line is the best of `v3` … `v7` at each M (the fused INT4 kernels; `v0` … `v2` are in the
+# teaching path `v3` … `v8`; dashed: the peers; black: the ideal from the bound above. The thick
+# grey line is the best of `v3` … `v8` at each M (the fused INT4 kernels; `v0` … `v2` are in the
 # table above), and the red star marks its crossover, where it falls below 1×. The dotted and
 # dash-dotted verticals are the ridge M of INT4 and of BF16.
 
@@ -337,7 +337,7 @@ if data and BF16:
 # Where the kernel's share of cuBLAS's rate is lower at those M than at the largest, the measured
 # crossover comes earlier still. Below the INT4 ridge the measured speed-up is instead limited by
 # how much of the copy ceiling the kernel reaches. The cell below prints, per shape: both ridges,
-# e of the best of `v3` … `v7` at the largest M, the crossover this predicts and the one measured
+# e of the best of `v3` … `v8` at the largest M, the crossover this predicts and the one measured
 # (interpolated between the two Ms around it), then the measured crossover of each peer.
 
 # %%
@@ -374,7 +374,7 @@ if data and BF16:
 # %% [markdown]
 # ## TFLOP/s over M, and the memory bound at small M
 #
-# The same runs as rates: TFLOP/s against M for `v3` … `v7` and the peers, with cuBLAS BF16 as the
+# The same runs as rates: TFLOP/s against M for `v3` … `v8` and the peers, with cuBLAS BF16 as the
 # thick black line and the INT4 roofline (the slower of the copy ceiling times the INT4
 # intensity, and cuBLAS's rate) dotted. That roof is measured, not the hardware's peak: a kernel
 # tuned for another M than cuBLAS's largest can edge past it. At small M the rate is not the
