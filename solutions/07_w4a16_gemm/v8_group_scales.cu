@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads8, kBT <= 32 ? 2 : 1)  // two blocks a
         *reinterpret_cast<float2*>(tile_gl + (split * kBlockN + channel) * kBT + token) =
             make_float2(total[j], total[j + 1]);
     }
-    // BEGIN SOLUTION: v5's arrival: fence, barrier, count in; the last split of the tile goes on.
+    // v5's arrival: fence, barrier, count in; the last split of the tile goes on.
     __shared__ bool last_sh;
     __threadfence();  // this block's partials visible device-wide before its arrival is
     __syncthreads();
@@ -215,8 +215,6 @@ __global__ void __launch_bounds__(kThreads8, kBT <= 32 ? 2 : 1)  // two blocks a
     if (!last_sh) return;
     __threadfence();  // the other splits' partials, published before their arrivals, are read after
                       // ours
-    // STUB: bool last_sh = true;
-    // END SOLUTION
     if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
     // A thread sums one (channel, token pair) over the splits; neighbouring threads take the
     // neighbouring token pairs of a channel, so a warp's loads are whole lines of the workspace.
