@@ -1,6 +1,7 @@
 // What the shared-memory versions (v2 on) share: the x tile of a stage, its cp.async copy and its
-// ldmatrix reads, and the ring's launch (grid and dynamic shared memory). The weights' side is
-// each version's own lesson and stays in its file.
+// ldmatrix reads, the ring's launch (grid and dynamic shared memory), and the wgmma versions' sum
+// of split partials and y-tile store. The weights' side is each version's own lesson and stays in
+// its file.
 // A stage holds BM = 16·kMTiles rows of x by kBlockK = 64 k. Rows are padded from 128 to 144 bytes
 // so that the 8 rows one ldmatrix matrix names start 36 words apart: 8 different groups of 4
 // banks, no conflict.
@@ -93,6 +94,50 @@ inline Status wgmma_maps(WgmmaMaps* maps, const GemmArgs& a, int bt) {
     s = tensor_map_2d(&maps->z, a.zeros, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.k / a.group, a.n, 1,
                       kBlockN, none);
   return s;
+}
+
+// The wgmma versions' (v6, v8) ends of a tile, kThreads threads each. The last split of a tile
+// sums every split's partial ([split][kBlockN channels][kBT tokens] FP32 at tile_gl, the token
+// pairs of a channel side by side) into the y tile out_sh [kBT][kOutRow] BF16: a thread one
+// (channel, token pair), neighbouring threads a channel's neighbouring pairs, so a warp's loads
+// are whole lines of the workspace; pairs from `rows` on (past M) are skipped.
+template <int kBT, int kThreads, int kOutRow>
+__device__ __forceinline__ void sum_split_partials(const float* tile_gl, int splits, int rows,
+                                                   __nv_bfloat16* out_sh) {
+  constexpr int kPairs = kBT / 2;  // a power of two: shifts, not a division (no I2F)
+  for (int q = threadIdx.x; q < kBlockN * kPairs; q += kThreads) {
+    const int channel = q / kPairs, token = 2 * (q % kPairs);
+    if (token >= rows) continue;
+    const float2* p = reinterpret_cast<const float2*>(tile_gl + channel * kBT + token);
+    constexpr int kSplitStride = kBlockN * kBT / 2;  // float2s between two splits' tiles
+    float2 sum = make_float2(0.f, 0.f);
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {  // four loads in flight, the sum in split order
+      float2 v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = __ldcg(p + (s + i) * kSplitStride);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum.x += v[i].x, sum.y += v[i].y;
+    }
+    for (; s < splits; ++s) {
+      const float2 v = __ldcg(p + s * kSplitStride);
+      sum.x += v.x, sum.y += v.y;
+    }
+    out_sh[token * kOutRow + channel] = __float2bfloat16_rn(sum.x);
+    out_sh[(token + 1) * kOutRow + channel] = __float2bfloat16_rn(sum.y);
+  }
+}
+
+// The y tile's rows inside M and columns inside N to y (M, N), 16 bytes a store.
+template <int kBT, int kThreads, int kOutRow>
+__device__ __forceinline__ void store_y_tile(const __nv_bfloat16* out_sh, __nv_bfloat16* y,
+                                             int64_t t0, int64_t nb0, int64_t m, int64_t n) {
+  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads) {
+    const int row = c / (kBlockN / 8), col = 8 * (c % (kBlockN / 8));
+    if (t0 + row < m && nb0 + col < n)
+      *reinterpret_cast<uint4*>(y + (t0 + row) * n + nb0 + col) =
+          *reinterpret_cast<const uint4*>(out_sh + row * kOutRow + col);
+  }
 }
 
 // Launch with `bytes` of dynamic shared memory, kThreads threads (lkw/launch.h: the opt-in over

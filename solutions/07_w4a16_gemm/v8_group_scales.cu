@@ -216,38 +216,10 @@ __global__ void __launch_bounds__(kThreads8, kBT <= 32 ? 2 : 1)  // two blocks a
     __threadfence();  // the other splits' partials, published before their arrivals, are read after
                       // ours
     if (threadIdx.x == 0) arrivals[tile] = 0;  // re-armed for the next launch
-    // A thread sums one (channel, token pair) over the splits; neighbouring threads take the
-    // neighbouring token pairs of a channel, so a warp's loads are whole lines of the workspace.
-    constexpr int kPairs = kBT / 2;  // a power of two: shifts, not a division (no I2F)
-    for (int q = threadIdx.x; q < kBlockN * kPairs; q += kThreads8) {
-      const int channel = q / kPairs, token = 2 * (q % kPairs);
-      if (token >= rows) continue;
-      const float2* p = reinterpret_cast<const float2*>(tile_gl + channel * kBT + token);
-      constexpr int kSplitStride = kBlockN * kBT / 2;  // float2s between two splits' tiles
-      float2 sum = make_float2(0.f, 0.f);
-      int s = 0;
-      for (; s + 4 <= splits; s += 4) {  // four loads in flight, the sum in split order
-        float2 v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = __ldcg(p + (s + i) * kSplitStride);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sum.x += v[i].x, sum.y += v[i].y;
-      }
-      for (; s < splits; ++s) {
-        const float2 v = __ldcg(p + s * kSplitStride);
-        sum.x += v.x, sum.y += v.y;
-      }
-      out_sh[token * kOutRow + channel] = __float2bfloat16_rn(sum.x);
-      out_sh[(token + 1) * kOutRow + channel] = __float2bfloat16_rn(sum.y);
-    }
+    sum_split_partials<kBT, kThreads8, kOutRow>(tile_gl, splits, rows, out_sh);  // tiles.cuh
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads8) {
-    const int row = c / (kBlockN / 8), col = 8 * (c % (kBlockN / 8));
-    if (t0 + row < m && nb0 + col < n)
-      *reinterpret_cast<uint4*>(y + (t0 + row) * n + nb0 + col) =
-          *reinterpret_cast<const uint4*>(out_sh + row * kOutRow + col);  // (M, N)
-  }
+  store_y_tile<kBT, kThreads8, kOutRow>(out_sh, y, t0, nb0, m, n);
 }
 
 template <int kBT, bool kZeros>
