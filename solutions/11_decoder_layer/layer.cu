@@ -23,6 +23,7 @@ constexpr const char* kNorm = "04_rmsnorm/fused_add_rmsnorm/v4_fused_add";
 constexpr const char* kGroupQuant = "03_dynamic_quant/per_group_fp8/v2_vec16";
 constexpr const char* kGemmBf16 = "00_roofline/gemm_bf16/cublas";
 constexpr const char* kGemvW4a16 = "06_int4_gemv/int4t_gemv/v7_tiled_stream";
+constexpr const char* kGemmW4a16Decode = "07_w4a16_gemm/w4a16r_gemm/v8_group_scales";
 constexpr const char* kGemmW4a16 = "07_w4a16_gemm/w4a16r_gemm/v6_wgmma";
 constexpr const char* kGemmFp8 = "08_fp8_gemm/fp8_gemm_blockwise/v5_tuned";
 constexpr const char* kRope = "05_elementwise/rope/v4_rope_vec16";
@@ -92,8 +93,10 @@ class Builder {
       case Format::kBf16:
         return registered(name, kGemmBf16, {{x, t[0]}, {y}, {}});
       case Format::kW4a16:
-        return l_.shape.t <= kGemvMaxT ? registered(name, kGemvW4a16, {{x, t[0], t[1]}, {y}, {}})
-                                       : registered(name, kGemmW4a16, {{x, t[2], t[3]}, {y}, {}});
+        if (l_.shape.t <= kGemvMaxT)
+          return registered(name, kGemvW4a16, {{x, t[0], t[1]}, {y}, {}});
+        return registered(name, l_.shape.t <= kGroupScalesMaxT ? kGemmW4a16Decode : kGemmW4a16,
+                          {{x, t[2], t[3]}, {y}, {}});
       case Format::kFp8:
         return registered(name, kGemmFp8, {{xq, t[0], xs, t[1]}, {y}, {}});
     }
