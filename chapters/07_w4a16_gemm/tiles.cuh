@@ -75,42 +75,45 @@ inline dim3 tile_grid(const GemmArgs& a, int m_tiles, int splits = 1) {
 
 // The tensor maps of the wgmma version (v6), a TMA box each per stage (lkw/tma.h; zeros past
 // the tensors' edges): x [M, K] in bt × 64 boxes swizzled for the wgmma descriptor; the repacked
-// words [N/64, 8K] seen as [N/64, 4K] 8-byte elements, whose 4 × 256 box is the four 64-channel
-// blocks' 2 KB of a stage; the scales [K/G, N] in 1 × 256 boxes, one per group row of the stage,
-// and the zero points [K/G, N] (where given; else z is left empty) in the same boxes.
+// words [N/64, 8K] seen as [N/64, 4K] 8-byte elements, whose (bn / 64) × 256 box is the bn / 64
+// 64-channel blocks' 2 KB of a stage; the scales [K/G, N] in 1 × bn boxes, one per group row of
+// the stage, and the zero points [K/G, N] (where given; else z is left empty) in the same boxes.
+// bn, the channels of a tile: kBlockN (v6, v8) or 128 (v9).
 struct WgmmaMaps {
   CUtensorMap x, w, s, z;
 };
-inline Status wgmma_maps(WgmmaMaps* maps, const GemmArgs& a, int bt) {
+inline Status wgmma_maps(WgmmaMaps* maps, const GemmArgs& a, int bt, int bn = kBlockN) {
   *maps = {};
   const auto none = CU_TENSOR_MAP_SWIZZLE_NONE;
   Status s = tensor_map_bf16_sw128(&maps->x, a.x, a.m, a.k, bt);
   if (s.ok())
     s = tensor_map_2d(&maps->w, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, a.n / 64, a.k * 4,
-                      kBlockN / 64, kKSteps * 64, none);  // a stage: 2 KB, 256 8-byte elements
+                      bn / 64, kKSteps * 64, none);  // a stage: 2 KB, 256 8-byte elements
   if (s.ok())
     s = tensor_map_2d(&maps->s, a.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.k / a.group, a.n,
-                      1, kBlockN, none);
+                      1, bn, none);
   if (s.ok() && a.zeros)
     s = tensor_map_2d(&maps->z, a.zeros, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.k / a.group, a.n, 1,
-                      kBlockN, none);
+                      bn, none);
   return s;
 }
 
-// The wgmma versions' (v6, v8) ends of a tile, kThreads threads each. The last split of a tile
-// sums every split's partial ([split][kBlockN channels][kBT tokens] FP32 at tile_gl, the token
-// pairs of a channel side by side) into the y tile out_sh [kBT][kOutRow] BF16: a thread one
-// (channel, token pair), neighbouring threads a channel's neighbouring pairs, so a warp's loads
-// are whole lines of the workspace; pairs from `rows` on (past M) are skipped.
-template <int kBT, int kThreads, int kOutRow>
+// The wgmma versions' (v6, v8, v9) ends of a tile, run by kThreads threads (tid 0 .. kThreads − 1:
+// v9's consumers count from 0 past its producer warpgroup), on tiles of kBN channels. The last
+// split of a tile sums every split's partial ([split][kBN channels][kBT tokens] FP32 at tile_gl,
+// the token pairs of a channel side by side) into the y tile out_sh [kBT][kOutRow] BF16: a thread
+// one (channel, token pair), neighbouring threads a channel's neighbouring pairs, so a warp's
+// loads are whole lines of the workspace; pairs from `rows` on (past M) are skipped.
+template <int kBT, int kThreads, int kOutRow, int kBN = kBlockN>
 __device__ __forceinline__ void sum_split_partials(const float* tile_gl, int splits, int rows,
-                                                   __nv_bfloat16* out_sh) {
+                                                   __nv_bfloat16* out_sh,
+                                                   int tid = int(threadIdx.x)) {
   constexpr int kPairs = kBT / 2;  // a power of two: shifts, not a division (no I2F)
-  for (int q = threadIdx.x; q < kBlockN * kPairs; q += kThreads) {
+  for (int q = tid; q < kBN * kPairs; q += kThreads) {
     const int channel = q / kPairs, token = 2 * (q % kPairs);
     if (token >= rows) continue;
     const float2* p = reinterpret_cast<const float2*>(tile_gl + channel * kBT + token);
-    constexpr int kSplitStride = kBlockN * kBT / 2;  // float2s between two splits' tiles
+    constexpr int kSplitStride = kBN * kBT / 2;  // float2s between two splits' tiles
     float2 sum = make_float2(0.f, 0.f);
     int s = 0;
     for (; s + 4 <= splits; s += 4) {  // four loads in flight, the sum in split order
@@ -130,11 +133,12 @@ __device__ __forceinline__ void sum_split_partials(const float* tile_gl, int spl
 }
 
 // The y tile's rows inside M and columns inside N to y (M, N), 16 bytes a store.
-template <int kBT, int kThreads, int kOutRow>
+template <int kBT, int kThreads, int kOutRow, int kBN = kBlockN>
 __device__ __forceinline__ void store_y_tile(const __nv_bfloat16* out_sh, __nv_bfloat16* y,
-                                             int64_t t0, int64_t nb0, int64_t m, int64_t n) {
-  for (int c = threadIdx.x; c < kBT * (kBlockN / 8); c += kThreads) {
-    const int row = c / (kBlockN / 8), col = 8 * (c % (kBlockN / 8));
+                                             int64_t t0, int64_t nb0, int64_t m, int64_t n,
+                                             int tid = int(threadIdx.x)) {
+  for (int c = tid; c < kBT * (kBN / 8); c += kThreads) {
+    const int row = c / (kBN / 8), col = 8 * (c % (kBN / 8));
     if (t0 + row < m && nb0 + col < n)
       *reinterpret_cast<uint4*>(y + (t0 + row) * n + nb0 + col) =
           *reinterpret_cast<const uint4*>(out_sh + row * kOutRow + col);

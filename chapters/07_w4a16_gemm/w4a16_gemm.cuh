@@ -31,6 +31,9 @@
 //   v6_wgmma            Hopper: the unpacked weights as wgmma's register operand, x by TMA,
 //                       full/empty mbarriers; v5's split and a 16-token tile at small M
 //   v7_gemv_small_m     M ≤ 16 without the tensor cores: the repacked words streamed as a GEMV
+//   v8_group_scales     wgmma on unscaled (q − z), each group's sum scaled once; a loading warp
+//   v9_warp_specialized prefill: a producer warpgroup; two consumers with 256-token tiles unpack
+//                       the next stage under this one's wgmmas (setmaxnreg)
 // The reference and its tolerance: reference/lkw/w4a16.py.
 #pragma once
 #include <cuda_bf16.h>
