@@ -44,7 +44,7 @@ namespace lkw::layer {
 constexpr const char* kChapter = "11_decoder_layer";
 constexpr int kGroup = 128;      // W4A16 group, FP8 activation groups and weight blocks
 constexpr int kGemvMaxT = 16;    // W4A16: chapter 06's GEMV up to here, chapter 07's GEMM above
-constexpr int kGroupScalesMaxT = 64;  // chapter 07's v8 up to here (its tiles: 64 tokens), v6 above
+constexpr int kGroupScalesMaxT = 64;  // chapter 07's v8 up to here (its tiles: 64 tokens), v9 above
 constexpr int kMaxHeadDim = 256;  // the attention kernel's q row in shared memory
 
 enum class Format { kBf16, kW4a16, kFp8 };

@@ -70,7 +70,7 @@ from lkw.formats import f64_to_bf16
 FORMATS = ("bf16", "w4a16", "fp8")
 GROUP = 128  # W4A16 group size of the issue
 GEMV_MAX_T = 16  # the W4A16 kernel switch: chapter 06's GEMV at T <= 16, chapter 07's GEMM above
-GROUP_SCALES_MAX_T = 64  # chapter 07's v8 (decode tiles) at 16 < T <= 64, its v6 above
+GROUP_SCALES_MAX_T = 64  # chapter 07's v8 (decode tiles) at 16 < T <= 64, its v9 above
 
 
 class Config(NamedTuple):

@@ -77,7 +77,7 @@ WORKBOOK = {
     "group_quant": ["03_dynamic_quant/per_group_fp8/v2_vec16", "03_dynamic_quant/per_group_fp8/v0_two_pass"],
     "gemv": ["06_int4_gemv/int4t_gemv/v7_tiled_stream", "06_int4_gemv/int4i_gemv/v6_pipelined"],
     "gemm_decode": ["07_w4a16_gemm/w4a16r_gemm/v8_group_scales", "07_w4a16_gemm/w4a16r_gemm/v6_wgmma"],
-    "gemm": ["07_w4a16_gemm/w4a16r_gemm/v6_wgmma", "07_w4a16_gemm/w4a16r_gemm/v5_split_k"],
+    "gemm": ["07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized", "07_w4a16_gemm/w4a16r_gemm/v6_wgmma"],
     "fp8_gemm": ["08_fp8_gemm/fp8_gemm_blockwise/v5_tuned", "08_fp8_gemm/fp8_gemm_blockwise/v4_blockwise"],
     "attention": ["11_decoder_layer/paged_attention/v0_runner"],  # not a lesson: the runner's
 }
@@ -829,7 +829,7 @@ def _wb_act(quantize: bool, names):
 
 def w4a16_kernel(t: int, names) -> str:
     """The W4A16 version for T tokens: chapter 06's GEMV at T <= 16, chapter 07's v8 (group scales
-    on the sum, decode tiles) up to 64 and its v6 above."""
+    on the sum, decode tiles) up to 64 and its v9 above."""
     if t <= dl.GEMV_MAX_T:
         return pick("gemv", names)
     return pick("gemm_decode" if t <= dl.GROUP_SCALES_MAX_T else "gemm", names)

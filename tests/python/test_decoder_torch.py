@@ -270,11 +270,11 @@ def test_workbook_steps_need_their_versions(torch, lt):
     with pytest.raises(LookupError, match="attention"):
         lt.workbook_steps(CFG, "bf16", 1, names=without)
     assert lt.workbook_owner("w4a16", 32, names)["down_proj"].startswith("07_w4a16_gemm/")
-    # W4A16: the GEMV up to 16 tokens, chapter 07's v8 up to 64, its v6 above (as layer.h's runner)
+    # W4A16: the GEMV up to 16 tokens, chapter 07's v8 up to 64, its v9 above (as layer.h's runner)
     picks = {t: lt.w4a16_kernel(t, names) for t in (16, 17, 64, 65)}
     assert picks[16].startswith("06_int4_gemv/")
     assert picks[17] == picks[64] == "07_w4a16_gemm/w4a16r_gemm/v8_group_scales"
-    assert picks[65] == "07_w4a16_gemm/w4a16r_gemm/v6_wgmma"
+    assert picks[65] == "07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized"
     assert lt.workbook_owner("fp8", 1, names)["o_proj"].startswith("03_dynamic_quant/")
     # a prompt's attention is torch's, in every layer: the waterfall does not swap it
     prompt = lt.workbook_owner("w4a16", 2048, names, prompt=True)

@@ -136,11 +136,11 @@ TEST(HostLayerRunner, W4a16SwitchesKernelsAtSixteenAndSixtyFourTokens) {
   EXPECT_EQ(at16.back(), "down_proj=06_int4_gemv/int4t_gemv/v7_tiled_stream");
   EXPECT_EQ(at17[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v8_group_scales");
   EXPECT_EQ(at17.back(), "down_proj=07_w4a16_gemm/w4a16r_gemm/v8_group_scales");
-  // v8's widest tile is 64 tokens; above that v6's 128-token tile takes over (prefill).
+  // v8's widest tile is 64 tokens; above that v9's 128- and 256-token tiles take over (prefill).
   const auto at64 = step_list(Format::kW4a16, 64), at65 = step_list(Format::kW4a16, 65);
   EXPECT_EQ(at64[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v8_group_scales");
-  EXPECT_EQ(at65[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v6_wgmma");
-  EXPECT_EQ(at65.back(), "down_proj=07_w4a16_gemm/w4a16r_gemm/v6_wgmma");
+  EXPECT_EQ(at65[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized");
+  EXPECT_EQ(at65.back(), "down_proj=07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized");
 }
 
 TEST(HostLayerRunner, Fp8QuantizesEveryGemmInput) {
