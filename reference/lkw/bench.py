@@ -2806,9 +2806,13 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(("rope", "qk_norm_rope")),
         Part(("reshape_and_cache", "reshape_and_cache_fp8")),
     ],
-    "07_w4a16_gemm": [  # the default run by shape, then the rest of the extended matrix
-        Part(shape="n=28672,"),
-        Part(shape="n=8192,"),
+    "07_w4a16_gemm": [  # the default run by shape (M = 4096 apart), then the extended matrix
+        # On the H100 one M = 4096 case of a 70B shape took about 300 s (v7, the GEMV, 225 ms a
+        # launch there), the other default M of both shapes about 170 s each.
+        Part(shape=r"^m=(1|16|64|256|1024),n=28672,"),
+        Part(shape=r"^m=(1|16|64|256|1024),n=8192,"),
+        Part(shape=r"^m=4096,n=28672,"),
+        Part(shape=r"^m=4096,n=8192,"),
         Part(shape=r"^m=(32|128|512),n=(28672|8192),", extended=True),
         Part(shape="n=10240,", extended=True),
         Part(shape="n=14336,", extended=True),
