@@ -2807,8 +2807,8 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(("reshape_and_cache", "reshape_and_cache_fp8")),
     ],
     "07_w4a16_gemm": [  # the default run by shape (M = 4096 apart), then the extended matrix
-        # On the H100 one M = 4096 case of a 70B shape took about 300 s (v7, the GEMV, 225 ms a
-        # launch there), the other default M of both shapes about 170 s each.
+        # On the H100, M = 4096 of one 70B shape (both ops) took about 300 s (v7, the GEMV, is
+        # 225 ms a launch there); M = 128, 256 and 1024 of both shapes ended inside 170 s each.
         Part(shape=r"^m=(1|16|64|256|1024),n=28672,"),
         Part(shape=r"^m=(1|16|64|256|1024),n=8192,"),
         Part(shape=r"^m=4096,n=28672,"),
