@@ -72,11 +72,12 @@ inline dim3 tile_grid(const GemmArgs& a, int m_tiles, int splits = 1) {
               unsigned(splits));
 }
 
-// The tensor maps of the wgmma version (v6), a TMA box each per stage (lkw/tma.h; zeros past
-// the tensors' edges): x [M, K] in bt × 64 boxes swizzled for the wgmma descriptor; the repacked
-// words [N/64, 8K] seen as [N/64, 4K] 8-byte elements, whose (bn / 64) × 256 box is the bn / 64
-// 64-channel blocks' 2 KB of a stage; the scales [K/G, N] in 1 × bn boxes, one per group row of
-// the stage, and the zero points [K/G, N] (where given; else z is left empty) in the same boxes.
+// The tensor maps of the wgmma versions (v6, v8, v9), a TMA box each per stage (lkw/tma.h; zeros
+// past the tensors' edges): x [M, K] in bt × 64 boxes swizzled for the wgmma descriptor; the
+// repacked words [N/64, 8K] seen as [N/64, 4K] 8-byte elements, whose (bn / 64) × 256 box is the
+// bn / 64 64-channel blocks' 2 KB of a stage; the scales [K/G, N] in 1 × bn boxes, one per group
+// row of the stage, and the zero points [K/G, N] (where given; else z is left empty) in the same
+// boxes.
 // bn, the channels of a tile: kBlockN (v6, v8) or 128 (v9).
 struct WgmmaMaps {
   CUtensorMap x, w, s, z;

@@ -586,9 +586,10 @@ def test_part_selects_what_its_arguments_select_and_parts_lists_them(monkeypatch
     for n, part in enumerate(bench.BENCH_PARTS[chapter], 1):
         assert f"--part {n}: {part.args()} ({seen[n]} cases)" in out
     assert f'LKW_BENCH_PARTS="--part N" LKW_PART_TIMEOUT={bench.PART_TIMEOUT}' in out
+    parts = len(bench.BENCH_PARTS[chapter])
     for argv, why in ((["--part", "1"], "exactly one --chapter"),
                       (["--chapter", chapter, "--part", "1", "--op", "w4a16_gemm"], "sets --op"),
-                      (["--chapter", chapter, "--part", "99"], f"has {len(bench.BENCH_PARTS[chapter])} parts")):
+                      (["--chapter", chapter, "--part", "99"], f"has {parts} parts")):
         with pytest.raises(SystemExit):
             bench.main(argv)
         assert why in capsys.readouterr().err
