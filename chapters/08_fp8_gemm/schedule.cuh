@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "07_w4a16_gemm/gemm_plan.h"  // split_workspace
+#include "lkw/ptx.cuh"
 
 namespace lkw::fp8 {
 
@@ -23,16 +24,9 @@ inline int sm_count() {
   return std::max(sms, 1);
 }
 
-// The register budget of the warp-specialized versions. setmaxnreg moves registers within the pool
-// the block was launched with, not the register file: a block of more than 256 threads, one an SM
-// (__launch_bounds__(threads, 1)), gets 65536 / threads a thread in units of 8 (what ptxas compiles
-// such a kernel to when it needs them all). setmaxnreg.inc waits until the decs have returned
-// enough: where the counts after the moves exceed the pool it waits for ever.
-constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
-constexpr bool setmaxnreg_fits(int producer_threads, int producer_regs, int consumer_threads, int consumer_regs) {
-  return producer_threads * producer_regs + consumer_threads * consumer_regs <=
-         (producer_threads + consumer_threads) * launch_regs(producer_threads + consumer_threads);
-}
+// The register budget of the warp-specialized versions (lkw/ptx.cuh, beside setmaxnreg).
+using ptx::launch_regs;
+using ptx::setmaxnreg_fits;
 
 // Units of work: an output tile of block_m × block_n, and (v5) one of `splits` shares of its K
 // blocks. Block b takes units b, b + grid, b + 2·grid, ... Unit u is tile u % tiles, split

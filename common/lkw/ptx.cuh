@@ -549,6 +549,18 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #endif
 }
 
+// The register budget those moves live in: setmaxnreg moves registers within the pool the block
+// was launched with, not the register file. A block of more than 256 threads, one an SM
+// (__launch_bounds__(threads, 1)), gets 65536 / threads a thread in units of 8 (what ptxas
+// compiles such a kernel to when it needs them all). setmaxnreg.inc waits until the decs have
+// returned enough: where the counts after the moves exceed the pool it waits for ever.
+constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+constexpr bool setmaxnreg_fits(int producer_threads, int producer_regs, int consumer_threads,
+                               int consumer_regs) {
+  return producer_threads * producer_regs + consumer_threads * consumer_regs <=
+         (producer_threads + consumer_threads) * launch_regs(producer_threads + consumer_threads);
+}
+
 // A barrier among some warps of the block (bar.sync id, threads): a warp-specialized kernel's
 // consumer warpgroups meet without the producer, which __syncthreads would wait for. id 0 is
 // __syncthreads' own; threads a multiple of 32.

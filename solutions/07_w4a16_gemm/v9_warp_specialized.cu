@@ -32,7 +32,7 @@ constexpr int kRingBudget = 220 * 1024;  // one block an SM: most of its shared 
 // The launch gives every thread 65536 / 384 = 168 registers (launch bounds); setmaxnreg moves
 // them. Claiming more than the producer released would hang the consumers' setmaxnreg.inc.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads9 * 168,
+static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
               "the consumers may claim only what the producer gave up");
 
 template <int kBT>
