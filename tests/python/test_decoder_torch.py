@@ -375,3 +375,31 @@ def check_layer_run(run: dict) -> None:
         assert c["layer"]["workbook"] == c["waterfall"][-1] and c["layer"]["workbook"]["correct"]
         assert (c["bound_bytes"], c["bound_flops"]) == layer_bench.layer_bound(
             dl.LLAMA3_8B, c["format"], c["kind"], c["t"])
+
+
+def test_the_tensor_peak_is_this_gpus(torch, monkeypatch):
+    """The layer bench reads FLOPs against the recorded cuBLAS peak of the GPU it runs on; where that
+    GPU has none, cuBLAS is timed in the run: never another GPU's figure (an H100 read against
+    the H200's peak showed its GEMMs above 100% of their bound)."""
+    from lkw import results
+
+    recorded = {"h200": ({"graph": 700.0}, "results/h200/00_roofline.json")}
+    monkeypatch.setattr(results, "tensor_peak",
+                        lambda gpu: recorded.get(gpu, ({}, f"results/{gpu}/00_roofline.json does not exist")))
+    timed = []
+
+    def measure():
+        timed.append(1)
+        return 650.0
+
+    _, tflops, what = layer_bench.ceiling(gpu_name="NVIDIA H200", measure_peak=measure)
+    assert (tflops, timed) == (700.0, [])
+    _, tflops, what = layer_bench.ceiling(gpu_name="NVIDIA H100 80GB HBM3", measure_peak=measure)
+    assert (tflops, timed) == (650.0, [1])
+    assert "timed in this run" in what and "h100" in what
+
+    def broken():
+        raise RuntimeError("no GPU")
+
+    _, tflops, what = layer_bench.ceiling(gpu_name="NVIDIA H100 80GB HBM3", measure_peak=broken)
+    assert tflops is None and "no GPU" in what
