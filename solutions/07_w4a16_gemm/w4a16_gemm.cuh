@@ -33,8 +33,6 @@
 //   v8_group_scales     wgmma on unscaled (q − z), each group's sum scaled once; a loading warp
 //   v9_warp_specialized prefill: a producer warpgroup; two consumers with 256-token tiles unpack
 //                       the next stage under this one's wgmmas (setmaxnreg)
-//   v10_stream_k        v9 persistent where the last wave is ragged: equal runs of the tiles'
-//                       stages, a tile cut between two runs summed by its last part
 // The reference and its tolerance: reference/lkw/w4a16.py.
 #pragma once
 #include <cuda_bf16.h>

@@ -204,55 +204,6 @@ TEST(HostPlan, SplitRangesCoverEveryStageOnce) {
     }
 }
 
-TEST(HostPlan, StreamKOnlyWhereTheWaveIsRagged) {
-  EXPECT_EQ(stream_k_plan(1, 224, 128, 132).blocks, 132);  // M = 128, 28672 × 8192: 1.7 waves
-  EXPECT_EQ(stream_k_plan(1, 64, 448, 132).blocks, 132);   // 8192 × 28672: 64 tiles
-  EXPECT_EQ(stream_k_plan(2, 66, 128, 132).blocks, 0);     // a whole wave
-  EXPECT_EQ(stream_k_plan(4, 224, 128, 132).blocks, 0);    // M = 1024: data-parallel
-  EXPECT_EQ(stream_k_plan(16, 4, 128, 132).blocks, 132);   // fewer tiles than SMs, whatever M
-  EXPECT_EQ(stream_k_plan(1, 1, 6, 132).blocks, 1);        // every block keeps ≥ 4 stages
-  EXPECT_EQ(stream_k_plan(1, 224, 128, 1000).blocks, kMaxStreamBlocks);
-}
-
-// Every block's run, walked as the kernel walks it, covers each stage of each tile exactly once,
-// in order; whole tiles and the two cut ends only; each cut part has its own slot, and every part
-// of a tile names the same parts in the same order (the sum's order does not depend on arrival).
-TEST(HostPlan, StreamKRunsCoverEveryStageOnce) {
-  struct Shape { int64_t tiles_m, tiles_n, k_tiles; int sms; };
-  for (const Shape sh : {Shape{1, 224, 128, 132}, Shape{1, 64, 448, 132}, Shape{2, 224, 128, 132},
-                         Shape{1, 1, 449, 132}, Shape{3, 5, 7, 132}, Shape{1, 3, 1, 2},
-                         Shape{2, 17, 9, 13}, Shape{1, 160, 2, 132}}) {
-    const StreamKPlan p = stream_k_plan(sh.tiles_m, sh.tiles_n, sh.k_tiles, sh.sms);
-    ASSERT_GT(p.blocks, 0) << sh.tiles_m << " × " << sh.tiles_n;
-    int64_t unit = 0;
-    std::vector<int> slot_used(2 * p.blocks, 0);
-    for (int b = 0; b < p.blocks; ++b) {
-      const std::string at = std::to_string(sh.tiles_n) + " tiles, block " + std::to_string(b);
-      int segments = 0;
-      for (Segment s = first_segment(p, b); s.kb < s.ke; s = next_segment(p, b, s), ++segments) {
-        ASSERT_EQ(unit_of(p, s.tm, s.tn, s.kb), unit) << at;
-        ASSERT_LE(s.ke, p.k_tiles) << at;
-        unit += s.ke - s.kb;
-        if (s.kb == 0 && s.ke == p.k_tiles) continue;  // whole: stored, no slot
-        const bool run_start = s.tm == p.at[b].tm && s.tn == p.at[b].tn;
-        const int slot = 2 * b + (run_start ? 0 : 1);
-        ++slot_used[slot];
-        const TileParts parts = tile_parts(p, b, unit_of(p, s.tm, s.tn, 0));
-        ASSERT_GE(parts.parts, 2) << at;
-        int found = 0;
-        for (int i = 0; i < parts.parts; ++i) found += part_slot(parts, i) == slot;
-        EXPECT_EQ(found, 1) << at;
-        const TileParts from_first = tile_parts(p, parts.first, unit_of(p, s.tm, s.tn, 0));
-        EXPECT_EQ(from_first.first, parts.first) << at;
-        EXPECT_EQ(from_first.parts, parts.parts) << at;
-      }
-      EXPECT_GT(segments, 0) << at;
-    }
-    EXPECT_EQ(unit, sh.tiles_m * sh.tiles_n * sh.k_tiles);
-    for (int used : slot_used) EXPECT_LE(used, 1);
-  }
-}
-
 // v6 reads x, the words and the scales through tensor maps: what TMA cannot take is refused
 // before the driver is asked (no GPU needed).
 TEST(HostTensorMap, WhatTmaCannotTakeIsRefused) {
