@@ -1,0 +1,301 @@
+// v10_cluster_multicast — v9 with its x tile read from L2 once for two blocks: a cluster of two
+// blocks on neighbouring channel tiles, each asking TMA for half of the stage's x, multicast.
+//
+// Since v9: at M = 128 every block of a wave reads the same x stage (16 KB) for its own 4 KB of
+// words: x is three quarters of what the SMs ask of L2, and Machete asks for 40% fewer sectors at
+// the same shape. Two blocks on channel tiles 2j and 2j + 1 run as one cluster
+// (__cluster_dims__): each block's producer asks for half of the stage's x rows, and the copy
+// engine writes that half into both blocks' ring slot and counts it on both full barriers. A slot
+// may be refilled only when both blocks are done with it, since the peer's copy writes into it:
+// each consumer warp arrives on its own empty barrier and on the peer's (a remote mbarrier
+// arrive), and each empty barrier waits for 16 warps. A cluster barrier after the barriers' init
+// and before exit. Everything else is v9's: the unpack, the overlap, the split, the y tile.
+// Expect: x's L2 traffic halved; a few percent at M = 128 and 256 where L2 sat between the SMs
+// and the tensor cores. SASS: HGMMA, UTMALDG (multicast), USETMAXREG; no HMMA, no I2F.
+#include "gemm_plan.h"
+#include "tiles.cuh"
+#include "w4a16_gemm.cuh"
+
+namespace lkw::w4a16 {
+namespace {
+
+constexpr int kConsumers = 2;                       // warpgroups, one 64-channel block each
+constexpr int kThreads10 = 128 * (1 + kConsumers);  // and the producer warpgroup
+constexpr int kPair = 2;              // blocks of a cluster: neighbouring channel tiles
+constexpr int kBN = 64 * kConsumers;  // channels of a tile
+constexpr int kStepWords = 32 * 4;    // a 64-channel block's words per k-step
+constexpr int kBlockWords = kKSteps * kStepWords;  // per 64-k stage: 2 KB, contiguous in HBM
+constexpr int kScaleRows = 2;                      // a stage's groups: k = 0..31 and 32..63 of it
+constexpr int kRaster = 8;               // token tiles that share a run of N tiles (L2 reuse)
+constexpr int kOutRow = kBN + 8;         // y tile row in shared memory, padded
+constexpr int kRingBudget = 220 * 1024;  // one block an SM: most of its shared memory
+// The launch gives every thread 65536 / 384 = 168 registers (launch bounds); setmaxnreg moves
+// them. Claiming more than the producer released would hang the consumers' setmaxnreg.inc.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
+              "the consumers may claim only what the producer gave up");
+
+template <int kBT>
+struct Tile {
+  static constexpr int kXBytes = kBT * 128;       // kBT rows of 64 k: 1024-byte swizzle atoms
+  static constexpr int kXHalf = kXBytes / kPair;  // a block's share of the copy: whole atoms
+  static constexpr int kWBytes = kConsumers * kBlockWords * 4;
+  static constexpr int kSBytes = kScaleRows * kBN * 2;
+  static constexpr int kTmaBytes = kXBytes + kWBytes + kSBytes;  // + kZeroRows·kBN with zeros
+  static constexpr int kStageBytes = (kTmaBytes + kZeroRows * kBN + 1023) / 1024 * 1024;
+  static constexpr int kStages = std::min(8, kRingBudget / kStageBytes);
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static_assert(kStages >= 3, "a stage loads while two are computed on");
+  static_assert(kBT * kOutRow * 2 <= kRingBytes, "the y tile reuses the ring");
+};
+
+using Maps = WgmmaMaps;  // x, words, scales, zero points: a TMA box each per stage (tiles.cuh)
+
+template <int kBT, bool kZeros>
+__global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kThreads10, 1)
+    gemm_v10_kernel(const __grid_constant__ Maps maps, __nv_bfloat16* __restrict__ y, int64_t m,
+                    int64_t n, int64_t k, int group_shift, SplitCut cut,
+                    float* __restrict__ partials, unsigned* __restrict__ arrivals) {
+  using T = Tile<kBT>;
+  constexpr int kStages = T::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const smem =
+      smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  // v6's grid: kRaster token tiles of one N tile back to back, z the raster group or the split.
+  const int splits = cut.base == 0 && cut.extra == 0 ? 1 : int(gridDim.z),
+            split = splits == 1 ? 0 : int(blockIdx.z);
+  const int64_t tm = (splits == 1 ? int64_t(blockIdx.z) * kRaster : 0) + blockIdx.x;
+  if (tm * kBT >= m) return;  // the last raster group's missing tiles
+  const int64_t t0 = tm * kBT, nb0 = int64_t(blockIdx.y) * kBN;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, group = threadIdx.x / 128;
+  const unsigned rank = ptx::cluster_ctarank(), peer = rank ^ 1;
+  int64_t begin = 0, end = (k + kBlockK - 1) / kBlockK;  // this split's stages
+  if (splits > 1) split_range(cut, split, &begin, &end);
+  const int kt_begin = int(begin), kt_end = int(end);
+  auto x_stage = [&](int s) { return smem + s * T::kStageBytes; };
+  auto b_stage = [&](int s) { return reinterpret_cast<uint32_t*>(x_stage(s) + T::kXBytes); };
+  auto s_stage = [&](int s) {
+    return reinterpret_cast<__nv_bfloat16*>(x_stage(s) + T::kXBytes + T::kWBytes);
+  };
+  auto z_stage = [&](int s) { return x_stage(s) + T::kTmaBytes; };
+  // Slot s is full when its phase completes on full_sh[s] (one arrival and the stage's bytes, both
+  // halves of x included), empty when every consumer warp of both blocks has arrived on
+  // empty_sh[s].
+  __shared__ uint64_t full_sh[kStages], empty_sh[kStages];
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kStages; ++s)
+      ptx::mbarrier_init(&full_sh[s], 1), ptx::mbarrier_init(&empty_sh[s], kPair * 4 * kConsumers);
+  ptx::cluster_sync();  // both blocks' barriers exist before either copies or arrives
+
+  if (group == 0) {
+    // Load: the producer warpgroup gives its registers away; one thread asks the copy engine for
+    // each stage as soon as its slot is empty, a whole ring ahead of the consumers.
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    int slot = 0;
+    unsigned phase = 0;
+    for (int kt = kt_begin; kt < kt_end && threadIdx.x == 0; ++kt) {
+      uint64_t* const full = &full_sh[slot];
+      ptx::mbarrier_wait(&empty_sh[slot], phase ^ 1);  // passes at once on the first round
+      ptx::mbarrier_arrive_expect_tx(full, T::kTmaBytes + (kZeros ? kZeroRows * kBN : 0));
+      // This block's half of x, into both blocks' slot (mask 0b11).
+      ptx::tma_load_2d_multicast(x_stage(slot) + rank * T::kXHalf, &maps.x, kt * kBlockK,
+                                 int(t0) + int(rank) * (kBT / kPair), full, 0b11);
+      ptx::tma_load_2d(b_stage(slot), &maps.w, kt * (kBlockWords / 2), int(nb0 / 64), full);
+#pragma unroll
+      for (int r = 0; r < kScaleRows; ++r) {
+        const int row = (kt * kBlockK + 32 * r) >> group_shift;  // of [K/G, N]
+        ptx::tma_load_2d(s_stage(slot) + r * kBN, &maps.s, int(nb0), row, full);
+        if (kZeros) ptx::tma_load_2d(z_stage(slot) + r * kBN, &maps.z, int(nb0), row, full);
+      }
+      if (++slot == kStages) slot = 0, phase ^= 1;
+    }
+    ptx::cluster_sync();  // the peer may still arrive on this block's barriers
+    return;
+  }
+
+  // Consumers: warpgroup c = group − 1 takes the tile's 64-channel block c; warp w its m16 rows.
+  ptx::setmaxnreg_inc<kConsumerRegs>();
+  const int c = group - 1, g = lane / 4, t = lane % 4;
+  const int w_off = c * kBlockWords + 4 * lane + warp, c_off = c * 64 + 16 * warp + g;
+  // Unpack: stage `slot`'s four A fragments, scaled (v6's fragment: a0, a2 = channel 16w + g,
+  // a1, a3 = channel 16w + 8 + g).
+  auto unpack = [&](int slot, uint32_t (&a)[kKSteps][4]) {
+    const uint32_t* b_sh = b_stage(slot) + w_off;
+    const __nv_bfloat16* s_sh = s_stage(slot) + c_off;
+    const uint8_t* z_sh = z_stage(slot) + c_off;
+    uint32_t word[kKSteps];
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) word[ks] = b_sh[ks * kStepWords];
+#pragma unroll
+    for (int r = 0; r < kScaleRows; ++r) {
+      const __nv_bfloat162 s_lo = __bfloat162bfloat162(s_sh[r * kBN]),
+                           s_hi = __bfloat162bfloat162(s_sh[r * kBN + 8]);
+      const uint32_t z_lo = kZeros ? zero_bias(z_sh[r * kBN]) : kBias8,
+                     z_hi = kZeros ? zero_bias(z_sh[r * kBN + 8]) : kBias8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ks = 2 * r + h;
+        __nv_bfloat162 q[4];
+        unpack_minus_zero(word[ks], z_lo, z_hi, q);
+        a[ks][0] = bits_of(__hmul2(q[0], s_lo)), a[ks][1] = bits_of(__hmul2(q[2], s_hi));
+        a[ks][2] = bits_of(__hmul2(q[1], s_lo)), a[ks][3] = bits_of(__hmul2(q[3], s_hi));
+      }
+    }
+  };
+  float acc[kBT / 2] = {};
+  ptx::wgmma_fence_operands(acc);
+  uint32_t a0[kKSteps][4], a1[kKSteps][4];  // this stage's fragments and the next one's
+  int slot = 0;
+  unsigned phase = 0;
+  // One stage: issue its four k-steps from `cur`; while the tensor core runs them, wait for the
+  // next stage and unpack it into `next`; only then retire this stage and release its slot.
+  auto step = [&](int kt, uint32_t (&cur)[kKSteps][4], uint32_t (&next)[kKSteps][4]) {
+    const uint64_t desc = ptx::wgmma_desc_k_major_sw128(x_stage(slot));
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks)
+      ptx::wgmma_bf16_rs<kBT>(acc, cur[ks], desc + 2 * ks);  // k-step ks: 32 bytes on
+    ptx::wgmma_commit();
+    const int next_slot = slot + 1 == kStages ? 0 : slot + 1;
+    const unsigned next_phase = slot + 1 == kStages ? phase ^ 1 : phase;
+    if (kt + 1 < kt_end) {  // v9's overlap
+      ptx::mbarrier_wait(&full_sh[next_slot], next_phase);
+      unpack(next_slot, next);
+    }
+    ptx::wgmma_wait<0>();
+    ptx::wgmma_fence_operands(acc);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) ptx::wgmma_fence_operands(cur[ks]);  // held until here
+    // Release, in both blocks: the peer's copy of its half of x refills this slot too.
+    // BEGIN SOLUTION: lane 0 arrives on this block's empty_sh[slot] and on the peer's (rank peer).
+    if (lane == 0) {
+      ptx::mbarrier_arrive(&empty_sh[slot]);
+      ptx::mbarrier_arrive_cluster(&empty_sh[slot], peer);
+    }
+    // STUB: if (lane == 0) ptx::mbarrier_arrive(&empty_sh[slot]);
+    // END SOLUTION
+    slot = next_slot, phase = next_phase;
+  };
+  if (kt_begin < kt_end) {
+    ptx::mbarrier_wait(&full_sh[0], 0);
+    unpack(0, a0);
+  }
+  for (int kt = kt_begin; kt < kt_end; kt += 2) {  // two steps a turn: a0 and a1 trade roles
+    step(kt, a0, a1);
+    if (kt + 1 < kt_end) step(kt + 1, a1, a0);
+  }
+  ptx::wgmma_fence_operands(acc);
+  // Only the consumers go on (the producer has returned): a named barrier, not __syncthreads.
+  constexpr int kConsumerThreads = 128 * kConsumers;
+  const int tid = int(threadIdx.x) - 128;
+  ptx::named_barrier_sync(1, kConsumerThreads);  // every stage is consumed: the ring is the y tile
+
+  // Store: v6's, on a 128-channel tile: accumulator j is channel 16w + g (+ 8 for j % 4 ≥ 2) of
+  // the consumer's block, token 8·(j / 4) + 2t (+ 1 for odd j).
+  __nv_bfloat16* const out_sh = reinterpret_cast<__nv_bfloat16*>(smem);
+  if (splits == 1) {
+#pragma unroll
+    for (int j = 0; j < kBT / 2; ++j) {
+      const int token = 8 * (j / 4) + 2 * t + j % 2, channel = c_off + 8 * ((j / 2) % 2);
+      out_sh[token * kOutRow + channel] = __float2bfloat16_rn(acc[j]);
+    }
+  } else {
+    // Reduce: v6's split-K finish, [tile][split][128 channels][kBT tokens] FP32.
+    const int rows = int(m - t0 < kBT ? m - t0 : kBT);
+    const int64_t tile = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    float* const tile_gl = partials + tile * splits * (kBN * kBT);
+#pragma unroll
+    for (int j = 0; j < kBT / 2; j += 2) {
+      const int token = 8 * (j / 4) + 2 * t, channel = c_off + 8 * ((j / 2) % 2);
+      if (token < rows)
+        *reinterpret_cast<float2*>(tile_gl + (split * kBN + channel) * kBT + token) =
+            make_float2(acc[j], acc[j + 1]);
+    }
+    __shared__ bool last_sh;
+    __threadfence();  // this block's partials visible device-wide before its arrival is
+    ptx::named_barrier_sync(1, kConsumerThreads);
+    if (tid == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(splits - 1);
+    ptx::named_barrier_sync(1, kConsumerThreads);
+    if (!last_sh) {
+      ptx::cluster_sync();
+      return;
+    }
+    __threadfence();  // the other splits' partials, published before their arrivals, read after
+    if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
+    sum_split_partials<kBT, kConsumerThreads, kOutRow, kBN>(tile_gl, splits, rows, out_sh, tid);
+  }
+  ptx::named_barrier_sync(1, kConsumerThreads);
+  store_y_tile<kBT, kConsumerThreads, kOutRow, kBN>(out_sh, y, t0, nb0, m, n, tid);
+  ptx::cluster_sync();
+}
+
+template <int kBT, bool kZeros>
+Status launch_v10(const GemmArgs& a, cudaStream_t stream) {
+  constexpr int kBytes = Tile<kBT>::kRingBytes + 1024;  // + the alignment of the first stage
+  static int sms = 0, per_sm = 0;                       // the device's, asked once per kernel
+  static std::once_flag asked;
+  std::call_once(asked, [] {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(gemm_v10_kernel<kBT, kZeros>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v10_kernel<kBT, kZeros>, kThreads10,
+                                                  kBytes);
+  });
+  const int64_t tiles_m = (a.m + kBT - 1) / kBT;
+  const int64_t tiles_n = ((a.n + kBN - 1) / kBN + kPair - 1) / kPair * kPair;  // whole clusters
+  const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK;
+  // v6's plan: split K only where the token tiles fit one raster group (z is then the split).
+  const int splits = tiles_m <= kRaster ? splits_for(tiles_m * tiles_n, k_tiles, sms, per_sm) : 1;
+  float* partials = nullptr;
+  unsigned* arrivals = nullptr;
+  SplitCut cut{0, 0};  // {0, 0}: one split
+  if (splits > 1) {
+    Status s = split_workspace(tiles_m * tiles_n * splits * kBN * kBT, tiles_m * tiles_n, &partials,
+                               &arrivals);
+    if (!s.ok()) return s;
+    cut = split_cut(k_tiles, splits);
+  }
+  const dim3 grid(unsigned(std::min<int64_t>(tiles_m, kRaster)), unsigned(tiles_n),
+                  unsigned(splits > 1 ? splits : (tiles_m + kRaster - 1) / kRaster));
+  Maps maps;
+  Status s = wgmma_maps(&maps, a, kBT / kPair, kBN);  // x in half tiles
+  if (!s.ok()) return s;
+  gemm_v10_kernel<kBT, kZeros><<<grid, kThreads10, kBytes, stream>>>(
+      maps, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k), cut, partials, arrivals);
+  return last_launch_status(kW4a16rGemm.name);
+}
+
+template <int kBT>
+Status launch_v10(const GemmArgs& a, cudaStream_t stream) {
+  return a.zeros ? launch_v10<kBT, true>(a, stream) : launch_v10<kBT, false>(a, stream);
+}
+
+// 256-token tiles; 128 up to M = 128, where a 256-token tile would be half padding.
+Status gemm_v10(const GemmArgs& a, cudaStream_t stream) {
+  Status s = validate_gemm(kW4a16rGemm, a);
+  if (s.ok()) s = Check().arch_at_least(90).status();  // wgmma, setmaxnreg: sm_90a
+  if (!s.ok()) return s;
+  return a.m <= 128 ? launch_v10<128>(a, stream) : launch_v10<256>(a, stream);
+}
+
+const Register kRegistered{[] {
+  Version v = gemm_version(
+      kW4a16rGemm, "v10_cluster_multicast",
+      "v9 in clusters of two blocks: each stage's x read once from L2 and multicast to both",
+      gemm_v10,
+      {{"gemm_v10_kernel",
+        {"sm_90a"},
+        {"HGMMA", "UTMALDG", "LOP3", "USETMAXREG"},
+        {"HMMA", "I2F", "I2FP", "LDGSTS"},
+        true,
+        "x by TMA multicast within the cluster; unpacked weights feed HGMMA; no mma.sync, no "
+        "int-to-float convert"}},
+      Kind::kVersion);
+  v.min_arch = 90;
+  return v;
+}()};
+
+}  // namespace
+}  // namespace lkw::w4a16
