@@ -3,14 +3,13 @@
 // blocks on neighbouring channel tiles, each asking TMA for half of the stage's x, multicast.
 //
 // Since v9: at M = 128 every block of a wave reads the same x stage (16 KB) for its own 4 KB of
-// words: x is three quarters of what the SMs ask of L2, and Machete asks for 40% fewer sectors at
-// the same shape. Two blocks on channel tiles 2j and 2j + 1 run as one cluster
-// (__cluster_dims__): each block's producer asks for half of the stage's x rows, and the copy
-// engine writes that half into both blocks' ring slot and counts it on both full barriers. A slot
-// may be refilled only when both blocks are done with it, since the peer's copy writes into it:
-// each consumer warp arrives on its own empty barrier and on the peer's (a remote mbarrier
-// arrive), and each empty barrier waits for 16 warps. A cluster barrier after the barriers' init
-// and before exit. Everything else is v9's: the unpack, the overlap, the split, the y tile.
+// words, and Machete asks L2 for 40% fewer sectors at that shape. Blocks on channel tiles 2j and
+// 2j + 1 run as one cluster (__cluster_dims__): each producer asks for half of the stage's x rows,
+// and the copy engine writes that half into both blocks' slot and counts it on both full barriers.
+// A slot is refilled only when both blocks are done with it (the peer's copy writes into it): each
+// consumer warp arrives on its own empty barrier and on the peer's (a remote arrive), 16 warps an
+// empty barrier; a cluster barrier after the init, and each producer waits for every slot's last
+// release before its block may exit. The rest is v9's: unpack, overlap, split, y tile.
 // Expect: x's L2 traffic halved; a few percent at M = 128 and 256 where L2 sat between the SMs
 // and the tensor cores. SASS: HGMMA, UTMALDG (multicast), USETMAXREG; no HMMA, no I2F.
 #include "gemm_plan.h"
@@ -92,9 +91,10 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kThreads10, 1)
     // Load: the producer warpgroup gives its registers away; one thread asks the copy engine for
     // each stage as soon as its slot is empty, a whole ring ahead of the consumers.
     ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
     int slot = 0;
     unsigned phase = 0;
-    for (int kt = kt_begin; kt < kt_end && threadIdx.x == 0; ++kt) {
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
       uint64_t* const full = &full_sh[slot];
       ptx::mbarrier_wait(&empty_sh[slot], phase ^ 1);  // passes at once on the first round
       ptx::mbarrier_arrive_expect_tx(full, T::kTmaBytes + (kZeros ? kZeroRows * kBN : 0));
@@ -110,7 +110,12 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kThreads10, 1)
       }
       if (++slot == kStages) slot = 0, phase ^= 1;
     }
-    ptx::cluster_sync();  // the peer may still arrive on this block's barriers
+    // Tail: wait until both blocks have freed every slot. The peer arrives on this block's
+    // barriers until then, and a block must not exit while they do.
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_wait(&empty_sh[slot], phase ^ 1);
+      if (++slot == kStages) slot = 0, phase ^= 1;
+    }
     return;
   }
 
@@ -213,17 +218,13 @@ __global__ void __cluster_dims__(1, kPair, 1) __launch_bounds__(kThreads10, 1)
     ptx::named_barrier_sync(1, kConsumerThreads);
     if (tid == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(splits - 1);
     ptx::named_barrier_sync(1, kConsumerThreads);
-    if (!last_sh) {
-      ptx::cluster_sync();
-      return;
-    }
+    if (!last_sh) return;
     __threadfence();  // the other splits' partials, published before their arrivals, read after
     if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
     sum_split_partials<kBT, kConsumerThreads, kOutRow, kBN>(tile_gl, splits, rows, out_sh, tid);
   }
   ptx::named_barrier_sync(1, kConsumerThreads);
   store_y_tile<kBT, kConsumerThreads, kOutRow, kBN>(out_sh, y, t0, nb0, m, n, tid);
-  ptx::cluster_sync();
 }
 
 template <int kBT, bool kZeros>

@@ -662,24 +662,23 @@ __device__ __forceinline__ unsigned cluster_ctarank() {
 #endif
   return rank;
 }
-// Every thread of every block of the cluster arrives (release), then waits for all (acquire).
-// After the mbarrier inits: no peer copies into or arrives on a barrier before it exists. Before
-// a block exits: no peer arrives on the barriers of a block that is gone.
+// Every thread of every block of the cluster arrives (release), then waits for all (acquire):
+// after the mbarrier inits, so that no peer copies into or arrives on a barrier before it exists.
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 #endif
 }
 // One arrival on the mbarrier at bar_sh's offset in block `rank` of the cluster (mapa turns the
-// local address into that block's); release at cluster scope orders this thread's reads of the
-// data the barrier guards before it (a consumer freeing a slot that a peer's copy refills).
+// local address into that block's): a consumer freeing a slot that a peer's copy refills, its
+// reads of the slot (wgmma's, waited for) done. The arrive keeps its default semantics: spelled
+// .release.cluster, ptxas puts a GPU-wide fence (MEMBAR.ALL.GPU) before every arrival.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar_sh, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 #endif
 }
 // tma_load_2d's box, read once and written at dst_sh's offset in every block of `mask` (bit r:
