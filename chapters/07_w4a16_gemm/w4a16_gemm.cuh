@@ -34,8 +34,6 @@
 //   v8_group_scales     wgmma on unscaled (q − z), each group's sum scaled once; a loading warp
 //   v9_warp_specialized prefill: a producer warpgroup; two consumers with 256-token tiles unpack
 //                       the next stage under this one's wgmmas (setmaxnreg)
-//   v10_cluster_multicast  v9 in clusters of two blocks: each stage's x read from L2 once, by TMA
-//                       multicast into both
 // The reference and its tolerance: reference/lkw/w4a16.py.
 #pragma once
 #include <cuda_bf16.h>

@@ -649,55 +649,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst_sh, const void* map, int c
 #endif
 }
 
-// ---- thread block clusters (sm_90) --------------------------------------------------------------
-// Blocks of one cluster run at once on SMs of one GPC and may reach each other's shared memory:
-// a TMA box can land in several of them from one read of L2 (multicast), and a block can arrive
-// on a peer's mbarrier. A kernel declares its cluster shape (__cluster_dims__).
-
-// This block's rank in its cluster, 0 .. size − 1.
-__device__ __forceinline__ unsigned cluster_ctarank() {
-  unsigned rank = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-#endif
-  return rank;
-}
-// Every thread of every block of the cluster arrives (release), then waits for all (acquire):
-// after the mbarrier inits, so that no peer copies into or arrives on a barrier before it exists.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-// One arrival on the mbarrier at bar_sh's offset in block `rank` of the cluster (mapa turns the
-// local address into that block's): a consumer freeing a slot that a peer's copy refills, its
-// reads of the slot (wgmma's, waited for) done. The arrive keeps its default semantics: spelled
-// .release.cluster, ptxas puts a GPU-wide fence (MEMBAR.ALL.GPU) before every arrival.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar_sh, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-#endif
-}
-// tma_load_2d's box, read once and written at dst_sh's offset in every block of `mask` (bit r:
-// rank r), each block's copy counted in bytes on the mbarrier at bar_sh's offset in that block:
-// each block announces (expect_tx) the bytes that land in its own shared memory, whoever issued
-// them.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst_sh, const void* map, int c0, int c1,
-                                                      uint64_t* bar_sh, uint16_t mask) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
-  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-      : "memory");
-#endif
-}
-
 // The box at (c0, c1) of `map` written from src_sh (laid out as the map's swizzle says) by the
 // copy engine: the threads that filled src_sh go on while it drains, and rows and columns past
 // the tensor's edge are not written (the tails need no mask). The writes were made by threads on
