@@ -411,7 +411,8 @@ def measure_tensor_peak(replays: int = PEAK_REPLAYS) -> float:
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    a, b = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=gen).to(torch.bfloat16) for _ in "ab")
+    a, b = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=gen).to(torch.bfloat16)
+            for _ in "ab")
     out = torch.empty(PEAK_N, PEAK_N, device="cuda", dtype=torch.bfloat16)
     us = time_graph(lambda: torch.matmul(a, b, out=out), per_call=1, replays=replays)["graph_us"]
     return 2 * PEAK_N**3 / us / 1e6

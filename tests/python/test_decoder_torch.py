@@ -378,14 +378,15 @@ def check_layer_run(run: dict) -> None:
 
 
 def test_the_tensor_peak_is_this_gpus(torch, monkeypatch):
-    """The layer bench reads FLOPs against the recorded cuBLAS peak of the GPU it runs on; where that
-    GPU has none, cuBLAS is timed in the run: never another GPU's figure (an H100 read against
-    the H200's peak showed its GEMMs above 100% of their bound)."""
+    """The layer bench reads FLOPs against the recorded cuBLAS peak of the GPU it runs on; where
+    that GPU has none, cuBLAS is timed in the run: never another GPU's figure (an H100 read
+    against the H200's peak showed its GEMMs above 100% of their bound)."""
     from lkw import results
 
     recorded = {"h200": ({"graph": 700.0}, "results/h200/00_roofline.json")}
+    missing = "results/{}/00_roofline.json does not exist"
     monkeypatch.setattr(results, "tensor_peak",
-                        lambda gpu: recorded.get(gpu, ({}, f"results/{gpu}/00_roofline.json does not exist")))
+                        lambda gpu: recorded.get(gpu, ({}, missing.format(gpu))))
     timed = []
 
     def measure():
