@@ -3383,6 +3383,21 @@ def measure_ceiling(*, warmup, iters, l2_bytes, log=print) -> tuple[dict[str, fl
     return _best_by_mode(rows), best["name"], rows
 
 
+def measure_tensor_peak(*, warmup, iters, l2_bytes, log=print) -> dict[str, float]:
+    """The BF16 tensor peak measured now, in each timing mode: the row the recorded peak is read
+    from (results.TENSOR_PEAK_ROW, chapter 00's cuBLAS GEMM) timed and checked as the bench times
+    it, for a GPU that has no chapter 00 run recorded. Modes without a correct TFLOP/s are left
+    out."""
+    from lkw import results
+
+    chapter, op, version = results.TENSOR_PEAK_ROW
+    case = next(c for c in CHAPTERS[chapter]() if c.op == op)
+    peer = [v for v in versions_of(chapter, op) if v["id"] == version]
+    rows = measure_case(case, peer, warmup=warmup, iters=iters, l2_bytes=l2_bytes, log=log)
+    return {mode: r[mkey(mode, "tflops")] for r in rows if r["correct"] for mode in MODES
+            if r.get(mkey(mode, "tflops"))}
+
+
 def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, warmup, iters,
                    l2_bytes, log=print) -> dict[str, float | None] | None:
     """GB/s of the ceiling's copy kernel moving the same bytes as a version's model (half read,

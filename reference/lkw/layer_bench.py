@@ -400,34 +400,23 @@ def runner_body(case: Case):
 # The run
 
 
-# The tensor peak where this GPU has no recorded chapter 00 run: torch.matmul (cuBLAS) BF16 at
-# chapter 00's shape, timed in this run.
-PEAK_N = 8192
-PEAK_REPLAYS = 20
+def _first_mode(peak: dict) -> float | None:
+    """A {mode: TFLOP/s} peak's graph figure, else back to back, else one launch."""
+    return peak.get("graph") or peak.get("back_to_back") or peak.get("one_launch") if peak else None
 
 
-def measure_tensor_peak(replays: int = PEAK_REPLAYS) -> float:
-    """TFLOP/s of torch.matmul on BF16 PEAK_N^3 (cuBLAS), the median replay of a CUDA graph."""
-    import torch
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    a, b = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=gen).to(torch.bfloat16)
-            for _ in "ab")
-    out = torch.empty(PEAK_N, PEAK_N, device="cuda", dtype=torch.bfloat16)
-    us = time_graph(lambda: torch.matmul(a, b, out=out), per_call=1, replays=replays)["graph_us"]
-    return 2 * PEAK_N**3 / us / 1e6
-
-
-def ceiling(log=print, gpu_name: str | None = None, measure_peak=measure_tensor_peak
+def ceiling(log=print, gpu_name: str | None = None, measure_peak=None
             ) -> tuple[float | None, float | None, str]:
     """(copy ceiling GB/s in a graph, BF16 tensor peak TFLOP/s, what they are): chapter 00's best
     copy measured now (lkw.bench); the tensor peak of the recorded cuBLAS run of this GPU
-    (lkw.results), or, where this GPU has none, cuBLAS timed now (measure_peak): never another
-    GPU's figure."""
+    (lkw.results), or, where this GPU has none, that cuBLAS row timed now (measure_peak, by default
+    lkw.bench.measure_tensor_peak; {mode: TFLOP/s}): never another GPU's figure."""
     import torch
 
     from lkw import bench
 
+    measure_peak = measure_peak or (lambda: bench.measure_tensor_peak(
+        warmup=5, iters=20, l2_bytes=l2_bytes(), log=log))
     gbps = None
     try:
         best, version, _ = bench.measure_ceiling(warmup=5, iters=20, l2_bytes=l2_bytes(), log=log)
@@ -437,11 +426,13 @@ def ceiling(log=print, gpu_name: str | None = None, measure_peak=measure_tensor_
         what = f"copy ceiling not measured ({type(e).__name__}: {e})"
     gpu = results.gpu_slug(gpu_name or torch.cuda.get_device_name())
     peak, shown = results.tensor_peak(gpu)
-    tflops = peak.get("graph") or peak.get("back_to_back") or peak.get("one_launch") if peak else None
+    tflops = _first_mode(peak)
     if not tflops:
         try:
-            tflops = measure_peak()
-            shown = f"torch.matmul BF16 {PEAK_N}^3 timed in this run ({shown})"
+            tflops = _first_mode(measure_peak())
+            row = "/".join(results.TENSOR_PEAK_ROW)
+            shown = (f"{row} timed in this run ({shown})" if tflops
+                     else f"{shown}; {row} timed in this run gave no correct TFLOP/s")
         except Exception as e:  # noqa: BLE001
             shown = f"{shown}; not measured either ({type(e).__name__}: {e})"
     return gbps, tflops, f"{what}; tensor peak: {shown}"

@@ -391,7 +391,7 @@ def test_the_tensor_peak_is_this_gpus(torch, monkeypatch):
 
     def measure():
         timed.append(1)
-        return 650.0
+        return {"graph": 650.0, "one_launch": 600.0}
 
     _, tflops, what = layer_bench.ceiling(gpu_name="NVIDIA H200", measure_peak=measure)
     assert (tflops, timed) == (700.0, [])
@@ -404,3 +404,25 @@ def test_the_tensor_peak_is_this_gpus(torch, monkeypatch):
 
     _, tflops, what = layer_bench.ceiling(gpu_name="NVIDIA H100 80GB HBM3", measure_peak=broken)
     assert tflops is None and "no GPU" in what
+    _, tflops, what = layer_bench.ceiling(gpu_name="NVIDIA H100 80GB HBM3", measure_peak=dict)
+    assert tflops is None and "no correct TFLOP/s" in what
+
+
+def test_the_measured_peak_is_the_recorded_peaks_row(monkeypatch):
+    """bench.measure_tensor_peak times only the row the recorded peak comes from
+    (results.TENSOR_PEAK_ROW), through the bench's own measure_case, and keeps correct rates only."""
+    from lkw import bench, results
+
+    chapter, op, version = results.TENSOR_PEAK_ROW
+    others = [{"id": "not_the_peak"}, {"id": version}]
+    monkeypatch.setattr(bench, "versions_of", lambda c, o: others if (c, o) == (chapter, op) else [])
+    seen = {}
+
+    def measure_case(case, versions, **kw):
+        seen.update(op=case.op, ids=[v["id"] for v in versions])
+        return [{"correct": True, "graph_tflops": 700.0, "one_launch_tflops": None},
+                {"correct": False, "back_to_back_tflops": 999.0}]
+
+    monkeypatch.setattr(bench, "measure_case", measure_case)
+    assert bench.measure_tensor_peak(warmup=1, iters=1, l2_bytes=1) == {"graph": 700.0}
+    assert seen == {"op": op, "ids": [version]}
