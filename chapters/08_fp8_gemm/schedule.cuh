@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "07_w4a16_gemm/gemm_plan.h"  // split_workspace
-#include "lkw/ptx.cuh"
 
 namespace lkw::fp8 {
 
@@ -23,10 +22,6 @@ inline int sm_count() {
   }
   return std::max(sms, 1);
 }
-
-// The register budget of the warp-specialized versions (lkw/ptx.cuh, beside setmaxnreg).
-using ptx::launch_regs;
-using ptx::setmaxnreg_fits;
 
 // Units of work: an output tile of block_m × block_n, and (v5) one of `splits` shares of its K
 // blocks. Block b takes units b, b + grid, b + 2·grid, ... Unit u is tile u % tiles, split

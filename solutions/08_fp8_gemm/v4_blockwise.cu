@@ -26,7 +26,7 @@ constexpr int kConsumers = 2;  // warpgroups, 64 rows of the tile each
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kBlockM = 64 * kConsumers, kBlockN = 128, kBlockK = kScaleBlock;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128·40 + 256·232 = 384·168, the launch's pool
-static_assert(setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
+static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
               "the consumers would claim registers the producers never return: setmaxnreg.inc hangs");
 constexpr int kABytes = kBlockM * kBlockK, kBBytes = kBlockN * kBlockK;
 constexpr int kStageBytes = kABytes + kBBytes;

@@ -8,6 +8,7 @@
 
 #include "07_w4a16_gemm/gemm_plan.h"
 #include "fp8_gemm.cuh"
+#include "lkw/ptx.cuh"
 #include "schedule.cuh"
 
 namespace lkw::fp8 {
@@ -234,14 +235,14 @@ TEST(HostSchedule, V5VariantsPlanTheirAblations) {
   EXPECT_EQ(u.kb1, 28);
 }
 
-// The register balance of the warp-specialized versions (schedule.cuh): a block of 384 threads is
+// The register balance of the warp-specialized versions (lkw/ptx.cuh): a block of 384 threads is
 // launched with 168 registers a thread, and the consumers' claim must fit what the producers give
 // back. 48 for the producers (the first scale-warp experiment) hung every blockwise test.
 TEST(HostModel, SetmaxnregClaimsFitTheLaunchPool) {
-  EXPECT_EQ(launch_regs(384), 168);
-  EXPECT_TRUE(setmaxnreg_fits(128, 40, 256, 232));   // v3..v5: exactly the pool
-  EXPECT_FALSE(setmaxnreg_fits(128, 48, 256, 232));  // 6144 + 59392 > 64512
-  EXPECT_TRUE(setmaxnreg_fits(128, 56, 256, 224));
+  EXPECT_EQ(ptx::launch_regs(384), 168);
+  EXPECT_TRUE(ptx::setmaxnreg_fits(128, 40, 256, 232));   // v3..v5: exactly the pool
+  EXPECT_FALSE(ptx::setmaxnreg_fits(128, 48, 256, 232));  // 6144 + 59392 > 64512
+  EXPECT_TRUE(ptx::setmaxnreg_fits(128, 56, 256, 224));
 }
 
 }  // namespace
