@@ -35,28 +35,30 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
               "the consumers may claim only what the producer gave up");
 
-template <int kBT>
+// The ring: kSlots slots of kSub 64-k stages each (v8's slots); a stage holds x, words, scales,
+// zero points.
+template <int kBT, int kSub>
 struct Tile {
   static constexpr int kXBytes = kBT * 128;  // kBT rows of 64 k: 1024-byte swizzle atoms
   static constexpr int kWBytes = kConsumers * kBlockWords * 4;
   static constexpr int kSBytes = kScaleRows * kBN * 2;
   static constexpr int kTmaBytes = kXBytes + kWBytes + kSBytes;  // + kZeroRows·kBN with zeros
   static constexpr int kStageBytes = (kTmaBytes + kZeroRows * kBN + 1023) / 1024 * 1024;
-  static constexpr int kStages = std::min(8, kRingBudget / kStageBytes);
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  static_assert(kStages >= 3, "a stage loads while two are computed on");
+  static constexpr int kSlots = std::min(8, kRingBudget / (kSub * kStageBytes));
+  static constexpr int kRingBytes = kSlots * kSub * kStageBytes;
+  static_assert(kSlots >= 3, "a slot loads while two are computed on");
   static_assert(kBT * kOutRow * 2 <= kRingBytes, "the y tile reuses the ring");
 };
 
 using Maps = WgmmaMaps;  // x, words, scales, zero points: a TMA box each per stage (tiles.cuh)
 
-template <int kBT, bool kZeros>
+template <int kBT, bool kZeros, int kSub>
 __global__ void __launch_bounds__(kThreads9, 1)
     gemm_v9_kernel(const __grid_constant__ Maps maps, __nv_bfloat16* __restrict__ y, int64_t m,
                    int64_t n, int64_t k, int group_shift, SplitCut cut,
                    float* __restrict__ partials, unsigned* __restrict__ arrivals) {
-  using T = Tile<kBT>;
-  constexpr int kStages = T::kStages;
+  using T = Tile<kBT, kSub>;
+  constexpr int kSlots = T::kSlots, kSteps = kSub * kKSteps;  // k-steps a slot
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem =
       smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
@@ -67,26 +69,26 @@ __global__ void __launch_bounds__(kThreads9, 1)
   if (tm * kBT >= m) return;  // the last raster group's missing tiles
   const int64_t t0 = tm * kBT, nb0 = int64_t(blockIdx.y) * kBN;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, group = threadIdx.x / 128;
-  int64_t begin = 0, end = (k + kBlockK - 1) / kBlockK;  // this split's stages
+  int64_t begin = 0, end = (k + kSub * kBlockK - 1) / (kSub * kBlockK);  // this split's slots
   if (splits > 1) split_range(cut, split, &begin, &end);
-  const int kt_begin = int(begin), kt_end = int(end);
+  const int kt_begin = int(begin), kt_end = int(end);  // in slots; stages past K load zeros
   auto x_stage = [&](int s) { return smem + s * T::kStageBytes; };
   auto b_stage = [&](int s) { return reinterpret_cast<uint32_t*>(x_stage(s) + T::kXBytes); };
   auto s_stage = [&](int s) {
     return reinterpret_cast<__nv_bfloat16*>(x_stage(s) + T::kXBytes + T::kWBytes);
   };
   auto z_stage = [&](int s) { return x_stage(s) + T::kTmaBytes; };
-  // Slot s is full when its phase completes on full_sh[s] (one arrival and the stage's bytes),
+  // Slot s is full when its phase completes on full_sh[s] (one arrival and the slot's bytes),
   // empty when every consumer warp has arrived on empty_sh[s].
-  __shared__ uint64_t full_sh[kStages], empty_sh[kStages];
+  __shared__ uint64_t full_sh[kSlots], empty_sh[kSlots];
   if (threadIdx.x == 0)
-    for (int s = 0; s < kStages; ++s)
+    for (int s = 0; s < kSlots; ++s)
       ptx::mbarrier_init(&full_sh[s], 1), ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers);
   __syncthreads();
 
   if (group == 0) {
     // Load: the producer warpgroup gives its registers away; one thread asks the copy engine for
-    // each stage as soon as its slot is empty, a whole ring ahead of the consumers.
+    // each slot's stages as soon as the slot is empty, a whole ring ahead of the consumers.
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     int slot = 0;
@@ -94,16 +96,21 @@ __global__ void __launch_bounds__(kThreads9, 1)
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       uint64_t* const full = &full_sh[slot];
       ptx::mbarrier_wait(&empty_sh[slot], phase ^ 1);  // passes at once on the first round
-      ptx::mbarrier_arrive_expect_tx(full, T::kTmaBytes + (kZeros ? kZeroRows * kBN : 0));
-      ptx::tma_load_2d(x_stage(slot), &maps.x, kt * kBlockK, int(t0), full);
-      ptx::tma_load_2d(b_stage(slot), &maps.w, kt * (kBlockWords / 2), int(nb0 / 64), full);
+      ptx::mbarrier_arrive_expect_tx(full,
+                                     kSub * (T::kTmaBytes + (kZeros ? kZeroRows * kBN : 0)));
+      for (int u = 0; u < kSub; ++u) {
+        const int st = slot * kSub + u, kk = (kt * kSub + u) * kBlockK;
+        ptx::tma_load_2d(x_stage(st), &maps.x, kk, int(t0), full);
+        ptx::tma_load_2d(b_stage(st), &maps.w, kk / kBlockK * (kBlockWords / 2), int(nb0 / 64),
+                         full);
 #pragma unroll
-      for (int r = 0; r < kScaleRows; ++r) {
-        const int row = (kt * kBlockK + 32 * r) >> group_shift;  // of [K/G, N]
-        ptx::tma_load_2d(s_stage(slot) + r * kBN, &maps.s, int(nb0), row, full);
-        if (kZeros) ptx::tma_load_2d(z_stage(slot) + r * kBN, &maps.z, int(nb0), row, full);
+        for (int r = 0; r < kScaleRows; ++r) {
+          const int row = (kk + 32 * r) >> group_shift;  // of [K/G, N]
+          ptx::tma_load_2d(s_stage(st) + r * kBN, &maps.s, int(nb0), row, full);
+          if (kZeros) ptx::tma_load_2d(z_stage(st) + r * kBN, &maps.z, int(nb0), row, full);
+        }
       }
-      if (++slot == kStages) slot = 0, phase ^= 1;
+      if (++slot == kSlots) slot = 0, phase ^= 1;
     }
     return;
   }
@@ -112,47 +119,54 @@ __global__ void __launch_bounds__(kThreads9, 1)
   ptx::setmaxnreg_inc<kConsumerRegs>();
   const int c = group - 1, g = lane / 4, t = lane % 4;
   const int w_off = c * kBlockWords + 4 * lane + warp, c_off = c * 64 + 16 * warp + g;
-  // Unpack: stage `slot`'s four A fragments, scaled (v6's fragment: a0, a2 = channel 16w + g,
-  // a1, a3 = channel 16w + 8 + g).
-  auto unpack = [&](int slot, uint32_t (&a)[kKSteps][4]) {
-    const uint32_t* b_sh = b_stage(slot) + w_off;
-    const __nv_bfloat16* s_sh = s_stage(slot) + c_off;
-    const uint8_t* z_sh = z_stage(slot) + c_off;
-    uint32_t word[kKSteps];
+  // Unpack: slot `slot`'s A fragments, four a stage, scaled (v6's fragment: a0, a2 = channel
+  // 16w + g, a1, a3 = channel 16w + 8 + g).
+  auto unpack = [&](int slot, uint32_t (&a)[kSteps][4]) {
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) word[ks] = b_sh[ks * kStepWords];
+    for (int u = 0; u < kSub; ++u) {
+      const int st = slot * kSub + u;
+      const uint32_t* b_sh = b_stage(st) + w_off;
+      const __nv_bfloat16* s_sh = s_stage(st) + c_off;
+      const uint8_t* z_sh = z_stage(st) + c_off;
+      uint32_t word[kKSteps];
 #pragma unroll
-    for (int r = 0; r < kScaleRows; ++r) {
-      const __nv_bfloat162 s_lo = __bfloat162bfloat162(s_sh[r * kBN]),
-                           s_hi = __bfloat162bfloat162(s_sh[r * kBN + 8]);
-      const uint32_t z_lo = kZeros ? zero_bias(z_sh[r * kBN]) : kBias8,
-                     z_hi = kZeros ? zero_bias(z_sh[r * kBN + 8]) : kBias8;
+      for (int ks = 0; ks < kKSteps; ++ks) word[ks] = b_sh[ks * kStepWords];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ks = 2 * r + h;
-        __nv_bfloat162 q[4];
-        unpack_minus_zero(word[ks], z_lo, z_hi, q);
-        a[ks][0] = bits_of(__hmul2(q[0], s_lo)), a[ks][1] = bits_of(__hmul2(q[2], s_hi));
-        a[ks][2] = bits_of(__hmul2(q[1], s_lo)), a[ks][3] = bits_of(__hmul2(q[3], s_hi));
+      for (int r = 0; r < kScaleRows; ++r) {
+        const __nv_bfloat162 s_lo = __bfloat162bfloat162(s_sh[r * kBN]),
+                             s_hi = __bfloat162bfloat162(s_sh[r * kBN + 8]);
+        const uint32_t z_lo = kZeros ? zero_bias(z_sh[r * kBN]) : kBias8,
+                       z_hi = kZeros ? zero_bias(z_sh[r * kBN + 8]) : kBias8;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ks = 2 * r + h, j = u * kKSteps + ks;
+          __nv_bfloat162 q[4];
+          unpack_minus_zero(word[ks], z_lo, z_hi, q);
+          a[j][0] = bits_of(__hmul2(q[0], s_lo)), a[j][1] = bits_of(__hmul2(q[2], s_hi));
+          a[j][2] = bits_of(__hmul2(q[1], s_lo)), a[j][3] = bits_of(__hmul2(q[3], s_hi));
+        }
       }
     }
   };
   float acc[kBT / 2] = {};
   ptx::wgmma_fence_operands(acc);
-  uint32_t a0[kKSteps][4], a1[kKSteps][4];  // this stage's fragments and the next one's
+  uint32_t a0[kSteps][4], a1[kSteps][4];  // this slot's fragments and the next one's
   int slot = 0;
   unsigned phase = 0;
   // One stage: issue its four k-steps from `cur`; while the tensor core runs them, wait for the
   // next stage and unpack it into `next`; only then retire this stage and release its slot.
-  auto step = [&](int kt, uint32_t (&cur)[kKSteps][4], uint32_t (&next)[kKSteps][4]) {
-    const uint64_t desc = ptx::wgmma_desc_k_major_sw128(x_stage(slot));
+  auto step = [&](int kt, uint32_t (&cur)[kSteps][4], uint32_t (&next)[kSteps][4]) {
     ptx::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks)
-      ptx::wgmma_bf16_rs<kBT>(acc, cur[ks], desc + 2 * ks);  // k-step ks: 32 bytes on
+    for (int u = 0; u < kSub; ++u) {
+      const uint64_t desc = ptx::wgmma_desc_k_major_sw128(x_stage(slot * kSub + u));
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)  // k-step ks: 32 bytes on
+        ptx::wgmma_bf16_rs<kBT>(acc, cur[u * kKSteps + ks], desc + 2 * ks);
+    }
     ptx::wgmma_commit();
-    const int next_slot = slot + 1 == kStages ? 0 : slot + 1;
-    const unsigned next_phase = slot + 1 == kStages ? phase ^ 1 : phase;
+    const int next_slot = slot + 1 == kSlots ? 0 : slot + 1;
+    const unsigned next_phase = slot + 1 == kSlots ? phase ^ 1 : phase;
     // BEGIN SOLUTION: the overlap: when a next stage exists (kt + 1 < kt_end), wait for its slot
     //   (next_slot, next_phase) and unpack it into `next`, then wait for this stage's wgmmas.
     if (kt + 1 < kt_end) {
@@ -164,7 +178,7 @@ __global__ void __launch_bounds__(kThreads9, 1)
     // END SOLUTION
     ptx::wgmma_fence_operands(acc);
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) ptx::wgmma_fence_operands(cur[ks]);  // held until here
+    for (int j = 0; j < kSteps; ++j) ptx::wgmma_fence_operands(cur[j]);  // held until here
     // Release: the warp's reads of the slot, wgmma's too, are over.
     if (lane == 0) ptx::mbarrier_arrive(&empty_sh[slot]);
     slot = next_slot, phase = next_phase;
@@ -218,25 +232,28 @@ __global__ void __launch_bounds__(kThreads9, 1)
   store_y_tile<kBT, kConsumerThreads, kOutRow, kBN>(out_sh, y, t0, nb0, m, n, tid);
 }
 
-template <int kBT, bool kZeros>
+template <int kBT, bool kZeros, int kSub>
 Status launch_v9(const GemmArgs& a, cudaStream_t stream) {
-  constexpr int kBytes = Tile<kBT>::kRingBytes + 1024;  // + the alignment of the first stage
+  constexpr int kBytes = Tile<kBT, kSub>::kRingBytes + 1024;  // + the alignment of the first stage
   static int sms = 0, per_sm = 0;                       // the device's, asked once per kernel
   static std::once_flag asked;
   std::call_once(asked, [] {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(gemm_v9_kernel<kBT, kZeros>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(gemm_v9_kernel<kBT, kZeros, kSub>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v9_kernel<kBT, kZeros>, kThreads9,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v9_kernel<kBT, kZeros, kSub>, kThreads9,
                                                   kBytes);
   });
   const int64_t tiles_m = (a.m + kBT - 1) / kBT, tiles_n = (a.n + kBN - 1) / kBN;
-  const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK;
-  // v6's plan: split K only where the token tiles fit one raster group (z is then the split).
+  const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK, k_slots = (k_tiles + kSub - 1) / kSub;
+  // v6's plan: split K only where the token tiles fit one raster group (z is then the split); a
+  // split takes whole slots.
   const int splits =
-      tiles_m <= kRaster ? splits_for(tiles_m * tiles_n, k_tiles, sms, per_sm) : 1;
+      tiles_m <= kRaster
+          ? int(std::min<int64_t>(splits_for(tiles_m * tiles_n, k_tiles, sms, per_sm), k_slots))
+          : 1;
   float* partials = nullptr;
   unsigned* arrivals = nullptr;
   SplitCut cut{0, 0};  // {0, 0}: one split
@@ -244,36 +261,38 @@ Status launch_v9(const GemmArgs& a, cudaStream_t stream) {
     Status s = split_workspace(tiles_m * tiles_n * splits * kBN * kBT, tiles_m * tiles_n,
                                &partials, &arrivals);
     if (!s.ok()) return s;
-    cut = split_cut(k_tiles, splits);
+    cut = split_cut(k_slots, splits);
   }
   const dim3 grid(unsigned(std::min<int64_t>(tiles_m, kRaster)), unsigned(tiles_n),
                   unsigned(splits > 1 ? splits : (tiles_m + kRaster - 1) / kRaster));
   Maps maps;
   Status s = wgmma_maps(&maps, a, kBT, kBN);
   if (!s.ok()) return s;
-  gemm_v9_kernel<kBT, kZeros><<<grid, kThreads9, kBytes, stream>>>(
+  gemm_v9_kernel<kBT, kZeros, kSub><<<grid, kThreads9, kBytes, stream>>>(
       maps, a.y, a.m, a.n, a.k, group_shift_of(a.group, a.k), cut, partials, arrivals);
   return last_launch_status(kW4a16rGemm.name);
 }
 
-template <int kBT>
+template <int kBT, int kSub>
 Status launch_v9(const GemmArgs& a, cudaStream_t stream) {
-  return a.zeros ? launch_v9<kBT, true>(a, stream) : launch_v9<kBT, false>(a, stream);
+  return a.zeros ? launch_v9<kBT, true, kSub>(a, stream) : launch_v9<kBT, false, kSub>(a, stream);
 }
 
-// 256-token tiles; 128 up to M = 128, where a 256-token tile would be half padding.
+// 256-token tiles; 128 up to M = 128, where a 256-token tile would be half padding; kSub128 and
+// kSub256 64-k stages a slot.
+template <int kSub128, int kSub256>
 Status gemm_v9(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(kW4a16rGemm, a);
   if (s.ok()) s = Check().arch_at_least(90).status();  // wgmma, setmaxnreg: sm_90a
   if (!s.ok()) return s;
-  return a.m <= 128 ? launch_v9<128>(a, stream) : launch_v9<256>(a, stream);
+  return a.m <= 128 ? launch_v9<128, kSub128>(a, stream) : launch_v9<256, kSub256>(a, stream);
 }
 
 const Register kRegistered{[] {
   Version v = gemm_version(
       kW4a16rGemm, "v9_warp_specialized",
       "a producer warpgroup loads; two consumers multiply 256-token tiles, unpacking ahead",
-      gemm_v9,
+      gemm_v9<1, 1>,
       {{"gemm_v9_kernel",
         {"sm_90a"},
         {"HGMMA", "UTMALDG", "LOP3", "USETMAXREG"},
@@ -282,6 +301,14 @@ const Register kRegistered{[] {
         "registers moved by setmaxnreg to the consumers; unpacked weights feed HGMMA; no "
         "mma.sync, no int-to-float convert"}},
       Kind::kVersion);
+  v.min_arch = 90;
+  return v;
+}()};
+// The ablation (benched, tested, never graded): slots of two 64-k stages.
+const Register kTwoStageSlots{[] {
+  Version v = gemm_version(kW4a16rGemm, "ablation_v9_128k_slots",
+                           "v9 with two 64-k stages a ring slot up to 128 tokens", gemm_v9<2, 1>, {},
+                           Kind::kAblation);
   v.min_arch = 90;
   return v;
 }()};
