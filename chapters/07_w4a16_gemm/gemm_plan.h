@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "lkw/launch.h"  // kernel_fit
 #include "lkw/status.h"
 
 namespace lkw::w4a16 {

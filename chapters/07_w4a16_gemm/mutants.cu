@@ -138,13 +138,7 @@ Status mutant(const GemmArgs& a, cudaStream_t stream) {
   float* partials = nullptr;
   unsigned* arrivals = nullptr;
   if (kSlip == Slip::kSplitKFirst) {  // v5's plan: as many splits as fill the resident slots
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(mutant_kernel<kSlip>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kStages * kStageBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mutant_kernel<kSlip>, kThreads,
-                                                  kStages * kStageBytes);
+    const auto [sms, per_sm] = kernel_fit<mutant_kernel<kSlip>>(kThreads, kStages * kStageBytes);
     splits = splits_for(tiles, k_tiles, sms, per_sm);
     if (splits > 1) {
       s = split_workspace(tiles * splits * kTileFloats, tiles, &partials, &arrivals);

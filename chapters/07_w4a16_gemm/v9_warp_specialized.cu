@@ -231,17 +231,7 @@ __global__ void __launch_bounds__(kThreads9, 1)
 template <int kBT, bool kZeros, int kSub>
 Status launch_v9(const GemmArgs& a, cudaStream_t stream) {
   constexpr int kBytes = Tile<kBT, kSub>::kRingBytes + 1024;  // + the alignment of the first stage
-  static int sms = 0, per_sm = 0;                       // the device's, asked once per kernel
-  static std::once_flag asked;
-  std::call_once(asked, [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(gemm_v9_kernel<kBT, kZeros, kSub>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v9_kernel<kBT, kZeros, kSub>, kThreads9,
-                                                  kBytes);
-  });
+  const auto [sms, per_sm] = kernel_fit<gemm_v9_kernel<kBT, kZeros, kSub>>(kThreads9, kBytes);
   const int64_t tiles_m = (a.m + kBT - 1) / kBT, tiles_n = (a.n + kBN - 1) / kBN;
   const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK, k_slots = (k_tiles + kSub - 1) / kSub;
   // v6's plan: split K only where the token tiles fit one raster group (z is then the split); a

@@ -1,6 +1,7 @@
 // A kernel launch with more than 48 KB of dynamic shared memory: that needs the kernel's opt-in
 // (cudaFuncAttributeMaxDynamicSharedMemorySize), set once per kernel and checked; the launch's own
-// status is returned (a configuration error shows up here, not at the next call).
+// status is returned (a configuration error shows up here, not at the next call). And what a split
+// or persistent plan asks of the device about a kernel (kernel_fit).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -33,6 +34,29 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaSt
   }
   kernel<<<grid, threads, bytes, stream>>>(params...);
   return last_launch_status(what);
+}
+
+// The device's SM count and how many blocks of kKernel (`threads` threads, `bytes` of dynamic
+// shared memory) one SM holds at once: what a plan needs to fill the GPU. Asked once per kernel
+// (each instantiation of kKernel is its own template argument, hence its own static), after the
+// kernel's opt-in to `bytes` of shared memory, without which the occupancy query counts none.
+struct KernelFit {
+  int sms = 1, per_sm = 1;
+};
+template <auto kKernel>
+const KernelFit& kernel_fit(int threads, int bytes) {
+  static const KernelFit fit = [threads, bytes] {
+    KernelFit f;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, threads, bytes);
+    cudaGetLastError();  // a refused query leaves the defaults, not a sticky error for the launch
+    f.sms = std::max(f.sms, 1), f.per_sm = std::max(f.per_sm, 1);
+    return f;
+  }();
+  return fit;
 }
 
 }  // namespace lkw

@@ -205,16 +205,7 @@ template <int kMTiles>
 struct LaunchV5 {
   static Status run(const GemmArgs& a, cudaStream_t stream) {
     constexpr int kBytes = kStages * stage_bytes<kMTiles>();
-    static int sms = 0, per_sm = 0;  // the device's, asked once per instantiation
-    if (sms == 0) {
-      int dev = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      cudaFuncSetAttribute(gemm_v5_kernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kBytes);
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v5_kernel<kMTiles>, kThreads,
-                                                    kBytes);
-    }
+    const auto [sms, per_sm] = kernel_fit<gemm_v5_kernel<kMTiles>>(kThreads, kBytes);
     dim3 grid = tile_grid(a, kMTiles);
     const int64_t tiles = int64_t(grid.x) * grid.y, k_tiles = (a.k + kBlockK - 1) / kBlockK;
     const int splits = splits_for(tiles, k_tiles, sms, per_sm);

@@ -211,15 +211,7 @@ __global__ void __launch_bounds__(kThreads6)
 template <int kBT>
 Status launch_v6(const GemmArgs& a, cudaStream_t stream, bool may_split) {
   constexpr int kBytes = Tile<kBT>::kRingBytes + 1024;  // + the alignment of the first stage
-  static int sms = 0, per_sm = 0;                       // the device's, asked once per tile size
-  static std::once_flag asked;
-  std::call_once(asked, [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(gemm_v6_kernel<kBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_v6_kernel<kBT>, kThreads6, kBytes);
-  });
+  const auto [sms, per_sm] = kernel_fit<gemm_v6_kernel<kBT>>(kThreads6, kBytes);  // lkw/launch.h
   const int64_t tiles_m = (a.m + kBT - 1) / kBT, tiles_n = (a.n + kBlockN - 1) / kBlockN;
   const int64_t k_tiles = (a.k + kBlockK - 1) / kBlockK;
   // Split K only where the token tiles fit one raster group (the grid's z is then the split).

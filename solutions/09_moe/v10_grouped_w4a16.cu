@@ -255,17 +255,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kMTiles>
 Status launch(const GroupedW4a16Args& a, cudaStream_t stream) {
   constexpr int kBytes = kStages * stage_bytes<kMTiles>();
-  static int sms = 0, per_sm = 0;  // the device's, asked once per tile size
-  static std::once_flag asked;
-  std::call_once(asked, [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(grouped_v10_kernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grouped_v10_kernel<kMTiles>, kThreads,
-                                                  kBytes);
-  });
+  const auto [sms, per_sm] = kernel_fit<grouped_v10_kernel<kMTiles>>(kThreads, kBytes);
   const int64_t tiles_m = a.rows / (16 * kMTiles), tiles_n = ceil_div(a.n, kBlockN);
   const int64_t k_tiles = ceil_div(a.k, kBlockK), slots = a.t * a.topk;
   const int splits = w4a16::splits_for(
