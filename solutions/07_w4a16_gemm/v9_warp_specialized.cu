@@ -282,7 +282,7 @@ const Register kRegistered{[] {
   Version v = gemm_version(
       kW4a16rGemm, "v9_warp_specialized",
       "a producer warpgroup loads; two consumers multiply 256-token tiles, unpacking ahead",
-      gemm_v9<1, 1>,
+      gemm_v9<2, 1>,
       {{"gemm_v9_kernel",
         {"sm_90a"},
         {"HGMMA", "UTMALDG", "LOP3", "USETMAXREG"},
@@ -294,10 +294,10 @@ const Register kRegistered{[] {
   v.min_arch = 90;
   return v;
 }()};
-// The ablation (benched, tested, never graded): slots of two 64-k stages.
-const Register kTwoStageSlots{[] {
-  Version v = gemm_version(kW4a16rGemm, "ablation_v9_128k_slots",
-                           "v9 with two 64-k stages a ring slot up to 128 tokens", gemm_v9<2, 1>, {},
+// The ablation (benched, tested, never graded): a slot of one 64-k stage.
+const Register kOneStageSlots{[] {
+  Version v = gemm_version(kW4a16rGemm, "ablation_v9_64k_slots",
+                           "v9 with one 64-k stage a ring slot at every M", gemm_v9<1, 1>, {},
                            Kind::kAblation);
   v.min_arch = 90;
   return v;
