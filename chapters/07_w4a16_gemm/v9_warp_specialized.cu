@@ -10,8 +10,8 @@
 // fragment feeds twice v6's tokens (half the unpack a FLOP), and a second set of A fragments, so
 // that a warpgroup unpacks stage s + 1 while the tensor core multiplies stage s and waits for s
 // only then. A tile is 128 channels (a 64-channel block a consumer) by 256 tokens; knobs: 128
-// tokens up to M = 128, v6's split of K where the tiles leave SMs idle, zero points a template
-// argument.
+// tokens up to M = 128, there with two 64-k stages a ring slot (v8's slots; ablation_v9_64k_slots:
+// one), v6's split of K where the tiles leave SMs idle, zero points a template argument.
 // Expect: at M ≥ 256 most of the gap to cuBLAS's BF16 rate closed. SASS: HGMMA, UTMALDG,
 // USETMAXREG; no HMMA, no I2F, no spills.
 #include "gemm_plan.h"
@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kThreads9, 1)
   uint32_t a0[kSteps][4], a1[kSteps][4];  // this slot's fragments and the next one's
   int slot = 0;
   unsigned phase = 0;
-  // One stage: issue its four k-steps from `cur`; while the tensor core runs them, wait for the
-  // next stage and unpack it into `next`; only then retire this stage and release its slot.
+  // One slot: issue its k-steps from `cur`; while the tensor core runs them, wait for the next
+  // slot and unpack it into `next`; only then retire this slot's wgmmas and release it.
   auto step = [&](int kt, uint32_t (&cur)[kSteps][4], uint32_t (&next)[kSteps][4]) {
     ptx::wgmma_fence();
 #pragma unroll
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kThreads9, 1)
     ptx::wgmma_commit();
     const int next_slot = slot + 1 == kSlots ? 0 : slot + 1;
     const unsigned next_phase = slot + 1 == kSlots ? phase ^ 1 : phase;
-    // TODO(exercise): the overlap: when a next stage exists (kt + 1 < kt_end), wait for its slot
-    //   (next_slot, next_phase) and unpack it into `next`, then wait for this stage's wgmmas.
+    // TODO(exercise): the overlap: when a next slot exists (kt + 1 < kt_end), wait for it
+    //   (next_slot, next_phase) and unpack it into `next`, then wait for this slot's wgmmas.
     //   (about 5 lines)
     ptx::wgmma_wait<0>();
     ptx::wgmma_fence_operands(acc);
