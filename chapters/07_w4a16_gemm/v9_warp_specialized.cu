@@ -100,10 +100,9 @@ __global__ void __launch_bounds__(kThreads9, 1)
       ptx::mbarrier_arrive_expect_tx(full,
                                      kSub * (T::kTmaBytes + (kZeros ? kZeroRows * kBN : 0)));
       for (int u = 0; u < kSub; ++u) {
-        const int st = slot * kSub + u, kk = (kt * kSub + u) * kBlockK;
+        const int st = slot * kSub + u, stage = kt * kSub + u, kk = stage * kBlockK;
         ptx::tma_load_2d(x_stage(st), &maps.x, kk, int(t0), full);
-        ptx::tma_load_2d(b_stage(st), &maps.w, kk / kBlockK * (kBlockWords / 2), int(nb0 / 64),
-                         full);
+        ptx::tma_load_2d(b_stage(st), &maps.w, stage * (kBlockWords / 2), int(nb0 / 64), full);
 #pragma unroll
         for (int r = 0; r < kScaleRows; ++r) {
           const int row = (kk + 32 * r) >> group_shift;  // of [K/G, N]
