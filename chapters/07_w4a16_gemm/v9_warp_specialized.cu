@@ -273,30 +273,28 @@ Status gemm_v9(const GemmArgs& a, cudaStream_t stream) {
   return a.m <= 128 ? launch_v9<128, kSub128>(a, stream) : launch_v9<256, kSub256>(a, stream);
 }
 
-const Register kRegistered{[] {
-  Version v = gemm_version(
-      kW4a16rGemm, "v9_warp_specialized",
-      "a producer warpgroup loads; two consumers multiply 256-token tiles, unpacking ahead",
-      gemm_v9<2, 1>,
-      {{"gemm_v9_kernel",
-        {"sm_90a"},
-        {"HGMMA", "UTMALDG", "LOP3", "USETMAXREG"},
-        {"HMMA", "I2F", "I2FP", "LDGSTS"},
-        true,
-        "registers moved by setmaxnreg to the consumers; unpacked weights feed HGMMA; no "
-        "mma.sync, no int-to-float convert"}},
-      Kind::kVersion);
+Version v9_version(const char* id, const char* summary, GemmLaunch launch,
+                   std::vector<SassFact> sass, Kind kind) {
+  Version v = gemm_version(kW4a16rGemm, id, summary, launch, std::move(sass), kind);
   v.min_arch = 90;
   return v;
-}()};
+}
+const Register kRegistered{v9_version(
+    "v9_warp_specialized",
+    "a producer warpgroup loads; two consumers multiply 256-token tiles, unpacking ahead",
+    gemm_v9<2, 1>,
+    {{"gemm_v9_kernel",
+      {"sm_90a"},
+      {"HGMMA", "UTMALDG", "LOP3", "USETMAXREG"},
+      {"HMMA", "I2F", "I2FP", "LDGSTS"},
+      true,
+      "registers moved by setmaxnreg to the consumers; unpacked weights feed HGMMA; no "
+      "mma.sync, no int-to-float convert"}},
+    Kind::kVersion)};
 // The ablation (benched, tested, never graded): a slot of one 64-k stage.
-const Register kOneStageSlots{[] {
-  Version v = gemm_version(kW4a16rGemm, "ablation_v9_64k_slots",
-                           "v9 with one 64-k stage a ring slot at every M", gemm_v9<1, 1>, {},
-                           Kind::kAblation);
-  v.min_arch = 90;
-  return v;
-}()};
+const Register kOneStageSlots{v9_version("ablation_v9_64k_slots",
+                                         "v9 with one 64-k stage a ring slot at every M",
+                                         gemm_v9<1, 1>, {}, Kind::kAblation)};
 
 }  // namespace
 }  // namespace lkw::w4a16
