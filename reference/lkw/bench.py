@@ -3394,8 +3394,7 @@ def measure_tensor_peak(*, warmup, iters, l2_bytes, log=print) -> dict[str, floa
     case = next(c for c in CHAPTERS[chapter]() if c.op == op)
     peer = [v for v in versions_of(chapter, op) if v["id"] == version]
     rows = measure_case(case, peer, warmup=warmup, iters=iters, l2_bytes=l2_bytes, log=log)
-    return {mode: r[mkey(mode, "tflops")] for r in rows if r["correct"] for mode in MODES
-            if r.get(mkey(mode, "tflops"))}
+    return {m: t for r in rows for m, t in results.peak_of_row(r).items()}
 
 
 def same_size_copy(model_bytes: float | None, copy_name: str, cache: dict, *, warmup, iters,

@@ -125,6 +125,14 @@ def gpu_slug(name: str) -> str:
     return model[1].lower() if model else (name.split()[-1].lower() if name else "unknown")
 
 
+def peak_of_row(row: dict) -> dict[str, float]:
+    """{mode: TFLOP/s} of a TENSOR_PEAK_ROW row, for each mode that has a rate; {} where the row
+    failed its check."""
+    if not row.get("correct", True):
+        return {}
+    return {m: t for m in MODES if (t := rate(row, m, "tflops"))}
+
+
 def tensor_peak(gpu: str = GPU) -> tuple[dict[str, float], str]:
     """({mode: TFLOP/s}, where it comes from) of the BF16 tensor peak recorded for `gpu`: the rate
     of TENSOR_PEAK_ROW in each timing mode it was timed in; ({}, why not) where the results file
@@ -150,7 +158,7 @@ def _tensor_peak_of(path: str, mtime: int | None, shown: str) -> tuple[dict[str,
     row = next((r for r in data.get("rows", []) if r.get("op") == op and r.get("version") == version), None)
     if row is None or not row.get("correct", True):
         return {}, f"{shown} has no {'correct ' if row else ''}{op}/{version} row"
-    peak = {m: t for m in MODES if (t := rate(row, m, "tflops"))}
+    peak = peak_of_row(row)
     if not peak:
         return {}, f"{shown}: its {op}/{version} row has no TFLOP/s"
     date, commit = row.get("run_date") or data.get("date", "?"), row.get("run_commit") or data.get("commit", "?")
