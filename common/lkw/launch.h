@@ -36,6 +36,19 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaSt
   return last_launch_status(what);
 }
 
+// The current device's SM count (at least 1), asked once per process: the grid of a persistent
+// kernel, the tiles a split plan must fill.
+inline int sm_count() {
+  static const int sms = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      cudaGetLastError();  // a refused query leaves 1, not an error for the next launch to report
+    return std::max(count, 1);
+  }();
+  return sms;
+}
+
 // The device's SM count and how many blocks of kKernel (`threads` threads, `bytes` of dynamic
 // shared memory) one SM holds at once: what a plan needs to fill the GPU. Asked once per kernel
 // (each instantiation of kKernel is its own template argument, hence its own static), after the
@@ -47,13 +60,13 @@ template <auto kKernel>
 const KernelFit& kernel_fit(int threads, int bytes) {
   static const KernelFit fit = [threads, bytes] {
     KernelFit f;
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, threads, bytes);
-    cudaGetLastError();  // a refused query leaves the defaults, not a sticky error for the launch
-    f.sms = std::max(f.sms, 1), f.per_sm = std::max(f.per_sm, 1);
+    f.sms = sm_count();
+    if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kKernel, threads, bytes) !=
+            cudaSuccess)
+      cudaGetLastError();  // a refused query leaves one block, not an error for the launch
+    f.per_sm = std::max(f.per_sm, 1);
     return f;
   }();
   return fit;

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "lkw/launch.h"  // sm_count
 #include "lkw/status.h"
 #include "lkw/tensor.h"
 
@@ -25,16 +26,6 @@ constexpr int kBlockWarps = 16;  // warps of a persistent block (one block per S
 // lines so that the lines can be dropped from L2 once summed (a line never holds two tiles').
 __host__ __device__ __forceinline__ int64_t tile_partials(int splits, int m) {
   return (int64_t(splits) * m * kTileRows + 31) / 32 * 32;
-}
-
-inline int sm_count() {
-  static const int sms = [] {
-    int dev = 0, count = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
-    return count > 0 ? count : 1;
-  }();
-  return sms;
 }
 
 inline size_t smem_optin() {

@@ -11,16 +11,8 @@
 
 namespace lkw::fp8 {
 
-// The SMs of the current device (a persistent grid has one block per SM), 132 on an H200.
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  return std::max(sms, 1);
-}
+// A persistent grid has one block per SM: lkw::sm_count (lkw/launch.h, through gemm_plan.h),
+// 132 on an H200.
 
 // Units of work: an output tile of block_m × block_n, and (v5) one of `splits` shares of its K
 // blocks. Block b takes units b, b + grid, b + 2·grid, ... Unit u is tile u % tiles, split
