@@ -866,7 +866,68 @@ def elementwise_cases() -> list[Case]:
                     torch_peers=_peers_for(_in_place_eager_and_compiled(body, 2), t),
                     library_peers=peers.cache_peers(layout, kv_dtype), initial_outputs=True,
                     rotation_bytes=touched, model_bytes=touched))
+
+    # qkv_rope_cache: positions [T], qkv [T, Hq + 2 Hk, D] (one QKV GEMM's output), the cos/sin
+    # cache, slot_mapping [T] -> the paged BF16 caches (block 16, updated in place) and q_out: the
+    # layer's rope and cache write in one pass, on both Llama models (the layer's layout).
+    for model in ("llama3_8b", "llama3_70b"):
+        _, hq, hk, d, base = ELEMENTWISE_MODELS[model]
+        for t in ELEMENTWISE_T:
+            num_blocks = -(-t // CACHE_BLOCK) * CACHE_SPREAD
+
+            def make(torch, gen, t=t, hq=hq, hk=hk, d=d, base=base, num_blocks=num_blocks):
+                pos = torch.randint(0, ROPE_MAX_POS, (t,), device="cuda", generator=gen)  # int64
+                qkv = _activations(torch, gen, t, (hq + 2 * hk) * d).view(t, hq + 2 * hk, d)
+                cache = torch.from_numpy(_rope_cache(ROPE_MAX_POS, d, base)).to("cuda")
+                decode = t <= CACHE_DECODE_MAX_T
+                order = torch.randperm(num_blocks * (CACHE_BLOCK if decode else 1), device="cuda", generator=gen)
+                slots = torch.from_numpy(cache_slots(t, order.cpu().numpy())).to(order.device)
+                shapes = ew.cache_shapes("paged", num_blocks, CACHE_BLOCK, hk, d, "bfloat16")
+                poison = int(ew.POISON[np.dtype(np.uint16)])
+                caches = [torch.full(s, poison, dtype=torch.int16, device="cuda").view(torch.bfloat16)
+                          for s in shapes]
+                q_out = torch.empty(t, hq, d, dtype=torch.bfloat16, device="cuda")
+                return [pos, qkv, cache, slots], [*caches, q_out]
+
+            def qkv_expected(host):
+                pos, slots = host[0].view(np.int64), host[3].view(np.int64)
+                return _outputs(ew.qkv_rope_cache(pos, host[1], host[2].view(np.float32), slots,
+                                                  host[4], host[5], "paged"))
+
+            holder = []
+            moved = ew.qkv_rope_cache_bytes(t, hq, hk, d, d)
+            case = Case(
+                "qkv_rope_cache", f"t={t},hq={hq},hk={hk},d={d},rot={d},block={CACHE_BLOCK},paged,{model}",
+                names("qkv_rope_cache"), make,
+                _tolerance_from_reference(holder, lambda host, out, hq=hq, hk=hk: _qkv_tolerances(
+                    host[1][:, : hq + hk]))(qkv_expected),
+                tolerance="close:0.0078125:0",  # replaced by the reference's
+                params={"layout": 0, "is_neox": 1}, reference_sees_all=True,
+                torch_peers=_peers_for(_in_place_eager_and_compiled(_torch_qkv_rope_cache, 3), t),
+                library_peers=peers.qkv_rope_cache_peers(), initial_outputs=True,
+                shared_inputs=(2,), rotation_bytes=moved, model_bytes=moved)
+            holder.append(case)
+            cases.append(case)
     return cases
+
+
+def _qkv_tolerances(qk_bits) -> str:
+    """qkv_rope_cache's outputs (key cache, value cache, q_out): RoPE's tolerance from the query
+    and key heads' absmax for the rotated ones, the values copied exactly."""
+    from lkw import elementwise as ew
+
+    rope = ew.rope_tolerance(qk_bits)
+    return "/".join([rope, ew.TOLERANCE_KV, rope])
+
+
+def _torch_qkv_rope_cache(torch, pos, qkv, cache, slots, kc, vc, q_out):
+    """The layer's two steps in torch: RoPE of qkv's query and key heads, the query heads into
+    q_out, the rotated keys and the values index_put into the paged caches."""
+    hk = kc.shape[1]
+    hq = qkv.shape[1] - 2 * hk
+    q, k = _torch_rope(torch, pos, qkv[:, :hq], qkv[:, hq : hq + hk], cache)
+    q_out.copy_(q)
+    _torch_cache_write(torch, k, qkv[:, hq + hk :], slots, kc, vc, "paged")
 
 
 @functools.lru_cache(maxsize=4)
@@ -2805,6 +2866,7 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(("silu_and_mul_fp8_per_token", "silu_and_mul_fp8_per_group")),
         Part(("rope", "qk_norm_rope")),
         Part(("reshape_and_cache", "reshape_and_cache_fp8")),
+        Part(("qkv_rope_cache",)),
     ],
     "07_w4a16_gemm": [  # the default run by shape (M = 4096 apart), then the extended matrix
         # On the H100, M = 4096 of one 70B shape (both ops) took about 300 s (v7, the GEMV, is

@@ -1,6 +1,7 @@
 """Chapter 05 references: the small elementwise kernels of a decoder layer -- gated activations
 (SiLU-and-mul and its fused FP8 quant), rotary embedding (RoPE), fused per-head QK RMSNorm + RoPE,
-and reshape_and_cache (the write side of a paged KV cache).
+reshape_and_cache (the write side of a paged KV cache), and RoPE + the cache write fused on a QKV
+projection's output (qkv_rope_cache).
 
 This docstring is the contract the chapter's kernels implement. BF16 tensors are raw bits
 (uint16), FP8 E4M3 tensors raw bits (uint8), as the golden files store them; every BF16 value is
@@ -82,6 +83,12 @@ tolerance stated per op. The BF16 rounding points below are the ones a kernel mu
    vLLM's fp8::scaled_convert divides (x / scale); x * (1/scale) differs in the last FP32 bit now
    and then (one E4M3 code), and multiplying matches chapter 03 and the other fused quant paths.
    The reference returns updated copies of the caches it is given; the kernels write in place.
+5. qkv_rope_cache: 2 and 4 in one pass over a QKV projection's output qkv [T, Hq + 2 Hk, D] BF16
+   (its heads in that order: Hq query, Hk key, Hk value heads). The query heads rotated as in 2
+   -> q_out [T, Hq, D]; the key heads rotated as in 2 and the value heads as they are -> the BF16
+   caches as in 4 (Hk is the caches': their shapes say it). Every position must lie in the
+   cos/sin cache (the kernel skips a token whose position does not: nothing written); a padding
+   slot (-1) writes q_out only. The same roundings as rope then reshape_and_cache.
 
 Byte models (the roofline minimum: each input read once, each output written once) are the
 *_bytes functions; generators of inputs are at the end, with poisoned caches for checking that
@@ -423,6 +430,42 @@ def gather_cache(key_cache, value_cache, slots, layout: str, d: int):
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# 5. qkv_rope_cache
+
+
+def cache_kv_heads(layout: str, key_cache) -> int:
+    """Hk of a key cache in `layout` (its shape's head axis)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    shape = np.asarray(key_cache).shape
+    if len(shape) < 4:
+        raise ValueError(f"key cache: expected the {layout} layout, got shape {shape}")
+    return shape[2 if layout == "nhd" else 1]
+
+
+def split_qkv(qkv, hk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """qkv [T, Hq + 2 Hk, D] BF16 bits -> (q, k, v) views of its heads."""
+    qkv = np.asarray(qkv)
+    _bf16(qkv, 3, "qkv [T, Hq + 2 Hk, D]")
+    hq = qkv.shape[1] - 2 * hk
+    if hk <= 0 or hq <= 0:
+        raise ValueError(f"qkv has {qkv.shape[1]} heads: not Hq + 2 Hk with Hk = {hk}, Hq > 0")
+    return qkv[:, :hq], qkv[:, hq : hq + hk], qkv[:, hq + hk :]
+
+
+def qkv_rope_cache(positions, qkv, cache, slot_mapping, key_cache, value_cache, layout: str,
+                   is_neox: bool = True):
+    """-> (key_cache', value_cache', q_out): rope of the query and key heads, then
+    reshape_and_cache of the rotated keys and the values (BF16 caches)."""
+    if _kv_dtype(key_cache, value_cache) != "bfloat16":
+        raise ValueError("qkv_rope_cache writes BF16 caches")
+    q, k, v = split_qkv(qkv, cache_kv_heads(layout, key_cache))
+    q_out, k_rot = rope(positions, q, k, cache, is_neox)
+    kc, vc = reshape_and_cache(k_rot, v, key_cache, value_cache, slot_mapping, layout)
+    return kc, vc, q_out
+
+
 def dequantize_kv(bits: np.ndarray, scale) -> np.ndarray:
     """float64 value of E4M3 cache bits times the FP32 scale (what attention reads back)."""
     return formats.decode(np.asarray(bits, np.uint8), formats.E4M3) * float(np.asarray(scale)[0])
@@ -545,6 +588,19 @@ def reshape_and_cache_bytes(t: int, hk: int, d: int, kv_dtype: str, valid: int |
     n = t if valid is None else valid
     item = CACHE_VECTOR_BYTES // cache_x(kv_dtype)  # bytes per cache element
     return 8 * t + n * hk * d * 2 * (2 + item) + (8 if kv_dtype == "float8_e4m3fn" else 0)
+
+
+def qkv_rope_cache_bytes(t: int, hq: int, hk: int, d: int, rot_dim: int, fused: bool = True,
+                         valid: int | None = None) -> int:
+    """Fused: qkv read once, q_out and the caches' key and value heads written once (4 B an
+    element of qkv), positions and slots, one FP32 cos/sin row a token (`valid` tokens cached).
+    Unfused, as a layer chains it from qkv's slices (q and k copied out, rope out of place, v
+    copied, reshape_and_cache): 8 B an element of q and of v, 12 B of k."""
+    n = t if valid is None else valid
+    rows = 16 * t + 4 * t * rot_dim
+    if fused:
+        return 4 * t * hq * d + 4 * n * 2 * hk * d + rows
+    return 8 * t * hq * d + 12 * t * hk * d + 8 * n * hk * d + rows
 
 
 # ---------------------------------------------------------------------------------------------

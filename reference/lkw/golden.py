@@ -237,6 +237,14 @@ OPS = {
         ("bfloat16", "bfloat16", "int64", "float32", "float32"), ("float8_e4m3fn",) * 2,
         ("layout",), init=2,
     ),
+    # positions, qkv, cos_sin_cache, slot_mapping, then the BF16 caches' initial contents -> the
+    # caches updated in place, then q_out (param layout as reshape_and_cache's)
+    "qkv_rope_cache": Op(
+        lambda pos, qkv, cache, slots, kc, vc, layout, is_neox=1: elementwise.qkv_rope_cache(
+            pos, qkv, cache, slots, kc, vc, elementwise.LAYOUTS[int(layout)], bool(is_neox)),
+        ("int64", "bfloat16", "float32", "int64"), ("bfloat16",) * 3, ("layout", "is_neox"),
+        init=2,
+    ),
     # 06_int4_gemv (lkw.gemv: x, w, scales [, zeros] -> y; the cuBLAS peer's bf16_gemv)
     "int4_gemv": Op(gemv.int4_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
     "int4i_gemv": Op(gemv.int4i_gemv, ("bfloat16", "uint32", "bfloat16"), ("bfloat16",)),
@@ -954,6 +962,18 @@ CACHE_CASES = (
 )
 
 
+# (tag, T, Hq, Hk, D, rot_dim, is_neox, block_size, num_blocks, padding, max_pos, base) for every
+# layout: Llama-like heads with padding; GPT-J, partially rotated, Hq not a multiple of Hk (the
+# kernel's head groups) at block 5; decode; a 32-token block. Small cos/sin caches: rope's
+# cases try positions near 8192.
+QKV_ROPE_CACHE_CASES = (
+    ("neox", 37, 4, 2, 128, 128, 1, 16, 4, 0.25, 128, 500000.0),
+    ("gptj_partial", 23, 5, 2, 64, 32, 0, 5, 12, 0.25, 256, 10000.0),
+    ("decode", 1, 8, 1, 128, 128, 1, 16, 2, 0.0, 128, 500000.0),
+    ("bs32", 40, 4, 2, 128, 64, 1, 32, 3, 0.25, 512, 500000.0),
+)
+
+
 def _nonzero(draw: Callable[[], np.ndarray]) -> np.ndarray:
     """draw() again until the result is not all zeros (a case with an all-zero input is refused:
     T = 1 may draw position 0 or slot 0)."""
@@ -1071,8 +1091,26 @@ def elementwise_cache_cases(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
+def elementwise_qkv_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for layout_id, layout in enumerate(elementwise.LAYOUTS):
+        for tag, t, hq, hk, d, rot, is_neox, bs, blocks, padding, max_pos, base in QKV_ROPE_CACHE_CASES:
+            pos = rope_positions(rng, t, max_pos)
+            qkv = elementwise.heads(rng, t, hq + 2 * hk, d)
+            slots = _nonzero(lambda t=t, n=blocks * bs, p=padding: elementwise.slot_mapping(rng, t, n, p))
+            cache = elementwise.cos_sin_cache(max_pos, rot, base)
+            init = list(elementwise.poisoned_caches(layout, blocks, bs, hk, d, "bfloat16"))
+            rope_tol = elementwise.rope_tolerance(qkv[:, : hq + hk])
+            tol = "/".join([rope_tol, elementwise.TOLERANCE_KV, rope_tol])
+            case_id = f"qkv_rope_cache_{layout}_{tag}_t{t}_hq{hq}_hk{hk}_d{d}_r{rot}_b{bs}"
+            cases.append(Case(case_id, "qkv_rope_cache", tol, [pos, qkv, cache, slots],
+                              {"layout": layout_id, "is_neox": is_neox}, init))
+    return cases
+
+
 def elementwise_cases(rng: np.random.Generator) -> list[Case]:
-    return elementwise_act_cases(rng) + elementwise_rope_cases(rng) + elementwise_cache_cases(rng)
+    return (elementwise_act_cases(rng) + elementwise_rope_cases(rng) + elementwise_cache_cases(rng)
+            + elementwise_qkv_cases(rng))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from lkw import decoder_layer as dl
-from lkw import layer_torch, peers, results
+from lkw import elementwise, layer_torch, peers, results
 
 CHAPTER = "11_decoder_layer"
 # chapter 11's C++ runner: op decoder_layer_<fmt>, its one version (solutions/11_decoder_layer/
@@ -265,6 +265,8 @@ def waterfall(case: Case, wb: dict, order: list[str], replays: int, log=print) -
     rows.append({"swapped": "torch layer", **row})
     log(f"  waterfall torch layer: {row['graph_us']}")
     for name in order:
+        if name == "cache_write" and layer_torch.writes_cache(wb["rope"]):
+            continue  # swapped with rope: the fused kernel wrote the cache already
         steps[name] = wb[name]
         snapshot = dict(steps)
         row = timed(name, lambda s=snapshot: time_graph(body_of(case, s), r, replays), log)
@@ -286,10 +288,20 @@ def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_
         layer_torch.forward(wb, case.cfg, s.w, s.x, s.res, s.meta, s.cache, case.cos_sin, trace=tr)
         traces.append(tr)
     rows = []
+    fused = layer_torch.writes_cache(wb["rope"])
     # A graph of the R calls alone pays each replay's fixed cost over R launches (R = 2 at decode):
     # enough passes over the sets that a replay holds PER_KERNEL_LAUNCHES launches at least.
     passes = max(1, math.ceil(PER_KERNEL_LAUNCHES / len(case.sets)))
     for c in costs:
+        if fused and c.name == "cache_write":  # its work is in rope's row
+            rows.append({"step": c.name, "kernel": owner.get(c.name, ""), "chapter": c.chapter,
+                         "model_bytes": 0, "flops": 0, "bound_us": None, "pct_bound": None,
+                         "graph_us": None})
+            continue
+        if fused and c.name == "rope":  # one pass over qkv: the fused op's bytes
+            c = c._replace(bytes=elementwise.qkv_rope_cache_bytes(
+                case.t, case.cfg.hq, case.cfg.hkv, case.cfg.head_dim, case.cfg.head_dim))
+
         def body(name=c.name):
             for _ in range(passes):
                 for s, tr in zip(case.sets, traces, strict=True):
@@ -475,7 +487,8 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
         "torch_paths": dict(layer_torch.TORCH_PATHS), "waterfall": fall, "kernels": kernels,
         "kernel_sum_us": summed, "layer": whole, "bound_bytes": nbytes, "bound_flops": flops,
         "bound_us": b_us, "pct_bound": 100.0 * b_us / us if us and b_us else None,
-        "unaccounted": ("q, k made contiguous for RoPE (T > 1), allocations, gaps between kernels"),
+        "unaccounted": ("allocations, gaps between kernels" if layer_torch.writes_cache(wb["rope"]) else
+                        "q, k made contiguous for RoPE (T > 1), allocations, gaps between kernels"),
     }
 
 

@@ -67,6 +67,9 @@ MIN_SCALE = float(quant.MIN_SCALE)
 # (T <= 16), 07's wgmma GEMM (which splits K itself where its tiles leave SMs idle), 08's blockwise GEMM.
 WORKBOOK = {
     "norm": ["04_rmsnorm/fused_add_rmsnorm/v4_fused_add"],
+    # RoPE and the cache write in one pass over qkv where chapter 05's fused op is built
+    # (forward calls it in place of both steps), else the two kernels.
+    "rope_cache": ["05_elementwise/qkv_rope_cache/v9_qkv_rope_cache"],
     "rope": ["05_elementwise/rope/v4_rope_vec16", "05_elementwise/rope/v3_rope_scalar"],
     "cache": [
         "05_elementwise/reshape_and_cache/v8_cache_staged",
@@ -418,6 +421,12 @@ def forward(steps: dict, cfg: dl.Config, w: LayerWeights, x, residual, meta: Met
 
     xn, r1 = call("attn_norm", x, residual, w.norm1)
     qkv = call("qkv_proj", xn, w.qkv)  # (T,(Hq+2Hkv)D)
+    if writes_cache(steps["rope"]):
+        # One kernel for steps 3 and 4 (the workbook's qkv_rope_cache): q' out, k' and v straight
+        # into the cache; cache_write has nothing left to do.
+        q = call("rope", meta.positions, qkv, cos_sin, cache, meta.slots)
+        o = call("attention", q, cache, meta)
+        return _after_attention(call, w, o, r1)
     q = qkv[:, : cfg.hq * hd].unflatten(1, (cfg.hq, hd))
     k = qkv[:, cfg.hq * hd : (cfg.hq + cfg.hkv) * hd].unflatten(1, (cfg.hkv, hd))
     v = qkv[:, (cfg.hq + cfg.hkv) * hd :].unflatten(1, (cfg.hkv, hd))
@@ -429,12 +438,22 @@ def forward(steps: dict, cfg: dl.Config, w: LayerWeights, x, residual, meta: Met
     else:
         steps["cache_write"](k, v, cache, meta.slots)
     o = call("attention", q, cache, meta)  # (T,Hq D)
+    return _after_attention(call, w, o, r1)
+
+
+def _after_attention(call, w: LayerWeights, o, r1):
     y = call("o_proj", o, w.o)
     xn2, r2 = call("ffn_norm", y, r1, w.norm2)
     gu = call("gate_up_proj", xn2, w.gate_up)  # (T,2 d_ff)
     a = call("act", gu)
     out = call("down_proj", a, w.down)
     return out, r2
+
+
+def writes_cache(rope_step) -> bool:
+    """Whether a rope step is the fused one: (positions, qkv, cos_sin, cache, slots) -> q', the
+    cache written (workbook_steps' where chapter 05's qkv_rope_cache is built)."""
+    return bool(getattr(rope_step, "writes_cache", False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -785,6 +804,24 @@ def _wb_rope(names):
     return rope
 
 
+def _wb_rope_cache(cfg: dl.Config, names):
+    """Chapter 05's qkv_rope_cache: the query heads of qkv rotated into q', the key heads rotated
+    and the value heads copied into the paged cache, one launch (no copies of qkv's slices)."""
+    torch = _torch()
+    name = pick("rope_cache", names)
+    d = cfg.head_dim
+
+    def rope(positions, qkv, cos_sin, cache: KVCache, slots):
+        t = qkv.shape[0]
+        q = torch.empty(t, cfg.hq, d, dtype=qkv.dtype, device=qkv.device)
+        launch(name, [positions, qkv.view(t, -1, d), cos_sin, slots], [cache.key, cache.value, q],
+               {"layout": 0, "is_neox": 1})
+        return q
+
+    rope.writes_cache = True
+    return rope
+
+
 def _wb_cache(names):
     name = pick("cache", names)
 
@@ -902,7 +939,7 @@ def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = No
     return {
         "attn_norm": _wb_norm(cfg.eps, names),
         "qkv_proj": project,
-        "rope": _wb_rope(names),
+        "rope": _wb_rope_cache(cfg, names) if _has_any(names, ["rope_cache"]) else _wb_rope(names),
         "cache_write": _wb_cache(names),
         "attention": _wb_attention(cfg, names),
         "o_proj": project,
@@ -914,6 +951,7 @@ def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = No
 
 
 PROMPT_ATTENTION = "torch scaled_dot_product_attention (causal, a prompt)"
+IN_ROPE = "(in rope's kernel: qkv_rope_cache)"
 
 
 def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool = False) -> dict[str, str]:
@@ -931,6 +969,8 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool
     norm = maybe("norm")
     owner.update(attn_norm=norm, ffn_norm=norm, rope=maybe("rope"), cache_write=maybe("cache"),
                  act=maybe("act_fp8" if fmt == "fp8" else "act"))
+    if _has_any(names, ["rope_cache"]):
+        owner.update(rope=maybe("rope_cache"), cache_write=IN_ROPE)
     if fmt == "w4a16":
         try:
             gemm = w4a16_kernel(t, names)

@@ -978,6 +978,31 @@ def cache_peers(layout: str, kv_dtype: str) -> dict[str, Callable]:
     return {f"vllm {kernel}" + (" (HND strides)" if layout == "hnd" else ""): factory}
 
 
+def qkv_rope_cache_peers() -> dict[str, Callable]:
+    """vLLM's path for chapter 05's qkv_rope_cache (the paged layout, BF16 caches): its
+    rotary_embedding in place on the query and key heads of (a copy of) qkv, as strided views,
+    then reshape_and_cache of the rotated key heads and the value heads, two kernels; q_out is the
+    rotated query view. Reset restores the copy of qkv and the caches (untimed)."""
+
+    def vllm_chain(torch, ins):
+        v = library("vllm")
+        pos, qkv0, cos_sin, slots = ins[:4]
+        (qkv, kc, vc), reset = _copies(torch, [qkv0, *ins[4:6]])
+        hk = kc.shape[1]
+        hq = qkv.shape[1] - 2 * hk
+        q, k, val = qkv[:, :hq], qkv[:, hq : hq + hk], qkv[:, hq + hk :]
+        one = torch.ones(1, dtype=torch.float32, device=qkv.device)
+
+        def call():
+            v.ops.rotary_embedding(pos, q, k, q.shape[-1], cos_sin, True)
+            v.cache_ops.reshape_and_cache(k, val, kc, vc, slots, "auto", one, one)
+            return kc, vc, q
+
+        return PeerCall(call, reset=reset)
+
+    return {"vllm rotary_embedding + reshape_and_cache (in place on qkv's views)": vllm_chain}
+
+
 # ------------------------------------------------------------------------------------------------
 # Chapter 10: sampling. top_k_mask_logits: inputs [logits f32 [B, V], top_k int32 [B]] -> masked
 # logits f32 [B, V]; top_k_renorm_probs: [probs f32 [B, V], top_k int32 [B]] -> renormalized

@@ -220,4 +220,154 @@ __device__ __forceinline__ CacheUnit<kFp8, kVec> to_cache_unit(const Bf16Vec<kVe
   }
 }
 
+// =============================================================================================
+// 4. qkv_rope_cache (v9): RoPE and reshape_and_cache fused on a QKV projection's output
+
+// qkv [T, Hq + 2·Hk, D] is one GEMM's output rows: Hq query heads, then Hk key heads, then Hk
+// value heads. The query heads are rotated into q_out [T, Hq, D] (attention's input), the key
+// heads rotated straight into the key cache and the value heads copied into the value cache
+// (BF16 caches, the layouts above). Hk is the caches' (their shapes say it), Hq = H − 2·Hk.
+// A token whose position lies outside the cos/sin cache is skipped whole (nothing written); a
+// padding slot (−1) writes q_out only.
+constexpr const char* kQkvRopeCache = "qkv_rope_cache";
+
+struct QkvArgs {
+  const int64_t* positions;    // [T]
+  const __nv_bfloat16* qkv;    // [T, Hq + 2·Hk, D]
+  const float* cos_sin;        // [max_pos, rot_dim]
+  const int64_t* slots;        // [T]
+  __nv_bfloat16* key_cache;    // the layout's shapes
+  __nv_bfloat16* value_cache;
+  __nv_bfloat16* q_out;        // [T, Hq, D]
+  int64_t t, hq, hk, d, rot_dim, max_pos, num_blocks, block_size;
+  Layout layout = Layout::kPaged;
+  bool is_neox = true;
+
+  __host__ __device__ int64_t heads() const { return hq + 2 * hk; }
+};
+
+inline Status qkv_args(const Args& a, QkvArgs* out) {
+  const double layout = a.param("layout", -1);
+  Status s = Check()
+                 .that(a.inputs.size() == 4 && a.outputs.size() == 3,
+                       "qkv_rope_cache takes 4 inputs (positions, qkv, cos_sin_cache, "
+                       "slot_mapping) and 3 outputs (key_cache, value_cache, q_out)")
+                 .that(layout == 0 || layout == 1 || layout == 2,
+                       "the param layout must be 0 (paged), 1 (NHD) or 2 (HND)")
+                 .that(a.param("inverse", 0) == 0, "qkv_rope_cache has no inverse")
+                 .status();
+  if (!s.ok()) return s;
+  const TensorRef& pos = a.inputs[0];
+  const TensorRef& qkv = a.inputs[1];
+  const TensorRef& cs = a.inputs[2];
+  const TensorRef& slots = a.inputs[3];
+  const TensorRef& kc = a.outputs[0];
+  const TensorRef& vc = a.outputs[1];
+  const TensorRef& q = a.outputs[2];
+  const auto bf16 = [](const TensorRef& x, size_t dims) {
+    return x.dtype == DType::kBF16 && x.shape.size() == dims;
+  };
+  s = Check()
+          .that(pos.dtype == DType::kI64 && pos.shape.size() == 1, "positions are int64 [T]")
+          .that(bf16(qkv, 3) && bf16(q, 3), "qkv and q_out are BF16 [T, H, D]")
+          .that(cs.dtype == DType::kF32 && cs.shape.size() == 2,
+                "cos_sin_cache is float32 [max_pos, rot_dim]")
+          .that(slots.dtype == DType::kI64 && slots.shape.size() == 1, "slot_mapping is int64 [T]")
+          .that(kc.dtype == DType::kBF16 && vc.dtype == DType::kBF16 && kc.shape.size() >= 4,
+                "the caches are BF16 in the layout's shapes")
+          .status();
+  if (!s.ok()) return s;
+  QkvArgs r{};
+  r.layout = static_cast<Layout>(int(layout));
+  r.t = qkv.dim(0);
+  r.d = qkv.dim(2);
+  r.hk = kc.dim(r.layout == Layout::kNhd ? 2 : 1);
+  r.hq = qkv.dim(1) - 2 * r.hk;
+  r.num_blocks = kc.dim(0);
+  r.block_size = kc.dim(r.layout == Layout::kPaged ? 3 : r.layout == Layout::kNhd ? 1 : 2);
+  r.max_pos = cs.dim(0);
+  r.rot_dim = cs.dim(1);
+  constexpr int64_t x = kCacheVectorBytes / 2;
+  std::vector<int64_t> want_k, want_v;
+  switch (r.layout) {
+    case Layout::kPaged:
+      want_k = {r.num_blocks, r.hk, r.d / x, r.block_size, x};
+      want_v = {r.num_blocks, r.hk, r.d, r.block_size};
+      break;
+    case Layout::kNhd: want_k = want_v = {r.num_blocks, r.block_size, r.hk, r.d}; break;
+    case Layout::kHnd: want_k = want_v = {r.num_blocks, r.hk, r.block_size, r.d}; break;
+  }
+  s = Check()
+          .that(r.hk > 0 && r.hq > 0,
+                "qkv's heads must be Hq + 2·Hk with Hq > 0 (Hk: the caches')")
+          .that(q.shape == std::vector<int64_t>{r.t, r.hq, r.d}, "q_out must be [T, Hq, D]")
+          .that(pos.dim(0) == r.t && slots.dim(0) == r.t,
+                "positions and slot_mapping need T entries")
+          .that(r.layout != Layout::kPaged || r.d % x == 0, "the paged key layout needs D % 8 == 0")
+          .that(kc.shape == want_k && vc.shape == want_v,
+                "the caches' shapes do not match the layout for these Hk and D")
+          .status();
+  if (!s.ok()) return s;
+  r.positions = static_cast<const int64_t*>(pos.data);
+  r.qkv = static_cast<const __nv_bfloat16*>(qkv.data);
+  r.cos_sin = static_cast<const float*>(cs.data);
+  r.slots = static_cast<const int64_t*>(slots.data);
+  r.key_cache = static_cast<__nv_bfloat16*>(kc.data);
+  r.value_cache = static_cast<__nv_bfloat16*>(vc.data);
+  r.q_out = static_cast<__nv_bfloat16*>(q.data);
+  r.is_neox = a.param("is_neox", 1) != 0;
+  *out = r;
+  return {};
+}
+
+// `vec`: BF16 elements per access (the tensors aligned to 2·vec bytes, the cos/sin cache to
+// 4·vec).
+inline Status validate_qkv(const QkvArgs& a, int vec) {
+  Status s = Check()
+                 .not_null(a.positions, "positions")
+                 .not_null(a.qkv, "qkv")
+                 .not_null(a.cos_sin, "cos_sin_cache")
+                 .not_null(a.slots, "slot_mapping")
+                 .not_null(a.key_cache, "key_cache")
+                 .not_null(a.value_cache, "value_cache")
+                 .not_null(a.q_out, "q_out")
+                 .positive(a.t, "T")
+                 .positive(a.d, "D")
+                 .positive(a.max_pos, "max_pos")
+                 .positive(a.num_blocks, "num_blocks")
+                 .positive(a.block_size, "block_size")
+                 .that(a.t <= kMaxRows, "T must be below 2^31")
+                 .that(a.rot_dim > 0 && a.rot_dim % 2 == 0 && a.rot_dim <= a.d,
+                       "rot_dim = " + std::to_string(a.rot_dim) + " must be even, > 0 and <= D")
+                 .that(a.heads() * a.d <= (int64_t(1) << 20), "(Hq + 2·Hk) · D must be <= 2^20")
+                 .that(double(a.num_blocks) * double(a.block_size) < 0x1p31,
+                       "the cache must hold fewer than 2^31 slots")
+                 .aligned(a.positions, 8, "positions")
+                 .aligned(a.slots, 8, "slot_mapping")
+                 .aligned(a.qkv, 2 * vec, "qkv")
+                 .aligned(a.q_out, 2 * vec, "q_out")
+                 .aligned(a.key_cache, 2 * vec, "key_cache")
+                 .aligned(a.value_cache, 2 * vec, "value_cache")
+                 .aligned(a.cos_sin, 4 * vec, "cos_sin_cache")
+                 .status();
+  if (!s.ok()) return s;
+  const int64_t cache = 2 * a.num_blocks * a.block_size * a.hk * a.d;
+  return check_apart({{a.key_cache, cache, "key_cache"},
+                      {a.value_cache, cache, "value_cache"},
+                      {a.q_out, 2 * a.t * a.hq * a.d, "q_out"}},
+                     {{a.positions, 8 * a.t, "positions"},
+                      {a.qkv, 2 * a.t * a.heads() * a.d, "qkv"},
+                      {a.cos_sin, 4 * a.max_pos * a.rot_dim, "cos_sin_cache"},
+                      {a.slots, 8 * a.t, "slot_mapping"}});
+}
+
+// Every token valid: qkv read once, q_out and the two cache heads written once (4 B per element
+// of qkv), the positions and slots, one cos/sin row a token. The unfused chain it replaces in a
+// layer moves more than twice that (book 05).
+inline double qkv_bytes(const Args& a) {
+  const TensorRef& qkv = a.inputs[1];
+  const double t = double(qkv.dim(0));
+  return 4.0 * double(qkv.numel()) + 16.0 * t + 4.0 * t * double(a.inputs[2].dim(1));
+}
+
 }  // namespace lkw::elementwise

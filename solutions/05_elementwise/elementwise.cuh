@@ -14,6 +14,9 @@
 //   reshape_and_cache(_fp8)         key, value [T, Hk, D], slot_mapping [T] (, k_scale, v_scale)
 //                                   → the KV caches, updated in place (param layout: 0 paged,
 //                                   1 NHD, 2 HND); slot −1 is padding: nothing read or written
+//   qkv_rope_cache                  positions, qkv [T, Hq + 2·Hk, D], cos_sin, slot_mapping →
+//                                   the BF16 caches (k rotated, v as is), q_out rotated: rope
+//                                   and reshape_and_cache in one pass over a QKV GEMM's output
 // q_out, k_out may be q, k exactly (in place, vLLM's signature): then a partial rotation leaves
 // the other D − rot_dim elements untouched; out of place they are copied.
 //
@@ -22,10 +25,12 @@
 //   act_and_mul 6 B (gate, up read; y written)   fused FP8 quant 5 B (vs 9 B: y out and back in)
 //   rope 4 B over rot_dim                        qk_norm_rope 4 B (vs 8 B: a norm pass, a rope pass)
 //   reshape_and_cache 4 + 2·(cache bytes) per element of key and value: 8 B BF16, 6 B FP8
+//   qkv_rope_cache 4 B per element of qkv (vs 8 to 12 B: the layer's copies of its slices)
 //
 // versions: v0_act_scalar → v1_act_vec16 → v2_act_fused_fp8 (the three quant ops; their contract
 // below); v3_rope_scalar → v4_rope_vec16 → v5_qk_norm_rope (rope.cuh); v6_cache_scalar →
-// v7_cache_vec16 → v8_cache_staged (cache.cuh).
+// v7_cache_vec16 → v8_cache_staged (cache.cuh); v9_qkv_rope_cache (v4's items and v8's tile in
+// one kernel; its contract in cache.cuh).
 // peers: chain_unfused (the kernels the fused versions replace); mutants.cu.
 #pragma once
 #include <cuda_bf16.h>

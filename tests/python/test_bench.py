@@ -1003,16 +1003,20 @@ def test_elementwise_cases_are_the_issue_s_shapes_and_the_shape_strings_select_t
     want |= {("qk_norm_rope", f"t={t},hq=32,hk=8,d=128,rot=128,neox,qwen3_8b") for t in ts}
     want |= {(op, f"t={t},hk=8,d=128,block=16,{layout},llama3_8b")
              for op in bench.CACHE_OPS for layout in ("paged", "nhd", "hnd") for t in (16, 1024, 8192)}
-    assert {(c.op, c.shape) for c in cases} == want and len(cases) == len(want) == 93
+    # The layer's RoPE and cache write fused, on both Llama models' heads (the paged layout).
+    want |= {("qkv_rope_cache", f"t={t},hq={hq},hk=8,d=128,rot=128,block=16,paged,{m}")
+             for m, hq in (("llama3_8b", 32), ("llama3_70b", 64)) for t in ts}
+    assert {(c.op, c.shape) for c in cases} == want and len(cases) == len(want) == 103
     assert ts == (1, 16, 128, 1024, 8192) and len(golden.FP8_ACT_OPS) == 3
-    assert {c.op for c in bench.cases_of("05_elementwise", shape="llama3_70b")} == {*act_ops, "rope"}
+    assert {c.op for c in bench.cases_of("05_elementwise", shape="llama3_70b")} == {
+        *act_ops, "rope", "qkv_rope_cache"}
     assert {c.op for c in bench.cases_of("05_elementwise", shape="qwen3")} == {"qk_norm_rope"}
     picked = bench.cases_of("05_elementwise", ops=["reshape_and_cache_fp8"], shape=r"^t=8192,.*,paged,")
     assert [c.shape for c in picked] == ["t=8192,hk=8,d=128,block=16,paged,llama3_8b"]
     picked = bench.cases_of("05_elementwise", ops=list(bench.CACHE_OPS), shape=",hnd,")
     assert len(picked) == 6 and {c.params["layout"] for c in picked} == {2}  # HND: the launcher's layout 2
-    # T = 1: six activation ops and two ropes per Llama model, and the QK norm
-    assert len(bench.cases_of("05_elementwise", shape=r"^t=1,")) == 2 * 6 + 2 + 1
+    # T = 1: six activation ops, two ropes and two fused rope + cache per Llama model, the QK norm
+    assert len(bench.cases_of("05_elementwise", shape=r"^t=1,")) == 2 * 6 + 2 + 2 + 1
 
 
 def test_cache_slots_are_decode_tokens_or_prompts_filling_scattered_blocks():
@@ -1048,6 +1052,14 @@ def test_elementwise_cases_name_their_tensors_peers_and_in_place_caches():
         assert "torch_eager" in c.torch_peers and ("torch_compile" in c.torch_peers) == (t > bench.ACT_SAMPLE_ROWS)
         assert {name.split()[0] for name in c.library_peers} <= set(peers.LIBRARIES)
         assert c.model_bytes and c.model_bytes > 0
+        if c.op == "qkv_rope_cache":  # the caches and q_out, rotated by what a launch moves
+            hq = int(c.shape.split(",")[1][3:])
+            assert c.params == {"layout": 0, "is_neox": 1} and c.sample_rows is None
+            assert c.rotation_bytes == c.model_bytes == ew.qkv_rope_cache_bytes(t, hq, 8, 128, 128)
+            assert c.shared_inputs == (2,) and c.reference_sees_all
+            assert set(c.library_peers) == {
+                "vllm rotary_embedding + reshape_and_cache (in place on qkv's views)"}
+            continue
         if c.initial_outputs:  # the caches: compared whole, rotated by the bytes a launch touches
             kv_dtype = bench.CACHE_OPS[c.op]
             layout = c.shape.split(",")[4]

@@ -24,6 +24,7 @@ SIGNATURES = {
     "qk_norm_rope": ([I64, BF16, BF16, BF16, BF16, F32], [], [BF16, BF16]),
     "reshape_and_cache": ([BF16, BF16, I64], [BF16, BF16], [BF16, BF16]),
     "reshape_and_cache_fp8": ([BF16, BF16, I64, F32, F32], [FP8, FP8], [FP8, FP8]),
+    "qkv_rope_cache": ([I64, BF16, F32, I64], [BF16, BF16], [BF16, BF16, BF16]),
 }
 
 
@@ -185,7 +186,32 @@ def test_the_chapter_is_a_few_megabytes_on_disk(tmp_path):
     golden.write_chapter(tmp_path, "05_elementwise", 7)
     files = list((tmp_path / "05_elementwise").iterdir())
     total = sum(f.stat().st_size for f in files)
-    assert total < 5_000_000, f"{total / 1e6:.1f} MB"
-    assert sum(f.name.endswith(".npy") and ".init" in f.name for f in files) == 2 * 3 * 2 * len(
-        golden.CACHE_CASES
+    assert total < 8_000_000, f"{total / 1e6:.1f} MB"
+    assert sum(f.name.endswith(".npy") and ".init" in f.name for f in files) == 2 * 3 * (
+        2 * len(golden.CACHE_CASES) + len(golden.QKV_ROPE_CACHE_CASES)
     )
+
+
+def test_qkv_cases_are_the_chain_of_rope_and_cache_in_every_layout(cases, outputs):
+    """Each case's outputs are rope's then reshape_and_cache's of the same heads; every layout,
+    both pairings, a partial rotation, Hq not a multiple of Hk, decode, padding slots."""
+    mine = by_op(cases, "qkv_rope_cache")
+    seen = set()
+    for c in mine:
+        pos, qkv, cache, slots = c.inputs
+        layout = ew.LAYOUTS[c.params["layout"]]
+        hk = ew.cache_kv_heads(layout, c.init[0])
+        q, k, v = ew.split_qkv(qkv, hk)
+        q_rot, k_rot = ew.rope(pos, q, k, cache, bool(c.params["is_neox"]))
+        kc, vc = ew.reshape_and_cache(k_rot, v, *c.init, slots, layout)
+        got = outputs[c.id]
+        assert np.array_equal(got[0], kc) and np.array_equal(got[1], vc)
+        assert np.array_equal(got[2], q_rot)
+        assert not np.array_equal(q_rot, q), "the query heads rotate"
+        assert np.all(got[0] == c.init[0]) == (not np.any(slots >= 0))
+        seen.add((layout, c.params["is_neox"], cache.shape[1] < qkv.shape[2], q.shape[1] % hk != 0,
+                  qkv.shape[0] == 1, bool(np.any(slots < 0))))
+    for layout in ew.LAYOUTS:
+        here = [s[1:] for s in seen if s[0] == layout]
+        assert {s[0] for s in here} == {0, 1} and any(s[1] for s in here) and any(s[2] for s in here)
+        assert any(s[3] for s in here) and any(s[4] for s in here)

@@ -643,6 +643,51 @@ def test_byte_models_match_the_seed_and_the_issue():
     assert ew.reshape_and_cache_bytes(4, 8, 128, "bfloat16", valid=3) == 32 + 3 * 8192
 
 
+def test_qkv_rope_cache_is_rope_then_the_cache_write_of_the_slices(rng):
+    t, hq, hk, d = 9, 6, 2, 16
+    qkv = ew.heads(rng, t, hq + 2 * hk, d)
+    pos, cache = ew.positions(rng, t, 32), ew.cos_sin_cache(32, 8)
+    slots = ew.slot_mapping(rng, t, 24)
+    for layout in ew.LAYOUTS:
+        kc0, vc0 = ew.poisoned_caches(layout, 6, 4, hk, d, "bfloat16")
+        kc, vc, q = ew.qkv_rope_cache(pos, qkv, cache, slots, kc0, vc0, layout, is_neox=False)
+        q_rot, k_rot = ew.rope(pos, qkv[:, :hq], qkv[:, hq : hq + hk], cache, False)
+        want_k, want_v = ew.reshape_and_cache(k_rot, qkv[:, hq + hk :], kc0, vc0, slots, layout)
+        assert np.array_equal(q, q_rot) and np.array_equal(kc, want_k) and np.array_equal(vc, want_v)
+        # The values are copied, the keys rotated: gathered back, only the values are qkv's.
+        keys, values = ew.gather_cache(kc, vc, slots[slots >= 0], layout, d)
+        assert np.array_equal(values, qkv[slots >= 0, hq + hk :])
+        assert not np.array_equal(keys, qkv[slots >= 0, hq : hq + hk])
+        assert np.all(kc0 == ew.POISON[np.dtype(np.uint16)]), "the given caches stay as they were"
+
+
+def test_qkv_rope_cache_refuses_bad_heads_caches_and_positions(rng):
+    qkv, cache = ew.heads(rng, 2, 6, 16), ew.cos_sin_cache(8, 16)
+    pos, slots = np.array([1, 2]), np.array([0, 1])
+    kc, vc = ew.poisoned_caches("nhd", 2, 4, 3, 16, "bfloat16")
+    with pytest.raises(ValueError, match="Hq \\+ 2 Hk"):
+        ew.qkv_rope_cache(pos, qkv, cache, slots, kc, vc, "nhd")  # 6 heads, Hk 3: no query head
+    kc, vc = ew.poisoned_caches("nhd", 2, 4, 2, 16, "float8_e4m3fn")
+    with pytest.raises(ValueError, match="BF16 caches"):
+        ew.qkv_rope_cache(pos, qkv, cache, slots, kc, vc, "nhd")
+    kc, vc = ew.poisoned_caches("hnd", 2, 4, 2, 16, "bfloat16")
+    with pytest.raises(ValueError, match="outside the cache"):
+        ew.qkv_rope_cache(np.array([1, 8]), qkv, cache, slots, kc, vc, "hnd")
+    with pytest.raises(ValueError, match="layout"):
+        ew.qkv_rope_cache(pos, qkv, cache, slots, kc, vc, "nchw")
+
+
+def test_qkv_rope_cache_bytes_against_the_chain_it_replaces():
+    # Llama-3-8B (Hq 32, Hk 8, D 128), one token: 4 B an element of qkv fused; the chain moves
+    # 8 B an element of q and v and 12 of k: 2.17x.
+    fused = ew.qkv_rope_cache_bytes(1, 32, 8, 128, 128)
+    chain = ew.qkv_rope_cache_bytes(1, 32, 8, 128, 128, fused=False)
+    assert fused == 4 * 48 * 128 + 16 + 512
+    assert chain - 528 == 8 * 32 * 128 + 12 * 8 * 128 + 8 * 8 * 128
+    assert round((chain - 528) / (fused - 528), 2) == 2.17
+    assert ew.qkv_rope_cache_bytes(4, 32, 8, 128, 128, valid=3) == 4 * 4 * 32 * 128 + 4 * 3 * 16 * 128 + 64 + 2048
+
+
 def test_generators(rng):
     slots = ew.slot_mapping(rng, 50, 64)
     assert slots.dtype == np.int64 and np.any(slots == -1) and np.any(slots >= 0)

@@ -516,9 +516,9 @@ def test_the_manifest_reader_refuses_records_out_of_order(tmp_path, monkeypatch)
 
 
 def test_chapter_05_updates_its_caches_from_init_records(manifests):
-    """Every reshape_and_cache case of the written chapter carries both caches' initial contents
-    (and no other op has init records)."""
+    """Every reshape_and_cache and qkv_rope_cache case of the written chapter carries both caches'
+    initial contents (and no other op has init records)."""
     for case in manifests["05_elementwise"][1]:
-        in_place = case["op"].startswith("reshape_and_cache")
+        in_place = case["op"].startswith("reshape_and_cache") or case["op"] == "qkv_rope_cache"
         assert len(case["init"]) == (2 if in_place else 0), case["id"]
         assert golden.OPS[case["op"]].init == len(case["init"])

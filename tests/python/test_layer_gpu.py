@@ -133,6 +133,25 @@ def check_step(name: str, fmt: str, args, got, want) -> list[str]:
     return problems
 
 
+def check_rope_cache(wb: dict, trace: dict) -> list[str]:
+    """The fused rope step (chapter 05's qkv_rope_cache) on the reference's qkv and cache: q'
+    against the reference rope's, the cache against the reference cache_write's (the keys within
+    RoPE's tolerance, rotated in FP32 here; the values copied exactly)."""
+    (pos, q, k, cos_sin), (q_ref, _) = trace["rope"]
+    (_, _, before, slots), after = trace["cache_write"]
+    qkv = trace["qkv_proj"][1]  # (T,(Hq+2Hkv)D) BF16
+    cache = before.clone()
+    got = wb["rope"](pos, qkv, cos_sin, cache, slots)
+    tol = elementwise.rope_tolerance(lt.to_bits(q), lt.to_bits(k))
+    problems = []
+    for g, w, dtype, t, what in ((got, q_ref, "bfloat16", tol, "q"),
+                                 (cache.key, after.key, "bfloat16", tol, "key cache"),
+                                 (cache.value, after.value, "bfloat16", "exact", "value cache")):
+        if not elementwise.matches(bits(g), bits(w), dtype, t):
+            problems.append(f"rope + cache_write {what}: not within {t}")
+    return problems
+
+
 @pytest.mark.parametrize("kind,t", CASES)
 def test_each_workbook_step_matches_the_reference_step(weights, names, kind, t):
     fmt, w = weights
@@ -146,6 +165,10 @@ def test_each_workbook_step_matches_the_reference_step(weights, names, kind, t):
         if name == "attention" or owner[name].startswith("cuBLAS"):
             continue
         args, want = trace[name]
+        if lt.writes_cache(wb["rope"]) and name in ("rope", "cache_write"):
+            if name == "rope":
+                problems += [f"{p} ({owner[name]})" for p in check_rope_cache(wb, trace)]
+            continue
         if name == "cache_write":
             k, v, before, slots = args
             got = before.clone()

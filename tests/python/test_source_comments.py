@@ -36,7 +36,7 @@ def test_the_check_sees_a_log():
 
 # Chapters of several op families, each with its own lesson path: their files are named
 # vN_<family>_what_changed.cu (one version numbering for the chapter, as the grader orders it).
-FAMILIES = {"05_elementwise": ("act", "rope", "qk", "cache"), "09_moe": ("align", "topk", "grouped", "sum")}
+FAMILIES = {"05_elementwise": ("act", "rope", "qk", "cache", "qkv"), "09_moe": ("align", "topk", "grouped", "sum")}
 # Chapter 07's two ops are one teaching path; a version's family is the op it registers (the
 # natural layout's w4a16_gemm or the repacked w4a16r_gemm).
 OP_FAMILIES = {"07_w4a16_gemm": (("kW4a16rGemm", "w4a16r_gemm"), ("kW4a16Gemm", "w4a16_gemm"))}

@@ -10,8 +10,15 @@
 //                               position lies outside the cache is not written (v3, v4, v5)
 //   Cache/*                     v6 and v7 bit-equal for every layout and dtype; slots that are
 //                               padding or outside the cache change nothing
+//   QkvRopeCache/*              v9 equals the chain it replaces (v4 out of place on qkv's query
+//                               and key heads, then v8 of the rotated keys and the values) bit
+//                               for bit in every layout and pairing, run step by step here and
+//                               as the registered chain_unfused peer; a position outside the
+//                               cos/sin cache writes nothing of its token, a slot that is not
+//                               one writes q_out only
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "05_elementwise/elementwise_test.h"
@@ -251,6 +258,90 @@ TEST(Cache, ScalarVsVecAndBadSlots) {
             expect_same(with_bad, with_padding, std::string(id) + " bad slots, " + what);
           }
         }
+}
+
+TEST(QkvRopeCache, EqualsTheChainOfRopeAndCache) {
+  SKIP_WITHOUT_GPU();
+  const int64_t t = 37, hq = 5, hk = 2, h = hq + 2 * hk, blocks = 6, bs = 16, max_pos = 64;
+  for (const auto [d, rot] : {std::pair<int64_t, int64_t>{128, 128}, {64, 32}})
+    for (const int neox : {1, 0})
+      for (int layout = 0; layout < 3; ++layout) {
+        const std::string what = "layout " + std::to_string(layout) + (neox ? " NEOX" : " GPT-J") +
+                                 " D " + std::to_string(d) + " rot " + std::to_string(rot);
+        auto rng = rng_for(what);
+        const std::vector<uint16_t> qkv = random_bf16(rng, t * h * d, d);
+        std::vector<int64_t> pos(static_cast<size_t>(t)), slots(size_t(blocks * bs));
+        for (int64_t& p : pos) p = int64_t(rng() % max_pos);
+        for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(size_t(t));
+        slots[3] = -1, slots[11] = -2, slots[12] = blocks * bs;  // padding and two non-slots
+        // The heads of qkv as tensors of their own, for the chain.
+        std::vector<uint16_t> q, k, v;
+        for (int64_t i = 0; i < t; ++i) {
+          const auto row = qkv.begin() + i * h * d;
+          q.insert(q.end(), row, row + hq * d);
+          k.insert(k.end(), row + hq * d, row + (hq + hk) * d);
+          v.insert(v.end(), row + (hq + hk) * d, row + h * d);
+        }
+        std::vector<int64_t> k_shape, v_shape;
+        if (layout == 0) {
+          k_shape = {blocks, hk, d / 8, bs, 8};
+          v_shape = {blocks, hk, d, bs};
+        } else {
+          k_shape = v_shape = layout == 1 ? std::vector<int64_t>{blocks, bs, hk, d}
+                                          : std::vector<int64_t>{blocks, hk, bs, d};
+        }
+        std::vector<uint8_t> init(static_cast<size_t>(blocks * bs * hk * d * 2));
+        for (uint8_t& b : init) b = uint8_t(rng() % 0x70);
+        const HostTensor kc{DType::kBF16, k_shape, init}, vc{DType::kBF16, v_shape, init};
+        const HostTensor cos_sin = host_tensor(DType::kF32, {max_pos, rot}, cos_sin_cache(max_pos, rot));
+        const std::map<std::string, double> p{{"layout", double(layout)}, {"is_neox", double(neox)}};
+        auto fused = [&](const std::vector<int64_t>& positions,
+                         const char* id = "v9_qkv_rope_cache") {
+          return run(name("qkv_rope_cache", id),
+                     {host_tensor(DType::kI64, {t}, positions), bf16({t, h, d}, qkv), cos_sin,
+                      host_tensor(DType::kI64, {t}, slots)},
+                     {kc, vc, poisoned(DType::kBF16, {t, hq, d})}, p);
+        };
+        const Outputs got = fused(pos);
+        const Outputs rot_qk = run(name("rope", "v4_rope_vec16"),
+                                   {host_tensor(DType::kI64, {t}, pos), bf16({t, hq, d}, q),
+                                    bf16({t, hk, d}, k), cos_sin},
+                                   {poisoned(DType::kBF16, {t, hq, d}), poisoned(DType::kBF16, {t, hk, d})},
+                                   {{"is_neox", double(neox)}});
+        ASSERT_TRUE(rot_qk.status.ok()) << rot_qk.status.str();
+        std::vector<uint16_t> k_rot(k.size());
+        std::memcpy(k_rot.data(), rot_qk.bytes[1].data(), 2 * k_rot.size());
+        const Outputs cached = run(name("reshape_and_cache", "v8_cache_staged"),
+                                   {bf16({t, hk, d}, k_rot), bf16({t, hk, d}, v),
+                                    host_tensor(DType::kI64, {t}, slots)},
+                                   {kc, vc}, {{"layout", double(layout)}});
+        Outputs chain = cached;
+        chain.bytes.push_back(rot_qk.bytes[0]);
+        expect_same(got, chain, what);
+        expect_same(got, fused(pos, "chain_unfused"), "the registered chain, " + what);
+        // Positions outside the cos/sin cache: their tokens write nothing, as if padding with
+        // q_out's rows left as they were.
+        std::vector<int64_t> bad = pos;
+        bad[5] = -1, bad[6] = max_pos;
+        const Outputs skipped = fused(bad);
+        ASSERT_TRUE(skipped.status.ok()) << skipped.status.str();
+        const size_t row = size_t(hq * d * 2);
+        for (size_t i = 0; i < size_t(t); ++i) {
+          const bool dead = i == 5 || i == 6;
+          const auto a = skipped.bytes[2].begin() + i * row, b = got.bytes[2].begin() + i * row;
+          EXPECT_EQ(dead, !std::equal(a, a + row, b)) << what << " q_out row " << i;
+          if (dead) EXPECT_TRUE(std::all_of(a, a + row, [](uint8_t x) { return x == 0xFF; }));
+        }
+        std::vector<int64_t> unwritten = slots;
+        unwritten[5] = unwritten[6] = -1;
+        const Outputs want = run(name("reshape_and_cache", "v8_cache_staged"),
+                                 {bf16({t, hk, d}, k_rot), bf16({t, hk, d}, v),
+                                  host_tensor(DType::kI64, {t}, unwritten)},
+                                 {kc, vc}, {{"layout", double(layout)}});
+        EXPECT_TRUE(skipped.bytes[0] == want.bytes[0] && skipped.bytes[1] == want.bytes[1]) << what;
+      }
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 //              rot_dim (the cache's width) even and <= D; D within the version's registers
 //   cache      the layout param; the caches' shapes for that layout; D % x for the paged key;
 //              fewer than 2^31 slots (the kernels' block and offset are 32-bit)
+//   qkv        qkv holds Hq + 2·Hk heads (Hk the caches'), q_out [T, Hq, D]; the layout's cache
+//              shapes, BF16 only; v9's 16-byte items (rot_dim % 16); no inverse; no overlaps
 //   rope_lanes a power of two, at most 32, enough for every item and tail unit
 #include "05_elementwise/elementwise_test.h"
 #include "rope.cuh"
@@ -158,6 +160,51 @@ TEST(HostCacheRules, RefusesBadLayouts) {
   expect_refused(name("reshape_and_cache_fp8", "v7_cache_vec16"),
                  cache(0, {3, 2, 16, 16, 8}, {3, 2, 128, 16}, 4, 2, 128, true),
                  "FP8 paged key with x = 8 (it must be 16)");
+}
+
+// qkv_rope_cache: positions, qkv [T, Hq + 2·Hk, D], cos/sin [64, rot], slots -> NHD caches of
+// Hk heads, q_out [T, Hq, D].
+Args qkv(int64_t hq, int64_t hk, int64_t d = 128, int64_t rot = 128, int64_t t = 4) {
+  Args a;
+  a.inputs = {{at(kIn), DType::kI64, {t}},
+              {at(kIn + 0x10000), DType::kBF16, {t, hq + 2 * hk, d}},
+              {at(kIn + 0x40000), DType::kF32, {64, rot}},
+              {at(kIn + 0x80000), DType::kI64, {t}}};
+  a.outputs = {{at(kOut), DType::kBF16, {3, 16, hk, d}},
+               {at(kOut + 0x1000000), DType::kBF16, {3, 16, hk, d}},
+               {at(kOut + 0x2000000), DType::kBF16, {t, hq, d}}};
+  a.params["layout"] = 1;
+  return a;
+}
+
+TEST(HostQkvRules, RefusesBadHeadsShapesAndOverlaps) {
+  const std::string v = name("qkv_rope_cache", "v9_qkv_rope_cache");
+  Args no_query = qkv(4, 2);
+  no_query.inputs[1].shape = {4, 4, 128};  // Hk = 2 from the caches: no query head left
+  no_query.outputs[2].shape = {4, 0, 128};
+  expect_refused(v, no_query, "qkv without query heads");
+  Args q_shape = qkv(4, 2);
+  q_shape.outputs[2].shape = {4, 5, 128};
+  expect_refused(v, q_shape, "q_out not [T, Hq, D]");
+  Args paged_as_nhd = qkv(4, 2);
+  paged_as_nhd.params["layout"] = 0;
+  expect_refused(v, paged_as_nhd, "NHD caches for the paged layout");
+  expect_refused(v, qkv(4, 2, 128, 72), "rot_dim % 16 != 0 (v9's items)");
+  expect_refused(v, qkv(4, 2, 128, 130), "rot_dim > D");
+  Args fp8 = qkv(4, 2);
+  fp8.outputs[0].dtype = fp8.outputs[1].dtype = DType::kE4M3;
+  expect_refused(v, fp8, "FP8 caches");
+  Args inverse = qkv(4, 2);
+  inverse.params["inverse"] = 1;
+  expect_refused(v, inverse, "the inverse rotation");
+  Args overlap = qkv(4, 2);
+  overlap.outputs[2].data = at(kIn + 0x10000 + 256);  // q_out inside qkv
+  expect_refused(v, overlap, "q_out overlaps qkv");
+  Args three = qkv(4, 2);
+  three.inputs.pop_back();
+  expect_refused(v, three, "no slot_mapping");
+  if (device_arch() < 0)
+    EXPECT_EQ(launch(v, qkv(5, 2)).code, Code::kNoDevice) << "valid arguments reach the device";
 }
 
 TEST(HostRopePlan, LanesCoverItemsAndTail) {
