@@ -34,10 +34,12 @@ __global__ void __launch_bounds__(kThreads) qkv_v9_kernel(QkvArgs a) {
   const int g = blockIdx.y, d = int(a.d), heads = int(a.heads()), hq = int(a.hq), hk = int(a.hk);
   if (threadIdx.x < kTile) {
     const int64_t token = t0 + threadIdx.x;
+    // Both loads issued before either is used: one memory latency, not two, ahead of the work
+    // (what a decode step of one token waits for).
     const int64_t pos = token < a.t ? a.positions[token] : -1;  // (T)
+    const int64_t slot = token < a.t ? a.slots[token] : -1;     // (T)
     const bool live = pos >= 0 && pos < a.max_pos;
-    const int64_t slot = live ? a.slots[token] : -1;  // (T)
-    const bool cached = slot >= 0 && slot < a.num_blocks * a.block_size;
+    const bool cached = live && slot >= 0 && slot < a.num_blocks * a.block_size;
     row_sh[threadIdx.x] = live ? a.cos_sin + pos * a.rot_dim : nullptr;  // (max_pos, rot_dim)
     b_sh[threadIdx.x] = cached ? int(slot / a.block_size) : -1;
     o_sh[threadIdx.x] = cached ? int(slot % a.block_size) : 0;
@@ -148,12 +150,7 @@ Version qkv_version() {
     return s.ok() ? qkv_v9(a, stream) : s;
   };
   v.bytes = qkv_bytes;
-  // 3 per rotated element of q and k (rope's count).
-  v.flops = [](const Args& args) {
-    const TensorRef& q = args.outputs[2];
-    const double hk = double(args.inputs[1].dim(1) - q.dim(1)) / 2.0;
-    return 3.0 * double(q.dim(0)) * (double(q.dim(1)) + hk) * double(args.inputs[2].dim(1));
-  };
+  v.flops = qkv_flops;
   return v;
 }
 

@@ -998,7 +998,9 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     Marlin W4A16 and CUTLASS blockwise FP8 GEMMs; the attention is the workbook layer's (the
     runner's, where chapter 11 is built; torch SDPA otherwise). Raises lkw.peers.Absent when vLLM
     is not here. In-place kernels get copies of their inputs (vLLM's fused_add_rms_norm updates x
-    and residual): one copy of each [T, d] per norm."""
+    and residual): one copy of each [T, d] per norm; but RoPE and the cache write take qkv's
+    slices as they are (rotary_embedding rotates them in place, reshape_and_cache reads them
+    strided), as vLLM's model code runs them."""
     torch = _torch()
     from lkw import peers
 
@@ -1015,7 +1017,8 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
         return y, r
 
     def rope(positions, q, k, cos_sin):
-        q, k = q.clone(memory_format=torch.contiguous_format), k.clone(memory_format=torch.contiguous_format)
+        # In place on qkv's query and key heads, strided views, as vLLM's attention layer calls it
+        # (chapter 05's bench checks that path against the reference).
         ops.rotary_embedding(positions, q, k, q.shape[-1], cos_sin, True)
         return q, k
 
@@ -1023,7 +1026,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
 
     def cache_write(k, vv, cache: KVCache, slots):
         s = one.setdefault(k.device, torch.ones(1, dtype=torch.float32, device=k.device))
-        cache_ops.reshape_and_cache(k.contiguous(), vv.contiguous(), cache.key, cache.value, slots, "auto", s, s)
+        cache_ops.reshape_and_cache(k, vv, cache.key, cache.value, slots, "auto", s, s)
 
     def act(gu):
         t, d = gu.shape[0], gu.shape[1] // 2

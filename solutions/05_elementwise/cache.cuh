@@ -361,6 +361,13 @@ inline Status validate_qkv(const QkvArgs& a, int vec) {
                       {a.slots, 8 * a.t, "slot_mapping"}});
 }
 
+// 3 FLOPs per rotated element of q and k (rope's count).
+inline double qkv_flops(const Args& a) {
+  const TensorRef& q = a.outputs.at(2);
+  const double hk = double(a.inputs.at(1).dim(1) - q.dim(1)) / 2.0;
+  return 3.0 * double(q.dim(0)) * (double(q.dim(1)) + hk) * double(a.inputs.at(2).dim(1));
+}
+
 // Every token valid: qkv read once, q_out and the two cache heads written once (4 B per element
 // of qkv), the positions and slots, one cos/sin row a token. The unfused chain it replaces in a
 // layer moves more than twice that (book 05).

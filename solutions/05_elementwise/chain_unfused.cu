@@ -187,6 +187,7 @@ const Register kQkvChain{[] {
     return s.ok() ? chain_qkv_rope_cache(a, stream) : s;
   };
   v.kernels_per_launch = 5;
+  v.flops = qkv_flops;
   // 8 B an element of q and v, 12 B of k (every token cached), positions, slots, cos/sin rows.
   v.bytes = [](const Args& args) {
     const TensorRef& q = args.outputs.at(2);

@@ -1,17 +1,17 @@
-// v5_tuned — v4 planned per shape: split K where the tiles leave SMs idle, wider tiles where they
-// fill them twice, L2 bands, and each K block's scales carried in its stage.
+// v5_tuned — v4 planned per shape: split K where the tiles cannot fill the SMs, wider tiles where
+// they fill them twice, L2 bands, and each K block's scales carried in its stage.
 //
-// Since v4: at M = 64 (decode) N = 2112 makes 17 tiles for 132 SMs, each block streaming 128 rows
-// of B alone. v5 splits each tile's K blocks into shares there (schedule.cuh's v5_splits: M <= 64,
-// 12 blocks a share at least), and at larger M the last wave's tiles where it would leave SMs idle
-// (v5_last_wave: down_proj at M = 2048 keeps 264 of its 352 tiles whole, splits 88 in 3 shares).
-// A tile's shares meet as chapter 07's v5's do: each writes its FP32 sums to its own slice, counts
-// in, and the last adds the slices in share order (the same sum every run) and stores the tile.
-// Tiles go in bands of kGroupM tile rows (the A and B in flight stay in L2), blockwise ones 192
-// wide where those fill the SMs twice (else 128), the others 256 while those fill them; a scale
-// warp copies each K block's blockwise scales into its stage (4-byte cp.async) for the consumers.
+// Since v4: at M = 64 (decode, the DeepSeek shapes' small M) N = 2112 makes 17 tiles for 132 SMs
+// and each block streams 128 rows of B alone: most of the memory system idles. v5 splits each
+// tile's K blocks into shares (schedule.cuh's v5_splits: at M <= 64, 12 blocks a share at least);
+// the shares of a tile meet as chapter 07's v5 does: each writes its FP32 sums to its own slice,
+// counts in, and the last adds the slices in share order (the same sum every run) and stores the
+// tile. At large M the blocks walk the tiles in bands of kGroupM tile rows (the A and B in flight
+// stay in L2); blockwise tiles are 192 wide where those fill the SMs twice (else 128), the others
+// 256 while those fill them. Blockwise, a scale warp of the producer copies each K block's scales
+// into its stage (4-byte cp.async), so the consumers' loop reads them from shared memory.
 // Expect: small M several times v4, large blockwise shapes nearly twice v4. The epilogue, a trait:
-// staged in shared memory and stored by TMA where the plan has whole tiles, else stored directly.
+// unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
 #include "fp8_gemm.cuh"
 #include "lkw/launch.h"
 #include "lkw/ptx.cuh"
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   ptx::setmaxnreg_inc<kConsumerRegs>();
-  const int c = group - 1, g = lane / 4, t = lane % 4, tid = threadIdx.x - 128;
+  const int c = group - 1, g = lane / 4, t = lane % 4;
   float acc[kBlockN / 2] = {}, total[kBlockN / 2] = {};  // total: the promoted sums (blockwise)
   float(&sums)[kBlockN / 2] = kPromote ? total : acc;    // what the epilogue stores
   // Store: v4's, or staged: once this warpgroup's last store has read the staging (its issuer
@@ -149,42 +149,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       store_wgmma_tile<kBlockN, !kPromote>(a, sums, row, n0, t);
     }
-  };
-  // Reduce (chapter 07's v5): this share's sums to its slice of the tile's partials, published
-  // before the arrival; the last share to arrive adds the slices in share order into sums and
-  // returns true: the tile is its block's to store.
-  auto reduce = [&](int unit, int m0) {
-    const int tile = sched.split_tile_index(unit), split = sched.share_index(unit);
-    float* slices = partials + int64_t(tile) * sched.splits * (kBlockM * kBlockN);  // (splits, threads, kBlockN / 2)
-    // A warpgroup whose 64 rows all lie past M (the second half of a tile of the last tile row, as
-    // at M <= 64) has nothing to keep: it writes no slice, reads none, and only meets the barriers.
-    const bool live = m0 + 64 * c < a.m;
-    if (live)
-#pragma unroll
-      for (int j = 0; j < kBlockN / 2; j += 4)
-        __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j),
-               make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]));
-    __threadfence();
-    ptx::named_barrier_sync(1, 128 * kConsumers);  // every consumer's slice written and fenced
-    // BEGIN SOLUTION: one thread counts this share in on arrivals[tile]; the share that finds
-    //   splits − 1 arrivals before it is the last
-    if (tid == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(sched.splits - 1);
-    // END SOLUTION
-    ptx::named_barrier_sync(1, 128 * kConsumers);
-    if (!last_sh) return false;
-    __threadfence();  // the other shares' slices, published before their arrivals, are read after
-    if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
-    if (!live) return false;
-#pragma unroll
-    for (int j = 0; j < kBlockN / 2; ++j) sums[j] = 0.f;
-    for (int sp = 0; sp < sched.splits; ++sp)
-#pragma unroll
-      for (int j = 0; j < kBlockN / 2; j += 4) {
-        const float4 p = __ldcg(reinterpret_cast<const float4*>(
-            slices + int64_t(sp) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j));
-        sums[j] += p.x, sums[j + 1] += p.y, sums[j + 2] += p.z, sums[j + 3] += p.w;
-      }
-    return true;
   };
   int it = 0;
   for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
@@ -239,17 +203,53 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_fence_operands(acc);
       if (lane == 0) ptx::mbarrier_arrive(&empty_sh[(it - 1) % T::kStages]);
     }
-    if (sched.whole_unit(unit) || reduce(unit, m0)) store(unit, n0, row);
+    if (Store::kTma || sched.splits == 1) {  // the TMA store runs only where tiles are whole
+      store(unit, n0, row);
+      continue;
+    }
+    // Reduce (chapter 07's v5): this share's sums to its slice of the tile's partials, published
+    // before the arrival; the last share to arrive adds the slices in share order and stores.
+    const int tile = unit % sched.tiles(), split = unit / sched.tiles(), tid = threadIdx.x - 128;
+    float* slices = partials + int64_t(tile) * sched.splits * (kBlockM * kBlockN);  // (splits, threads, kBlockN / 2)
+    // A warpgroup whose 64 rows all lie past M (at M <= 64, the tile's second half) has nothing to
+    // keep: it writes no slice and reads none, and only meets the barriers.
+    const bool live = m0 + 64 * c < a.m;
+    if (live)
+#pragma unroll
+      for (int j = 0; j < kBlockN / 2; j += 4)
+        __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j),
+               make_float4(sums[j], sums[j + 1], sums[j + 2], sums[j + 3]));
+    __threadfence();
+    ptx::named_barrier_sync(1, 128 * kConsumers);  // every consumer's slice written and fenced
+    // BEGIN SOLUTION: one thread counts this share in on arrivals[tile]; the share that finds
+    //   splits − 1 arrivals before it is the last
+    if (tid == 0) last_sh = atomicAdd(&arrivals[tile], 1u) == unsigned(sched.splits - 1);
+    // END SOLUTION
+    ptx::named_barrier_sync(1, 128 * kConsumers);
+    if (!last_sh) continue;
+    __threadfence();  // the other shares' slices, published before their arrivals, are read after
+    if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
+    if (!live) continue;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 2; ++j) sums[j] = 0.f;
+    for (int sp = 0; sp < sched.splits; ++sp)
+#pragma unroll
+      for (int j = 0; j < kBlockN / 2; j += 4) {
+        const float4 p = __ldcg(reinterpret_cast<const float4*>(
+            slices + int64_t(sp) * (kBlockM * kBlockN) + tid * (kBlockN / 2) + j));
+        sums[j] += p.x, sums[j + 1] += p.y, sums[j + 2] += p.z, sums[j + 3] += p.w;
+      }
+    store(unit, n0, row);
   }
   if (Store::kTma && threadIdx.x % 128 == 0) ptx::bulk_wait_group_read<0>();  // the staging outlives its reads
 }
 
-// The epilogue by the plan: with whole tiles by TMA (the block goes on while the copy engine drains
-// the last tile), the last wave's split tiles too once reduced; with split tiles only (small M),
-// the last share's pairs straight to y (there the staging measured slower). The ablation: direct.
+// The epilogue by the plan: a tile stored by the block that computed it goes by TMA (the block
+// goes on to its next tile while the copy engine drains the last); a tile split over K, the last
+// share's pairs straight to y (there the staging measured slower). The ablation stores directly.
 template <bool kPromote, int kBlockN>
 Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, cudaStream_t stream) {
-  const bool tma = tma_where_whole && sched.whole_unit(0);  // whole tiles, if any, come first
+  const bool tma = tma_where_whole && sched.splits == 1;
   CUtensorMap a_map, b_map, y_map{};
   float* partials;
   unsigned* arrivals;
@@ -272,8 +272,7 @@ Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  const TileSchedule sched =
-      plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide, a.max_blocks);
+  const TileSchedule sched = plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide);
   const auto launch = blockwise ? (sched.block_n == 192 ? launch_v5<true, 192> : launch_v5<true, 128>)
                                 : (sched.block_n == 256 ? launch_v5<false, 256> : launch_v5<false, 128>);
   return launch(a, sched, kTmaWhereWhole, stream);
@@ -281,9 +280,10 @@ Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
 
 const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"},
                          {"HMMA"}, false, "v4's machinery, split K, the tile stored by TMA"};
-// Spills, allowed and said: staging a 256-wide tile (128 sums and their column scales a thread in
-// 168 registers) spills a few words of the loop's state around the epilogue, the scale warp (40
-// registers) a few of its walk, not the MMA loop's. LDGSTS: the scale warp's 4-byte copies.
+// Spills, allowed and said: staging a 256-wide tile (128 sums and their column scales a thread,
+// 168 registers under 384 threads) spills two words of the loop's state around the epilogue, and
+// the scale warp, at 40 registers, a few words of its walk (the producer side, not the MMA loop).
+// LDGSTS: the scale warp's 4-byte copies (blockwise kernels only).
 const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
                             {"HMMA"}, false, "v4's machinery with the split-K reduction"};
 // For both ops (blockwise scales; tensor or rowwise ones) but the width's ablation, which only

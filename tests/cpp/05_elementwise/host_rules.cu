@@ -207,6 +207,16 @@ TEST(HostQkvRules, RefusesBadHeadsShapesAndOverlaps) {
     EXPECT_EQ(launch(v, qkv(5, 2)).code, Code::kNoDevice) << "valid arguments reach the device";
 }
 
+// The bench and the tests call every version's launcher and models: none may be left empty.
+TEST(HostRegistry, EveryVersionHasItsLauncherAndModels) {
+  int seen = 0;
+  for (const Version* v : Registry::get().chapter(kChapter)) {
+    ++seen;
+    EXPECT_TRUE(v->launch && v->bytes && v->flops) << v->name();
+  }
+  EXPECT_GE(seen, 20);
+}
+
 TEST(HostRopePlan, LanesCoverItemsAndTail) {
   EXPECT_EQ(rope_lanes(8, 0), 8);    // D = 128, full rotation: 8 items of 8 pairs
   EXPECT_EQ(rope_lanes(4, 8), 8);    // rot 64 of 128, out of place: 8 tail units

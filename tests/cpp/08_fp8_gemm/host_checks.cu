@@ -1,11 +1,8 @@
 // Chapter 08 checks that need no GPU: the refusals the generic Validation suite does not reach
 // (N or K not a multiple of 16, scales that name no granularity or the other op's, blockwise K,
-// alignment, an output overlapping an input), the byte model the bench divides by, and the tile
-// schedules and plans of v3 to v5 (schedule.cuh).
+// alignment, an output overlapping an input) and the byte model the bench divides by.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <array>
 #include <string>
 #include <vector>
 
@@ -162,83 +159,29 @@ TEST(HostSchedule, TilesCoverTheOutputOnceMFastest) {
   EXPECT_EQ(n0, 256);
 }
 
-// Every (tile, K block) pair is one unit's exactly once, whatever the bands, splits and whole
-// tiles (a last band of fewer tile rows, shares of K that differ by one block): a whole unit takes
-// all of K, and each split tile's shares have their own slices (split_tile_index, share_index).
-void expect_covers_once(const TileSchedule& s, int64_t m, int64_t n, const std::string& what) {
-  std::vector<int> seen(size_t(s.tiles()) * s.k_blocks, 0);
-  std::vector<int> slices(size_t(s.tiles() - s.whole) * s.splits, 0);
-  for (int u = 0; u < s.count(); ++u) {
-    const TileSchedule::Unit x = s.locate(u);
-    ASSERT_TRUE(x.m0 % s.block_m == 0 && x.m0 < m && x.n0 % s.block_n == 0 && x.n0 < n)
-        << what << ": unit " << u << " at " << x.m0 << ", " << x.n0;
-    if (s.whole_unit(u)) {
-      EXPECT_TRUE(x.kb0 == 0 && x.kb1 == s.k_blocks) << what << ": whole unit " << u;
-    } else {
-      EXPECT_GE(x.kb1 - x.kb0, s.k_blocks / s.splits) << what << ": unit " << u;
-      const int tile = s.split_tile_index(u), share = s.share_index(u);
-      ASSERT_TRUE(tile >= 0 && tile < s.tiles() - s.whole && share >= 0 && share < s.splits)
-          << what;
-      ++slices[size_t(tile) * s.splits + share];
-    }
-    const size_t tile = size_t(x.n0 / s.block_n) * s.tiles_m + x.m0 / s.block_m;
-    for (int kb = x.kb0; kb < x.kb1; ++kb) ++seen[tile * s.k_blocks + kb];
-  }
-  for (int c : seen) ASSERT_EQ(c, 1) << what;
-  if (s.splits > 1)
-    for (int c : slices) ASSERT_EQ(c, 1) << what << ": a slice written twice or never";
-}
-
+// Every (tile, K block) pair is one unit's exactly once, whatever the bands and splits (a last
+// band of fewer tile rows, shares of K that differ by one block).
 TEST(HostSchedule, BandsAndSplitsCoverEveryTileAndKBlockOnce) {
   for (int group_m : {0, 1, 4, 16})
-    for (int splits : {1, 3, 7})
-      for (int whole : {0, 5, 30}) {
-        TileSchedule s = plan_tiles(1300, 2112, 128, 128, 7168, group_m, splits);
-        s.whole = whole;  // 187 tiles: the first `whole` whole, the others split
-        expect_covers_once(s, 1300, 2112,
-                           "group_m " + std::to_string(group_m) + ", splits " +
-                               std::to_string(splits) + ", whole " + std::to_string(whole));
+    for (int splits : {1, 3, 7}) {
+      const TileSchedule s = plan_tiles(1300, 2112, 128, 128, 7168, group_m, splits);
+      std::vector<int> seen(size_t(s.tiles()) * s.k_blocks, 0);
+      for (int u = 0; u < s.count(); ++u) {
+        int m0, n0, kb0, kb1;
+        s.origin(u, &m0, &n0);
+        s.k_range(u, &kb0, &kb1);
+        ASSERT_TRUE(m0 % 128 == 0 && m0 < 1300 && n0 % 128 == 0 && n0 < 2112) << m0 << " " << n0;
+        EXPECT_GE(kb1 - kb0, s.k_blocks / splits);
+        for (int kb = kb0; kb < kb1; ++kb) ++seen[(size_t(n0 / 128) * s.tiles_m + m0 / 128) * s.k_blocks + kb];
       }
-  for (bool blockwise : {true, false})
-    for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
-             {2048, 4096, 14336}, {2048, 28672, 4096}, {4096, 7168, 16384}, {4096, 2112, 7168},
-             {64, 2112, 7168}, {257, 272, 6144}, {8192, 8192, 8192}})
-      for (int max_blocks : {0, 7}) {
-        const TileSchedule s = plan_v5(m, n, k, blockwise, 132, 16, 0, max_blocks);
-        expect_covers_once(s, m, n,
-                           "v5 (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
-                               std::to_string(k) + ")" + (blockwise ? " blockwise" : "") +
-                               ", max_blocks " + std::to_string(max_blocks));
-      }
-}
-
-// With whole = 0 the units are today's: unit u is tile u % tiles, share u / tiles of `splits`, so
-// v3 and v4 (plan_tiles) and v5's small-M plans walk the same units in the same order.
-TEST(HostSchedule, NoWholeTilesKeepsTheUnitsOfEverySplit) {
-  for (int splits : {1, 2, 4}) {
-    const TileSchedule s = plan_tiles(1300, 2112, 128, 128, 7168, 4, splits);
-    ASSERT_EQ(s.whole, 0);
-    ASSERT_EQ(s.count(), s.tiles() * splits);
-    const TileSchedule one = plan_tiles(1300, 2112, 128, 128, 7168, 4, 1);
-    for (int u = 0; u < s.count(); ++u) {
-      const TileSchedule::Unit x = s.locate(u), tile = one.locate(u % s.tiles());
-      const int share = u / s.tiles();
-      EXPECT_TRUE(x.m0 == tile.m0 && x.n0 == tile.n0) << "splits " << splits << ", unit " << u;
-      EXPECT_EQ(x.kb0, share * s.k_blocks / splits) << "splits " << splits << ", unit " << u;
-      EXPECT_EQ(x.kb1, (share + 1) * s.k_blocks / splits) << "splits " << splits << ", unit " << u;
-      EXPECT_EQ(s.whole_unit(u), splits == 1);
-      if (splits > 1) EXPECT_EQ(s.split_tile_index(u), u % s.tiles());
+      for (int c : seen) ASSERT_EQ(c, 1) << "group_m " << group_m << ", splits " << splits;
     }
-  }
-  const TileSchedule small = plan_v5(64, 2112, 7168, true, 132, 16);  // every tile split
-  EXPECT_EQ(small.whole, 0);
-  EXPECT_EQ(small.count(), 68);
 }
 
 // v5's plan on the H200's 132 SMs for the issue's shapes: DeepSeek-V3's decode side (M = 64) splits
-// K until the SMs are full, 12 blocks a share at least; M = 128 does not split, nor M = 4096 at
-// K = 2048 (shares under 12 blocks); tensor and rowwise scales take 256-wide tiles once those fill
-// the SMs, blockwise ones 192-wide once those fill them twice.
+// K until the SMs are full, 12 blocks a share at least; M = 128, M = 4096 and the square shapes do
+// not split; tensor and rowwise scales take 256-wide tiles once those fill the SMs, blockwise ones
+// 192-wide once those fill them twice.
 TEST(HostSchedule, V5PlansTheIssueShapes) {
   auto plan = [](int64_t m, int64_t n, int64_t k, bool blockwise) {
     return plan_v5(m, n, k, blockwise, 132, 16);
@@ -256,86 +199,13 @@ TEST(HostSchedule, V5PlansTheIssueShapes) {
   EXPECT_EQ(plan(64, 7168, 16384, false).block_n, 128);
   const TileSchedule big = plan(8192, 8192, 8192, false);
   EXPECT_EQ(big.block_n, 256);
-  EXPECT_EQ(big.splits, 1);  // 68 tiles past 15 waves: a split would save 2% (V5SplitsOnlyTheLastWave)
-  EXPECT_EQ(big.whole, 2048);
+  EXPECT_EQ(big.splits, 1);
   EXPECT_EQ(big.group_m, 16);
   EXPECT_EQ(plan(8192, 8192, 8192, true).block_n, 192);
   EXPECT_EQ(plan(4096, 4096, 4096, true).block_n, 192);  // 704 tiles
   EXPECT_EQ(block_n_for(4096, 4096, true, 132, false), 128);  // v3 and v4's rule: never 192
   for (int64_t n : {2112, 24576, 32768, 7168, 4096})
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
-}
-
-// v5's last wave (v5_last_wave) on 132 SMs: Llama-3-8B's down_proj at M = 2048 is 352 tiles of
-// 192, 2.67 waves that take 3: the first 264 stay whole and the last 88 go in 3 shares, so every
-// SM holds two whole tiles and two shares, 2.67 tile-times. At K = 4096 (S <= 2) the halves of 88
-// tiles take a whole tile-time on some SMs: no split; nor where the tiles fill the SMs a whole
-// number of times, nor with shares under 12 blocks, nor where the split saves less than a
-// twentieth of the tile-times.
-TEST(HostSchedule, V5SplitsOnlyTheLastWave) {
-  auto plan = [](int64_t m, int64_t n, int64_t k, int sms = 132) {
-    return plan_v5(m, n, k, true, sms, 16);
-  };
-  const TileSchedule down = plan(2048, 4096, 14336);
-  EXPECT_EQ(down.block_n, 192);
-  EXPECT_EQ(down.tiles(), 352);
-  EXPECT_EQ(down.whole, 264);
-  EXPECT_EQ(down.splits, 3);
-  EXPECT_EQ(down.count(), 528);
-  std::vector<int> blocks(132, 0);  // each block's K blocks in the walk: units b, b + 132, ...
-  for (int u = 0; u < down.count(); ++u) blocks[u % 132] += down.locate(u).kb1 - down.locate(u).kb0;
-  const auto [least, most] = std::minmax_element(blocks.begin(), blocks.end());
-  EXPECT_LE(*most - *least, 2);                  // two shares of 37 or 38 blocks each
-  EXPECT_LE(*most, 2 * 112 + 2 * (112 / 3 + 1));  // against 3 · 112 unsplit
-  auto expect_plan = [](const TileSchedule& s, int tiles, int whole, int splits, const char* what) {
-    EXPECT_EQ(s.tiles(), tiles) << what;
-    EXPECT_EQ(s.whole, whole) << what;
-    EXPECT_EQ(s.splits, splits) << what;
-    EXPECT_EQ(s.count(), whole + (tiles - whole) * splits) << what;
-  };
-  expect_plan(plan(2048, 4096, 4096), 352, 352, 1, "down_proj, K = 4096");
-  expect_plan(plan(2048, 6144, 4096), 512, 512, 1, "116 tiles in the last wave");
-  expect_plan(plan(2048, 28672, 4096), 2400, 2400, 1, "24 tiles past 18 waves: 2.6%, no split");
-  expect_plan(plan(4096, 7168, 16384), 1216, 1188, 4, "28 tiles in quarters");
-  expect_plan(plan(4096, 2112, 7168), 352, 264, 3, "88 tiles in thirds");
-  expect_plan(plan(128, 24576, 1536), 192, 192, 1, "12 K blocks: no share long enough");
-  expect_plan(plan(2048, 4096, 14336, 176), 352, 352, 1, "two whole waves on 176 SMs");
-  expect_plan(plan(2048, 4096, 14336, 114), 352, 342, 4, "10 tiles in quarters on 114 SMs");
-  expect_plan(plan(4096, 4096, 4096), 704, 660, 2, "44 tiles in halves");
-}
-
-// A test's cap on the grid (max_blocks) counts in the last wave only, the grid's: the golden walk
-// cases (golden.FP8_GEMM_WALKS) plan as they do without it, since the width and the small-M shares
-// stay the SMs', and the GPU test's shape (300, 400, 6144) splits its last wave on 7, 8 or 9
-// blocks.
-TEST(HostSchedule, V5MaxBlocksCountsInTheLastWaveOnly) {
-  struct Walk {
-    int64_t m, n, k;
-    bool blockwise;
-    int max_blocks;
-  };
-  for (const Walk& w : {Walk{130, 512, 256, false, 2}, Walk{257, 272, 384, false, 3},
-                        Walk{257, 272, 384, true, 3}, Walk{16, 16, 2048, true, 2}})
-    for (bool split_k : {true, false})
-      for (bool wide : {false, true}) {
-        const TileSchedule capped =
-            plan_v5_variant(w.m, w.n, w.k, w.blockwise, 132, 16, split_k, wide, w.max_blocks);
-        const TileSchedule uncapped =
-            plan_v5_variant(w.m, w.n, w.k, w.blockwise, 132, 16, split_k, wide);
-        EXPECT_TRUE(capped.block_n == uncapped.block_n && capped.splits == uncapped.splits &&
-                    capped.whole == uncapped.whole && capped.count() == uncapped.count())
-            << "(" << w.m << ", " << w.n << ", " << w.k << "), max_blocks " << w.max_blocks;
-      }
-  for (bool blockwise : {true, false}) {
-    auto capped = [&](int max_blocks) {
-      return plan_v5(300, 400, 6144, blockwise, 132, 16, 0, max_blocks);
-    };
-    EXPECT_EQ(capped(0).whole, 12);  // 12 tiles on 132 SMs: whole
-    EXPECT_EQ(capped(0).splits, 1);
-    EXPECT_TRUE(capped(7).whole == 7 && capped(7).splits == 4) << "5 tiles on 7 blocks: quarters";
-    EXPECT_TRUE(capped(8).whole == 8 && capped(8).splits == 2) << "4 tiles on 8 blocks: halves";
-    EXPECT_TRUE(capped(9).whole == 9 && capped(9).splits == 3) << "3 tiles on 9 blocks: thirds";
-  }
 }
 
 // The plans of v5's registrations (plan_v5_variant): the version's is plan_v5's; the no-split
@@ -350,9 +220,6 @@ TEST(HostSchedule, V5VariantsPlanTheirAblations) {
   EXPECT_EQ(tuned.splits, v5.splits);
   EXPECT_EQ(variant(64, 2112, 7168, true, false, false).splits, 1);
   EXPECT_EQ(variant(64, 2112, 7168, true, false, false).block_n, 128);
-  const TileSchedule no_split = variant(2048, 4096, 14336, true, false, false);  // no last wave's
-  EXPECT_TRUE(no_split.splits == 1 && no_split.whole == 352 && no_split.count() == 352);
-  EXPECT_EQ(variant(2048, 4096, 14336, true, true, true).whole, 264);  // wide: v5's 192 already
   const TileSchedule wide = variant(64, 2112, 7168, true, true, true);
   EXPECT_EQ(wide.block_n, 192);
   EXPECT_EQ(wide.tiles(), 11);
