@@ -33,12 +33,10 @@ __global__ void __launch_bounds__(kThreads) qkv_v9_kernel(QkvArgs a) {
   const int g = blockIdx.y, d = int(a.d), heads = int(a.heads()), hq = int(a.hq), hk = int(a.hk);
   if (threadIdx.x < kTile) {
     const int64_t token = t0 + threadIdx.x;
-    // Both loads issued before either is used: one memory latency, not two, ahead of the work
-    // (what a decode step of one token waits for).
     const int64_t pos = token < a.t ? a.positions[token] : -1;  // (T)
-    const int64_t slot = token < a.t ? a.slots[token] : -1;     // (T)
     const bool live = pos >= 0 && pos < a.max_pos;
-    const bool cached = live && slot >= 0 && slot < a.num_blocks * a.block_size;
+    const int64_t slot = live ? a.slots[token] : -1;  // (T)
+    const bool cached = slot >= 0 && slot < a.num_blocks * a.block_size;
     row_sh[threadIdx.x] = live ? a.cos_sin + pos * a.rot_dim : nullptr;  // (max_pos, rot_dim)
     b_sh[threadIdx.x] = cached ? int(slot / a.block_size) : -1;
     o_sh[threadIdx.x] = cached ? int(slot % a.block_size) : 0;
