@@ -142,20 +142,14 @@ Status chain_qkv_rope_cache(const QkvArgs& a, cudaStream_t stream) {
   }
   if (s.ok()) s = copy_heads(a, a.hq + a.hk, a.hk, v, stream);
   if (s.ok()) {
-    const int64_t x = kCacheVectorBytes / 2, bs = a.block_size, nb = a.num_blocks;
+    const CacheShapes shapes =
+        cache_shapes(a.layout, a.num_blocks, a.block_size, a.hk, a.d, kCacheVectorBytes / 2);
     Args step;
     step.inputs = {ref(k_rot, DType::kBF16, {a.t, a.hk, a.d}),
                    ref(v, DType::kBF16, {a.t, a.hk, a.d}),
                    ref(a.slots, DType::kI64, {a.t})};
-    const std::vector<int64_t> nhd{nb, bs, a.hk, a.d}, hnd{nb, a.hk, bs, a.d};
-    step.outputs = {ref(a.key_cache, DType::kBF16,
-                        a.layout == Layout::kPaged ? std::vector<int64_t>{nb, a.hk, a.d / x, bs, x}
-                        : a.layout == Layout::kNhd ? nhd
-                                                   : hnd),
-                    ref(a.value_cache, DType::kBF16,
-                        a.layout == Layout::kPaged ? std::vector<int64_t>{nb, a.hk, a.d, bs}
-                        : a.layout == Layout::kNhd ? nhd
-                                                   : hnd)};
+    step.outputs = {ref(a.key_cache, DType::kBF16, shapes.key),
+                    ref(a.value_cache, DType::kBF16, shapes.value)};
     step.params = {{"layout", double(int(a.layout))}};
     s = with_context("reshape_and_cache", cache->launch(step, stream));
   }

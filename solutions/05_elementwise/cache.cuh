@@ -37,6 +37,24 @@ struct CacheArgs {
 
 using CacheLaunch = Status (*)(const CacheArgs& a, cudaStream_t stream);
 
+// A layout's key and value cache shapes (elementwise.py's cache_shapes; x: the paged key's
+// vector), and the axis of its key cache that holds a block's offsets.
+struct CacheShapes {
+  std::vector<int64_t> key, value;
+};
+inline CacheShapes cache_shapes(Layout layout, int64_t blocks, int64_t bs, int64_t hk, int64_t d,
+                                int64_t x) {
+  switch (layout) {
+    case Layout::kPaged: return {{blocks, hk, d / x, bs, x}, {blocks, hk, d, bs}};
+    case Layout::kNhd: return {{blocks, bs, hk, d}, {blocks, bs, hk, d}};
+    case Layout::kHnd: break;
+  }
+  return {{blocks, hk, bs, d}, {blocks, hk, bs, d}};
+}
+inline int block_axis(Layout layout) {
+  return layout == Layout::kPaged ? 3 : layout == Layout::kNhd ? 1 : 2;
+}
+
 // `vec`: BF16 elements per access of key and value (the caches aligned to vec elements).
 inline Status validate_cache(const CacheOp& op, const CacheArgs& a, int vec) {
   Status s = Check()
@@ -112,24 +130,16 @@ inline Status cache_args(const CacheOp& op, const Args& a, CacheArgs* out) {
   r.fp8 = op.fp8;
   r.layout = static_cast<Layout>(int(layout));
   const int64_t x = r.x();
-  std::vector<int64_t> want_k, want_v;
   if (kc.shape.size() >= 4) {
     r.num_blocks = kc.dim(0);
-    r.block_size = kc.dim(r.layout == Layout::kPaged ? 3 : r.layout == Layout::kNhd ? 1 : 2);
+    r.block_size = kc.dim(block_axis(r.layout));
   }
-  switch (r.layout) {
-    case Layout::kPaged:
-      want_k = {r.num_blocks, r.hk, r.d / x, r.block_size, x};
-      want_v = {r.num_blocks, r.hk, r.d, r.block_size};
-      break;
-    case Layout::kNhd: want_k = want_v = {r.num_blocks, r.block_size, r.hk, r.d}; break;
-    case Layout::kHnd: want_k = want_v = {r.num_blocks, r.hk, r.block_size, r.d}; break;
-  }
+  const CacheShapes want = cache_shapes(r.layout, r.num_blocks, r.block_size, r.hk, r.d, x);
   s = Check()
           .that(slots.dim(0) == r.t, "slot_mapping must have T entries")
           .that(r.layout != Layout::kPaged || r.d % x == 0,
                 "the paged key layout needs D % " + std::to_string(x) + " == 0")
-          .that(kc.shape == want_k && vc.shape == want_v,
+          .that(kc.shape == want.key && vc.shape == want.value,
                 "the caches' shapes do not match the layout for these Hk and D")
           .status();
   if (!s.ok()) return s;
@@ -284,19 +294,11 @@ inline Status qkv_args(const Args& a, QkvArgs* out) {
   r.hk = kc.dim(r.layout == Layout::kNhd ? 2 : 1);
   r.hq = qkv.dim(1) - 2 * r.hk;
   r.num_blocks = kc.dim(0);
-  r.block_size = kc.dim(r.layout == Layout::kPaged ? 3 : r.layout == Layout::kNhd ? 1 : 2);
+  r.block_size = kc.dim(block_axis(r.layout));
   r.max_pos = cs.dim(0);
   r.rot_dim = cs.dim(1);
   constexpr int64_t x = kCacheVectorBytes / 2;
-  std::vector<int64_t> want_k, want_v;
-  switch (r.layout) {
-    case Layout::kPaged:
-      want_k = {r.num_blocks, r.hk, r.d / x, r.block_size, x};
-      want_v = {r.num_blocks, r.hk, r.d, r.block_size};
-      break;
-    case Layout::kNhd: want_k = want_v = {r.num_blocks, r.block_size, r.hk, r.d}; break;
-    case Layout::kHnd: want_k = want_v = {r.num_blocks, r.hk, r.block_size, r.d}; break;
-  }
+  const CacheShapes want = cache_shapes(r.layout, r.num_blocks, r.block_size, r.hk, r.d, x);
   s = Check()
           .that(r.hk > 0 && r.hq > 0,
                 "qkv's heads must be Hq + 2·Hk with Hq > 0 (Hk: the caches')")
@@ -304,7 +306,7 @@ inline Status qkv_args(const Args& a, QkvArgs* out) {
           .that(pos.dim(0) == r.t && slots.dim(0) == r.t,
                 "positions and slot_mapping need T entries")
           .that(r.layout != Layout::kPaged || r.d % x == 0, "the paged key layout needs D % 8 == 0")
-          .that(kc.shape == want_k && vc.shape == want_v,
+          .that(kc.shape == want.key && vc.shape == want.value,
                 "the caches' shapes do not match the layout for these Hk and D")
           .status();
   if (!s.ok()) return s;
