@@ -9,8 +9,9 @@ CUDA-graph replays (the headline mode of lkw.bench: a decoder captures its step 
 
 1. the waterfall: the torch layer (lkw.layer_torch.torch_steps), then one workbook kernel swapped
    in at a time, in layer order, the layer's graph time after each swap;
-2. the per-kernel table: each step of the all-workbook layer alone in a graph, its model bytes and
-   FLOPs (lkw.decoder_layer.step_models; FP8 here: ``models``) and % of its bound (bytes over the
+2. the per-kernel table: each step of the all-workbook layer alone in a graph, over copies of its
+   inputs enough to exceed twice the L2 (``step_copies``: its weights and cache come from memory,
+   as in the layer), its model bytes and FLOPs (lkw.decoder_layer.step_models; FP8 here: ``models``) and % of its bound (bytes over the
    copy ceiling measured in the same run, or FLOPs over the tensor peak, whichever is longer);
    their sum against the graphed layer (what remains is named: the copies that make q and k
    contiguous for the RoPE kernel when T > 1, allocations, and the gaps between kernels);
@@ -276,12 +277,39 @@ def waterfall(case: Case, wb: dict, order: list[str], replays: int, log=print) -
 
 
 PER_KERNEL_LAUNCHES = 64
+MAX_STEP_COPIES = 64
+
+
+def step_copies(step_bytes: int, sets: int, l2: int) -> int:
+    """How many copies of a step's arguments its per-kernel row rotates over: lkw.bench's rule (more
+    than twice the L2, plus one) for the step's own bytes, so that a GEMV whose weights would fit
+    the L2 twice over reads them from memory, as it does in the layer; at least the layer's sets,
+    at most MAX_STEP_COPIES (a small step stays in the L2: in the layer its input was just written
+    by the step before, so it is there too)."""
+    want = math.ceil(2 * l2 / step_bytes) + 1 if step_bytes > 0 else sets
+    return max(sets, min(MAX_STEP_COPIES, want))
+
+
+def step_args(case: Case, traces: list[dict], name: str, copies: int) -> list[tuple]:
+    """`copies` argument tuples of step `name`: the layer's sets' own, then deep copies of them in
+    distinct memory (tensors cloned, views kept views of their clone)."""
+    import copy
+
+    out = []
+    for i in range(copies):
+        s, tr = case.sets[i % len(case.sets)], traces[i % len(case.sets)]
+        args = tr[name][0]
+        if name == "cache_write":
+            args = (*args[:2], s.cache, args[3])
+        out.append(args if i < len(case.sets) else copy.deepcopy(args))
+    return out
 
 
 def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_gbps, tflops,
                replays: int, log=print) -> list[dict]:
-    """Each step of the all-workbook layer alone, in a graph over the R copies, with the inputs
-    that step gets in the layer (a traced run)."""
+    """Each step of the all-workbook layer alone, in a graph over copies of the inputs that step
+    gets in the layer (a traced run): step_copies of them, so that its weights and cache are read
+    from memory as in the layer."""
     traces = []
     for s in case.sets:
         tr = {}
@@ -289,9 +317,7 @@ def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_
         traces.append(tr)
     rows = []
     fused = layer_torch.writes_cache(wb["rope"])
-    # A graph of the R calls alone pays each replay's fixed cost over R launches (R = 2 at decode):
-    # enough passes over the sets that a replay holds PER_KERNEL_LAUNCHES launches at least.
-    passes = max(1, math.ceil(PER_KERNEL_LAUNCHES / len(case.sets)))
+    l2 = l2_bytes()
     for c in costs:
         if fused and c.name == "cache_write":  # its work is in rope's row
             rows.append({"step": c.name, "kernel": owner.get(c.name, ""), "chapter": c.chapter,
@@ -302,16 +328,20 @@ def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_
             c = c._replace(bytes=elementwise.qkv_rope_cache_bytes(
                 case.t, case.cfg.hq, case.cfg.hkv, case.cfg.head_dim, case.cfg.head_dim))
 
-        def body(name=c.name):
+        copies = step_copies(c.bytes, len(case.sets), l2)
+        calls = step_args(case, traces, c.name, copies)
+        # A graph of a few calls alone pays each replay's fixed cost over few launches: enough
+        # passes over the copies that a replay holds PER_KERNEL_LAUNCHES launches at least.
+        passes = max(1, math.ceil(PER_KERNEL_LAUNCHES / copies))
+
+        def body(name=c.name, calls=calls, passes=passes):
             for _ in range(passes):
-                for s, tr in zip(case.sets, traces, strict=True):
-                    args = tr[name][0]
-                    if name == "cache_write":
-                        args = (*args[:2], s.cache, args[3])
+                for args in calls:
                     wb[name](*args)
 
-        row = timed(c.name, lambda b=body: time_graph(b, passes * len(case.sets), replays), log)
-        row["passes"] = passes
+        row = timed(c.name, lambda b=body, n=passes * copies: time_graph(b, n, replays), log)
+        del calls
+        row["passes"], row["copies"] = passes, copies
         b_us = bound_us(c.bytes, c.flops, ceiling_gbps, tflops)
         us = row.get("graph_us")
         rows.append({"step": c.name, "kernel": owner.get(c.name, ""), "chapter": c.chapter,

@@ -318,6 +318,72 @@ def test_fp8_model_is_one_byte_per_weight():
     assert layer_bench.models(cfg, "fp8", "decode", 1) == dl.decode_model("fp8")
 
 
+def test_a_step_s_row_rotates_past_the_l2():
+    """The per-kernel rows: a step whose bytes fit the L2 twice over gets copies enough to exceed
+    it (its weights come from memory, as in the layer); a big step keeps the layer's sets; a tiny
+    one stops at MAX_STEP_COPIES."""
+    l2 = 50 << 20
+    qkv = 12_996_608  # W4A16 qkv_proj at T = 1
+    n = layer_bench.step_copies(qkv, 2, l2)
+    assert n * qkv > 2 * l2 and (n - 2) * qkv < 2 * l2
+    assert layer_bench.step_copies(3 * l2, 2, l2) == 2
+    assert layer_bench.step_copies(3 * l2, 5, l2) == 5
+    assert layer_bench.step_copies(40_960, 2, l2) == layer_bench.MAX_STEP_COPIES
+    assert layer_bench.step_copies(0, 3, l2) == 3
+
+
+def test_a_step_s_copies_are_distinct_memory(torch, lt):
+    """step_args: the sets' own arguments first, then deep copies: every tensor in new memory,
+    equal in value, a view still a view of its copy's storage; cache_write gets its set's cache."""
+    from types import SimpleNamespace
+
+    base = torch.arange(12.0).view(3, 4)
+    view = base[:, 1:]
+    sets = [SimpleNamespace(cache="cache0"), SimpleNamespace(cache="cache1")]
+    traces = [{"o_proj": ((base, view, 7), None), "cache_write": (("k", "v", None, "slots"), None)}
+              for _ in sets]
+    case = SimpleNamespace(sets=sets)
+    calls = layer_bench.step_args(case, traces, "o_proj", 4)
+    assert len(calls) == 4 and calls[0][0] is base and calls[1][0] is base
+    for b, v, n in calls[2:]:
+        assert b.data_ptr() != base.data_ptr() and torch.equal(b, base) and n == 7
+        assert v.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and torch.equal(v, view)
+    assert calls[2][0].data_ptr() != calls[3][0].data_ptr()
+    writes = layer_bench.step_args(case, traces, "cache_write", 2)
+    assert [w[2] for w in writes] == ["cache0", "cache1"]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_a_step_s_copies_give_its_output(torch, lt, fmt, rng):
+    """The copies per_kernel times are arguments the step takes: every step of the torch layer,
+    called on a deep copy of the arguments it got in a traced layer, gives the traced output and
+    leaves the traced arguments as they were (the cache step writes its copy's cache)."""
+    from types import SimpleNamespace
+
+    w = lt.layer_weights(CFG, fmt, "cpu", seed=int(rng.integers(1000)))
+    meta = lt.decode_meta(2, 40, "cpu")
+    cos_sin = lt.rope_cache(CFG, 64, "cpu")
+    cache = lt.new_cache(CFG, meta.block_tables.numel(), "cpu", torch.Generator().manual_seed(1))
+    x, res = (lt.from_bits(a) for a in dl.random_inputs(rng, CFG, 2))
+    steps, trace = lt.torch_steps(CFG, fmt), {}
+    lt.forward(steps, CFG, w, x, res, meta, cache, cos_sin, trace=trace)
+    case = SimpleNamespace(sets=[SimpleNamespace(cache=cache)])
+    flat = lambda v: [t for t in (v if isinstance(v, tuple) else (v,)) if isinstance(t, torch.Tensor)]
+    for name in lt.STEP_NAMES:
+        (args, want), = [(trace[name][0], trace[name][1])]
+        theirs = [t.clone() for t in flat(args)]
+        copied = layer_bench.step_args(case, [trace], name, 2)[1]
+        got = steps[name](*copied)
+        if name == "cache_write":
+            assert got is None and torch.equal(copied[2].key, want.key), name
+            assert torch.equal(copied[2].value, want.value), name
+            continue
+        for g, e in zip(flat(got), flat(want), strict=True):
+            assert torch.equal(g, e), name
+        for a, b in zip(flat(args), theirs, strict=True):
+            assert torch.equal(a, b), name
+
+
 def test_merge_replaces_a_run_s_own_cases_and_keeps_the_rest():
     """--merge: a part of the matrix (a device call's worth) replaces its (format, case) rows of
     the recorded run and keeps the others; the goals are recomputed; another GPU is refused."""
