@@ -278,6 +278,7 @@ def waterfall(case: Case, wb: dict, order: list[str], replays: int, log=print) -
 
 PER_KERNEL_LAUNCHES = 64
 MAX_STEP_COPIES = 64
+COPY_BUDGET = 4 << 30  # bytes of argument copies a step's row may allocate
 
 
 def step_copies(step_bytes: int, sets: int, l2: int) -> int:
@@ -290,11 +291,43 @@ def step_copies(step_bytes: int, sets: int, l2: int) -> int:
     return max(sets, min(MAX_STEP_COPIES, want))
 
 
-def step_args(case: Case, traces: list[dict], name: str, copies: int) -> list[tuple]:
-    """`copies` argument tuples of step `name`: the layer's sets' own, then deep copies of them in
-    distinct memory (tensors cloned, views kept views of their clone)."""
+def arg_bytes(obj, seen: set | None = None) -> int:
+    """Bytes of the distinct tensor storages that `obj` holds, through tuples, lists, dicts and
+    objects' fields (a Proj's derived layouts included)."""
+    import torch
+
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        key = ("storage", obj.untyped_storage().data_ptr())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if ("object", id(obj)) in seen:
+        return 0
+    seen.add(("object", id(obj)))
+    if isinstance(obj, (tuple, list)):
+        items = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = vars(obj).values()
+    else:
+        return 0
+    return sum(arg_bytes(x, seen) for x in items)
+
+
+def step_args(case: Case, traces: list[dict], name: str, copies: int,
+              budget: int = COPY_BUDGET) -> list[tuple]:
+    """Up to `copies` argument tuples of step `name`: the layer's sets' own, then deep copies of
+    them in distinct memory (tensors cloned, views kept views of their clone), as many as fit in
+    `budget` bytes (a small step's arguments may hold a whole cache: decode T = 32's is 269 MB)."""
     import copy
 
+    extra = copies - len(case.sets)
+    if extra > 0:
+        size = arg_bytes(traces[0][name][0])
+        copies = len(case.sets) + (min(extra, budget // size) if size else extra)
     out = []
     for i in range(copies):
         s, tr = case.sets[i % len(case.sets)], traces[i % len(case.sets)]
@@ -328,8 +361,8 @@ def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_
             c = c._replace(bytes=elementwise.qkv_rope_cache_bytes(
                 case.t, case.cfg.hq, case.cfg.hkv, case.cfg.head_dim, case.cfg.head_dim))
 
-        copies = step_copies(c.bytes, len(case.sets), l2)
-        calls = step_args(case, traces, c.name, copies)
+        calls = step_args(case, traces, c.name, step_copies(c.bytes, len(case.sets), l2))
+        copies = len(calls)
         # A graph of a few calls alone pays each replay's fixed cost over few launches: enough
         # passes over the copies that a replay holds PER_KERNEL_LAUNCHES launches at least.
         passes = max(1, math.ceil(PER_KERNEL_LAUNCHES / copies))

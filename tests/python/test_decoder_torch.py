@@ -351,6 +351,10 @@ def test_a_step_s_copies_are_distinct_memory(torch, lt):
     assert calls[2][0].data_ptr() != calls[3][0].data_ptr()
     writes = layer_bench.step_args(case, traces, "cache_write", 2)
     assert [w[2] for w in writes] == ["cache0", "cache1"]
+    # the copies stop at the budget: 48 bytes of storage (the view shares base's) a copy
+    assert layer_bench.arg_bytes(traces[0]["o_proj"][0]) == 48
+    assert len(layer_bench.step_args(case, traces, "o_proj", 10, budget=100)) == 4
+    assert len(layer_bench.step_args(case, traces, "o_proj", 10, budget=48 * 8)) == 10
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
