@@ -11,8 +11,9 @@ CUDA-graph replays (the headline mode of lkw.bench: a decoder captures its step 
    in at a time, in layer order, the layer's graph time after each swap;
 2. the per-kernel table: each step of the all-workbook layer alone in a graph, over copies of its
    inputs enough to exceed twice the L2 (``step_copies``: its weights and cache come from memory,
-   as in the layer), its model bytes and FLOPs (lkw.decoder_layer.step_models; FP8 here: ``models``) and % of its bound (bytes over the
-   copy ceiling measured in the same run, or FLOPs over the tensor peak, whichever is longer);
+   as in the layer), its model bytes and FLOPs (lkw.decoder_layer.step_models; FP8 here:
+   ``models``) and % of its bound (bytes over the copy ceiling measured in the same run, or FLOPs
+   over the tensor peak, whichever is longer);
    their sum against the graphed layer (what remains is named: the copies that make q and k
    contiguous for the RoPE kernel when T > 1, allocations, and the gaps between kernels);
 3. the whole layer: graph time, the layer's byte and FLOP bound (``layer_bound``), % of it;
@@ -361,20 +362,21 @@ def per_kernel(case: Case, wb: dict, costs: list[dl.Cost], owner: dict, ceiling_
             c = c._replace(bytes=elementwise.qkv_rope_cache_bytes(
                 case.t, case.cfg.hq, case.cfg.hkv, case.cfg.head_dim, case.cfg.head_dim))
 
-        calls = step_args(case, traces, c.name, step_copies(c.bytes, len(case.sets), l2))
-        copies = len(calls)
-        # A graph of a few calls alone pays each replay's fixed cost over few launches: enough
-        # passes over the copies that a replay holds PER_KERNEL_LAUNCHES launches at least.
-        passes = max(1, math.ceil(PER_KERNEL_LAUNCHES / copies))
+        def run(c=c):
+            calls = step_args(case, traces, c.name, step_copies(c.bytes, len(case.sets), l2))
+            # A graph of a few calls alone pays each replay's fixed cost over few launches: enough
+            # passes over the copies that a replay holds PER_KERNEL_LAUNCHES launches at least.
+            passes = max(1, math.ceil(PER_KERNEL_LAUNCHES / len(calls)))
 
-        def body(name=c.name, calls=calls, passes=passes):
-            for _ in range(passes):
-                for args in calls:
-                    wb[name](*args)
+            def body():
+                for _ in range(passes):
+                    for args in calls:
+                        wb[c.name](*args)
 
-        row = timed(c.name, lambda b=body, n=passes * copies: time_graph(b, n, replays), log)
-        del calls
-        row["passes"], row["copies"] = passes, copies
+            return {**time_graph(body, passes * len(calls), replays), "passes": passes,
+                    "copies": len(calls)}
+
+        row = timed(c.name, run, log)
         b_us = bound_us(c.bytes, c.flops, ceiling_gbps, tflops)
         us = row.get("graph_us")
         rows.append({"step": c.name, "kernel": owner.get(c.name, ""), "chapter": c.chapter,

@@ -388,6 +388,57 @@ def test_a_step_s_copies_give_its_output(torch, lt, fmt, rng):
             assert torch.equal(a, b), name
 
 
+def test_per_kernel_times_each_step_over_its_copies(torch, lt, rng, monkeypatch):
+    """per_kernel end to end on the CPU (the graph timer replaced by one call of the body): a row
+    for every step, each with its copies and passes, every call of a step on arguments it takes;
+    a step that fails is a row with its reason, and the others still run."""
+    from types import SimpleNamespace
+
+    calls = {}
+
+    def fake_graph(body, per_call, replays):
+        body()
+        return {"graph_us": float(per_call), "replays": replays}
+
+    monkeypatch.setattr(layer_bench, "time_graph", fake_graph)
+    monkeypatch.setattr(layer_bench, "l2_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # timed's error path, on the CPU
+    sets = []
+    for r in range(2):
+        w = lt.layer_weights(CFG, "bf16", "cpu", seed=int(rng.integers(1000)))
+        meta = lt.decode_meta(1, 40, "cpu", seed=r)
+        cache = lt.new_cache(CFG, meta.block_tables.numel(), "cpu", torch.Generator().manual_seed(r))
+        x, res = (lt.from_bits(a) for a in dl.random_inputs(rng, CFG, 1))
+        sets.append(layer_bench.LayerSet(w, x, res, meta, cache))
+    case = SimpleNamespace(cfg=CFG, sets=sets, cos_sin=lt.rope_cache(CFG, 64, "cpu"), t=1)
+    steps = lt.torch_steps(CFG, "bf16")
+
+    def counted(name, f):
+        def step(*args):
+            calls[name] = calls.get(name, 0) + 1
+            if name == "act" and calls[name] > len(sets):  # past the traced layers
+                raise RuntimeError("broken act")
+            return f(*args)
+        return step
+
+    wb = {n: counted(n, f) for n, f in steps.items()}
+    costs = layer_bench.models(CFG, "bf16", "decode", 1)
+    rows = layer_bench.per_kernel(case, wb, costs, {}, 3000.0, 700.0, replays=3, log=lambda *_: None)
+    assert [r["step"] for r in rows] == [c.name for c in costs]
+    for r, c in zip(rows, costs, strict=True):
+        if r["step"] == "act":
+            assert r["graph_us"] is None and "broken act" in r["error"]
+            continue
+        want = layer_bench.step_copies(c.bytes, 2, 1 << 20)
+        assert r["copies"] == want and r["passes"] * want >= layer_bench.PER_KERNEL_LAUNCHES
+        assert r["graph_us"] == r["passes"] * want  # per_call: every launch the graph holds
+    assert any(r.get("copies", 0) > len(sets) for r in rows)  # deep copies were made and called
+    # the traced run calls each step once a set; per_kernel once a copy and pass
+    for r in rows:
+        if r["step"] != "act":
+            assert calls[r["step"]] == 2 + r["passes"] * r["copies"], r["step"]
+
+
 def test_merge_replaces_a_run_s_own_cases_and_keeps_the_rest():
     """--merge: a part of the matrix (a device call's worth) replaces its (format, case) rows of
     the recorded run and keeps the others; the goals are recomputed; another GPU is refused."""
