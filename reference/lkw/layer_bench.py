@@ -322,7 +322,7 @@ def step_args(case: Case, traces: list[dict], name: str, copies: int,
               budget: int = COPY_BUDGET) -> list[tuple]:
     """Up to `copies` argument tuples of step `name`: the layer's sets' own, then deep copies of
     them in distinct memory (tensors cloned, views kept views of their clone), as many as fit in
-    `budget` bytes (a small step's arguments may hold a whole cache: decode T = 32's is 269 MB)."""
+    `budget` bytes (a small step's arguments may hold a whole cache: decode T = 32's is 268 MB)."""
     import copy
 
     extra = copies - len(case.sets)
