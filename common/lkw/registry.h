@@ -92,8 +92,12 @@ class Registry {
     static Registry registry;
     return registry;
   }
+  // The bench, the tests and the ncu pass call every version's launcher and both models: a
+  // version without one is refused where it is registered (at start-up), in every chapter.
   void add(Version v) {
     if (find(v.name())) throw std::logic_error("version registered twice: " + v.name());
+    if (!v.launch || !v.bytes || !v.flops)
+      throw std::logic_error("version registered without its launcher or models: " + v.name());
     versions_.push_back(std::move(v));
     std::sort(versions_.begin(), versions_.end(),
               [](const Version& a, const Version& b) { return a.name() < b.name(); });

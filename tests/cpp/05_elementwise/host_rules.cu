@@ -217,6 +217,25 @@ TEST(HostRegistry, EveryVersionHasItsLauncherAndModels) {
   EXPECT_GE(seen, 20);
 }
 
+// ... because the registry refuses, where a version is registered, one that lacks any of them
+// (the chain peer once registered without its FLOP model, and the bench failed on it).
+TEST(HostRegistry, RefusesAVersionWithoutItsLauncherOrModels) {
+  const Version* v9 = Registry::get().find("05_elementwise/qkv_rope_cache/v9_qkv_rope_cache");
+  ASSERT_NE(v9, nullptr);
+  for (int lack = 0; lack < 3; ++lack) {
+    Version v = *v9;
+    v.id = "lacking";
+    if (lack == 0) v.launch = nullptr;
+    if (lack == 1) v.bytes = nullptr;
+    if (lack == 2) v.flops = nullptr;
+    Registry local;
+    EXPECT_THROW(local.add(v), std::logic_error) << "lacking " << lack;
+  }
+  Registry local;
+  EXPECT_NO_THROW(local.add(*v9));
+  EXPECT_THROW(local.add(*v9), std::logic_error);  // twice
+}
+
 TEST(HostRopePlan, LanesCoverItemsAndTail) {
   EXPECT_EQ(rope_lanes(8, 0), 8);    // D = 128, full rotation: 8 items of 8 pairs
   EXPECT_EQ(rope_lanes(4, 8), 8);    // rot 64 of 128, out of place: 8 tail units
