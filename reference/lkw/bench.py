@@ -3023,6 +3023,12 @@ def _reference(case: Case, host_inputs: list[np.ndarray], host_initial=()) -> li
     return case.expected([*host_inputs, *host_initial])
 
 
+def rotation_sets(set_bytes: int, l2_bytes: int) -> int:
+    """The rotation rule on one set's bytes: enough sets that they exceed twice the L2, plus one,
+    and at least two (_rotations below; chapter 11's layer copies and per-step copies)."""
+    return max(2, math.ceil(2 * l2_bytes / max(1, set_bytes)) + 1)
+
+
 def _rotations(inputs, outputs, l2_bytes: int, past_largest: bool = False, touched: int | None = None) -> int:
     """How many input/output sets make the rotated working set exceed twice the L2, plus one (back
     to back, no flush between launches: between two launches on one set the others read more than
@@ -3030,11 +3036,10 @@ def _rotations(inputs, outputs, l2_bytes: int, past_largest: bool = False, touch
     without their largest input exceed twice the L2 too. touched (Case.rotation_bytes): the bytes
     of a set one launch touches, where fewer than its tensors'. One rule for all three timing modes."""
     sizes = [t.numel() * t.element_size() for t in inputs + outputs]
-    sets = max(1, math.ceil(2 * l2_bytes / (touched or sum(sizes))))
+    sets = rotation_sets(touched or sum(sizes), l2_bytes)
     if past_largest:
-        rest = sum(sizes) - max(sizes[: len(inputs)])
-        sets = max(sets, math.ceil(2 * l2_bytes / max(1, rest)))
-    return max(2, sets + 1)
+        sets = max(sets, rotation_sets(sum(sizes) - max(sizes[: len(inputs)]), l2_bytes))
+    return sets
 
 
 # Back to back and in a CUDA graph: launches per pair of events (at least this many, and at least

@@ -140,8 +140,10 @@ def l2_bytes() -> int:
 
 def rotations(cfg: dl.Config, fmt: str, kind: str, t: int) -> int:
     """lkw.bench's rule: enough copies that they exceed twice the L2, plus one; at least two."""
+    from lkw import bench
+
     nbytes, _ = layer_bound(cfg, fmt, kind, t)
-    return max(2, math.ceil(2 * l2_bytes() / nbytes) + 1)
+    return bench.rotation_sets(nbytes, l2_bytes())
 
 
 def make_case(cfg: dl.Config, fmt: str, kind: str, t: int, base: layer_torch.LayerWeights,
@@ -288,8 +290,11 @@ def step_copies(step_bytes: int, sets: int, l2: int) -> int:
     the L2 twice over reads them from memory, as it does in the layer; at least the layer's sets,
     at most MAX_STEP_COPIES (a small step stays in the L2: in the layer its input was just written
     by the step before, so it is there too)."""
-    want = math.ceil(2 * l2 / step_bytes) + 1 if step_bytes > 0 else sets
-    return max(sets, min(MAX_STEP_COPIES, want))
+    from lkw import bench
+
+    if step_bytes <= 0:
+        return sets
+    return max(sets, min(MAX_STEP_COPIES, bench.rotation_sets(step_bytes, l2)))
 
 
 def arg_bytes(obj, seen: set | None = None) -> int:
