@@ -14,8 +14,9 @@ CUDA-graph replays (the headline mode of lkw.bench: a decoder captures its step 
    as in the layer), its model bytes and FLOPs (lkw.decoder_layer.step_models; FP8 here:
    ``models``) and % of its bound (bytes over the copy ceiling measured in the same run, or FLOPs
    over the tensor peak, whichever is longer);
-   their sum against the graphed layer (what remains is named: the copies that make q and k
-   contiguous for the RoPE kernel when T > 1, allocations, and the gaps between kernels);
+   their sum against the graphed layer (what remains is named: allocations and the gaps between
+   kernels; where chapter 05's fused rope + cache step is not built, the copies that make q and k
+   contiguous for the RoPE kernel when T > 1);
 3. the whole layer: graph time, the layer's byte and FLOP bound (``layer_bound``), % of it;
 4. peers in the same run: torch eager and torch.compile (BF16), each in a CUDA graph; the
    production-kernel layer (lkw.layer_torch.production_steps, vLLM through lkw.peers; skipped with
