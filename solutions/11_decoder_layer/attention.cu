@@ -14,7 +14,6 @@
 // depends only on the capacity: a captured decode step stays valid as the cache grows. A block
 // owns one query token, so a prompt of T tokens reads its keys about T / 2 times: the Python
 // layers give a prompt to torch's flash attention (lkw.layer_torch.prompt_attention).
-// Also here: split_qkv, the copy that makes q, k, v dense for chapter 05's RoPE when T > 1.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -28,12 +27,19 @@ namespace {
 constexpr int kThreads = 128;  // keys per tile, and dimensions per pass of P.V
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;  // query heads a block (a larger group takes several blocks)
-constexpr int kLoads = 4;     // 16-byte loads in flight a thread
+// 16-byte loads a thread keeps in flight: a block streams a few thousand keys at most, so what it
+// waits for is each dependent round trip to memory, not bandwidth. Half a key (D = 128) a round,
+// and 64 keys' values of a dimension issued before the softmax's two barriers, so that the
+// barriers wait with them. Sixteen (a whole key, a whole tile) doubles the registers: two blocks
+// an SM, and the decode steps of many sequences lose more than one sequence gains.
+constexpr int kKeyLoads = 8;
+constexpr int kValueLoads = 8;
 // The split rule (attention_splits): about kSplitBlocks blocks in all (four a Hopper SM: a block
 // streams its keys with few loads in flight, so a decode step needs many blocks to cover the
 // memory latency), each at least kMinSplitKeys keys, at most kMaxSplits splits; a split's keys a
 // multiple of kSplitKeys (so an 8-key chunk of P.V never straddles two splits).
 constexpr int64_t kSplitBlocks = 512, kMinSplitKeys = 64, kMaxSplits = 32, kSplitKeys = 32;
+static_assert(kMaxSplits <= kThreads, "the combine kernel: a thread a split");
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -97,14 +103,15 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
   const int64_t kvh = blockIdx.y / chunks, first = blockIdx.y % chunks * kG, h0 = kvh * group + first;
   const int heads = int(group - first < kG ? group - first : kG);
   const int64_t t = blockIdx.z, d = a.d;
+  // The position first: its load and the q row's are in flight together.
+  const int64_t* table = a.block_table + t / a.q_len * a.table_blocks;  // this token's sequence
+  const int64_t capacity = a.table_blocks * a.block_size, pos = a.positions[t];
   const auto* q = static_cast<const __nv_bfloat16*>(a.q) + (t * a.hq + h0) * d;  // (T,Hq,D)
   for (int i = threadIdx.x; i < kG * d; i += kThreads)
     q_sh[i / d][i % d] = i / d < heads ? __bfloat162float(q[i]) * scale : 0.0f;
   __syncthreads();
 
   // This block's keys: its share of the capacity, cut at the token's own position (causal).
-  const int64_t* table = a.block_table + t / a.q_len * a.table_blocks;  // this token's sequence
-  const int64_t capacity = a.table_blocks * a.block_size, pos = a.positions[t];
   const int64_t len = pos < 0 ? 0 : (pos + 1 < capacity ? pos + 1 : capacity);
   const int64_t per_split = keys_per_split(capacity, a.splits);
   const int64_t begin = split * per_split;
@@ -112,11 +119,27 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
   const auto* kc = static_cast<const uint4*>(a.key_cache);    // 8 BF16 of a key per uint4
   const auto* vc = static_cast<const uint4*>(a.value_cache);  // 8 keys' BF16 of a dimension per uint4
 
+  // Dimension r's values of keys base + c0 .. + 8 kValueChunks - 1 (8 a load; past the tile,
+  // or in a block outside the cache: zeros).
+  constexpr int kValueChunks = kValueLoads / kDims > 0 ? kValueLoads / kDims : 1;
+  auto load_values = [&](int64_t base, int64_t tile, int r, int64_t c0, uint4 (&v)[kValueChunks]) {
+    const int64_t dim = threadIdx.x + r * kThreads;
+#pragma unroll
+    for (int u = 0; u < kValueChunks; ++u) {
+      const int64_t key = base + c0 + 8 * u;  // a multiple of 8: its 8 keys share a cache block
+      const int64_t blk = c0 + 8 * u < tile && dim < d ? table[key / a.block_size] : -1;
+      v[u] = blk >= 0 && blk < a.num_blocks
+                 ? vc[(((blk * a.hkv + kvh) * d + dim) * a.block_size + key % a.block_size) / 8]
+                 : make_uint4(0, 0, 0, 0);
+    }
+  };
+
   float m[kG], l[kG], acc[kG][kDims] = {};
 #pragma unroll
   for (int g = 0; g < kG; ++g) m[g] = -INFINITY, l[g] = 0.0f;
   for (int64_t base = begin; base < end; base += kThreads) {
-    // Scores: thread i takes key base + i, for every head of the group.
+    const int64_t tile = end - base < kThreads ? end - base : kThreads;
+    // Load: thread i takes key base + i, kKeyLoads of its 16-byte pieces at a time.
     const int64_t j = base + threadIdx.x;
     float s[kG];
 #pragma unroll
@@ -129,13 +152,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 #pragma unroll
         for (int g = 0; g < kG; ++g) s[g] = 0.0f;
         const uint4* key = kc + (blk * a.hkv + kvh) * (d / 8) * a.block_size + off;  // (B,Hkv,D/8,bs)
-        for (int64_t c0 = 0; c0 < d / 8; c0 += kLoads) {
-          uint4 v[kLoads];
+        for (int64_t c0 = 0; c0 < d / 8; c0 += kKeyLoads) {
+          uint4 v[kKeyLoads];
 #pragma unroll
-          for (int u = 0; u < kLoads; ++u)
+          for (int u = 0; u < kKeyLoads; ++u)
             if (c0 + u < d / 8) v[u] = key[(c0 + u) * a.block_size];
+          // Compute: the scores of every head of the group.
 #pragma unroll
-          for (int u = 0; u < kLoads; ++u) {
+          for (int u = 0; u < kKeyLoads; ++u) {
             if (c0 + u >= d / 8) break;
             float x[8];
             unpack8(v[u], x);
@@ -152,9 +176,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
         }
       }
     }
+    // The tile's first values, in flight through the softmax's barriers.
+    uint4 vv[kDims][kValueChunks];
+#pragma unroll
+    for (int r = 0; r < kDims; ++r) load_values(base, tile, r, 0, vv[r]);
     if (!__syncthreads_or(valid)) continue;  // the same in every thread: no valid key in the tile
-    // Softmax of the tile against the running max: rescale what came before. The previous tile's
-    // readers of p_sh passed the max's barrier; the sum's barrier publishes this tile's p.
+    // Reduce: the tile's softmax against the running max, rescaling what came before. The previous
+    // tile's readers of p_sh passed the max's barrier; the sum's barrier publishes this tile's p.
     float m_new[kG], p[kG], alpha[kG];
 #pragma unroll
     for (int g = 0; g < kG; ++g) m_new[g] = s[g];
@@ -168,34 +196,25 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
       m[g] = m_new[g];
     }
     block_reduce<false>(p, sum_sh);
-    // P.V: thread i owns dimensions i, i + 128; 8 keys' values of a dimension a load.
-    const int64_t tile = end - base < kThreads ? end - base : kThreads;
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
       l[g] = l[g] * alpha[g] + p[g];
 #pragma unroll
       for (int r = 0; r < kDims; ++r) acc[g][r] *= alpha[g];
     }
+    // Compute: P.V, thread i owns dimensions i, i + 128; the loaded values first, then the rest
+    // of the tile kValueChunks loads at a time.
 #pragma unroll
     for (int r = 0; r < kDims; ++r) {
-      const int64_t dim = threadIdx.x + r * kThreads;
-      if (dim >= d) continue;
-      for (int64_t c0 = 0; c0 < tile; c0 += 8 * kLoads) {
-        uint4 v[kLoads];
+      if (threadIdx.x + r * kThreads >= d) continue;
+      for (int64_t c0 = 0; c0 < tile; c0 += 8 * kValueChunks) {
+        if (c0 > 0) load_values(base, tile, r, c0, vv[r]);
 #pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          const int64_t key = base + c0 + 8 * u;  // a multiple of 8: its 8 keys share a cache block
-          const int64_t blk = c0 + 8 * u < tile ? table[key / a.block_size] : -1;
-          v[u] = blk >= 0 && blk < a.num_blocks
-                     ? vc[(((blk * a.hkv + kvh) * d + dim) * a.block_size + key % a.block_size) / 8]
-                     : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
+        for (int u = 0; u < kValueChunks; ++u) {
           const int j0 = int(c0) + 8 * u;
           if (j0 >= tile) break;
           float x[8];
-          unpack8(v[u], x);
+          unpack8(vv[r][u], x);
 #pragma unroll
           for (int g = 0; g < kG; ++g) {
             if (g >= heads) break;
@@ -240,41 +259,31 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 }
 
 // o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, M the largest m_s; a split without keys
-// (m_s = -inf) weighs nothing.
+// (m_s = -inf) weighs nothing. A thread a split reads its (m_s, l_s) and the block reduces them,
+// so that each split's pair is one load in flight, not one a step of a loop; then each dimension
+// sums the splits with their weights from shared memory.
 __global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
+  __shared__ float w_sh[kMaxSplits];
+  __shared__ float red_sh[2][1][kWarps];
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y, d = a.d;
   const float* part = a.partials + (t * a.hq + h) * a.splits * (d + 2);
-  float big = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) big = fmaxf(big, part[s * (d + 2)]);
-  float l = 0.0f;
-  for (int s = 0; s < a.splits; ++s)
-    if (part[s * (d + 2)] != -INFINITY) l += expf(part[s * (d + 2)] - big) * part[s * (d + 2) + 1];
+  const int s = threadIdx.x;  // kMaxSplits <= kThreads
+  const float ms = s < a.splits ? part[s * (d + 2)] : -INFINITY;
+  const float ls = s < a.splits ? part[s * (d + 2) + 1] : 0.0f;
+  float big[1] = {ms};
+  block_reduce<true>(big, red_sh[0]);
+  const float w = ms == -INFINITY ? 0.0f : expf(ms - big[0]);
+  if (s < a.splits) w_sh[s] = w;
+  float l[1] = {w * ls};
+  block_reduce<false>(l, red_sh[1]);  // its barrier publishes w_sh
   auto* o = static_cast<__nv_bfloat16*>(a.o) + (t * a.hq + h) * d;  // (T,Hq D)
   for (int64_t dim = threadIdx.x; dim < d; dim += kThreads) {
     float acc = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float ms = part[s * (d + 2)];
-      if (ms != -INFINITY) acc = fmaf(expf(ms - big), part[s * (d + 2) + 2 + dim], acc);
-    }
-    o[dim] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
-  }
-}
-
-__global__ void split_qkv_kernel(const uint4* qkv, uint4* q, uint4* k, uint4* v, int64_t t,
-                                 int64_t q_vecs, int64_t kv_vecs) {
-  const int64_t row_vecs = q_vecs + 2 * kv_vecs, n = t * row_vecs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / row_vecs, c = i % row_vecs;
-    const uint4 x = qkv[i];  // (T,(Hq+2Hkv)D/8)
-    if (c < q_vecs) {
-      q[row * q_vecs + c] = x;
-    } else if (c < q_vecs + kv_vecs) {
-      k[row * kv_vecs + c - q_vecs] = x;
-    } else {
-      v[row * kv_vecs + c - q_vecs - kv_vecs] = x;
-    }
+#pragma unroll 8
+    for (int k = 0; k < a.splits; ++k)
+      if (w_sh[k] != 0.0f) acc = fmaf(w_sh[k], part[k * (d + 2) + 2 + dim], acc);
+    o[dim] = __float2bfloat16_rn(l[0] > 0.0f ? acc / l[0] : 0.0f);
   }
 }
 
@@ -306,7 +315,8 @@ Status check_attention(const AttentionArgs& a) {
           .that(a.hkv > 0 && a.hq > 0 && a.hq % a.hkv == 0, "Hq must be a multiple of Hkv")
           .that(a.d > 0 && a.d % 8 == 0 && a.d <= kMaxHeadDim,
                 "D must be a multiple of 8 up to " + std::to_string(kMaxHeadDim))
-          .that(a.splits >= 1 && a.splits <= 65535, "splits must be in 1..65535")
+          .that(a.splits >= 1 && a.splits <= kMaxSplits,
+                "splits must be in 1.." + std::to_string(kMaxSplits) + " (a combining thread a split)")
           .that(a.t <= 65535 && a.hq <= 65535, "T and Hq must be at most 65535 (grid)")
           .that(a.q_len > 0 && a.t % a.q_len == 0, "T must be whole sequences of q_len tokens")
           .positive(a.block_size, "block_size")
@@ -336,22 +346,6 @@ Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   }
   if (a.splits > 1) combine_kernel<<<dim3(unsigned(a.hq), unsigned(a.t)), kThreads, 0, stream>>>(a);
   return last_launch_status("decoder layer attention");
-}
-
-Status split_qkv(const void* qkv, void* q, void* k, void* v, int64_t t, int64_t q_cols,
-                 int64_t kv_cols, cudaStream_t stream) {
-  Status s = Check()
-                 .that(qkv && q && k && v, "split_qkv: a null pointer")
-                 .that(q_cols % 8 == 0 && kv_cols % 8 == 0, "split_qkv: columns in 16-byte units")
-                 .that(reinterpret_cast<uintptr_t>(qkv) % 16 == 0, "split_qkv: qkv 16-byte aligned")
-                 .status();
-  if (!s.ok()) return s;
-  const int64_t vecs = t * (q_cols + 2 * kv_cols) / 8;
-  const unsigned blocks = unsigned(vecs / 256 + 1 < 4096 ? vecs / 256 + 1 : 4096);
-  split_qkv_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(qkv),
-                                               static_cast<uint4*>(q), static_cast<uint4*>(k),
-                                               static_cast<uint4*>(v), t, q_cols / 8, kv_cols / 8);
-  return last_launch_status("split_qkv");
 }
 
 }  // namespace lkw::layer

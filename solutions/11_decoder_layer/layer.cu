@@ -3,10 +3,11 @@
 // once into a CUDA graph. The input order and the formats: layer.h; their checks: inputs.cu.
 //
 // Steps (FP8 adds a quant after attn_norm, attention and ffn_norm; act writes FP8 itself):
-//   attn_norm → qkv_proj → [split_qkv, T > 1] → rope (in place) → cache_write → attention →
-//   o_proj → ffn_norm → gate_up_proj → act → down_proj
-// For T = 1 the q, k, v of the QKV output are already dense [1, H, D] rows, so RoPE and the cache
-// read them where they are; for T > 1 split_qkv copies them apart first.
+//   attn_norm → qkv_proj → rope (and the cache write) → attention → o_proj → ffn_norm →
+//   gate_up_proj → act → down_proj
+// The rope step is chapter 05's qkv_rope_cache: one pass over the QKV output, the rotated query
+// heads into a dense q for attention, the key and value heads straight into the paged cache (no
+// copies of the QKV output's slices at any T).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -26,14 +27,13 @@ constexpr const char* kGemvW4a16 = "06_int4_gemv/int4t_gemv/v7_tiled_stream";
 constexpr const char* kGemmW4a16Decode = "07_w4a16_gemm/w4a16r_gemm/v8_group_scales";
 constexpr const char* kGemmW4a16 = "07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized";
 constexpr const char* kGemmFp8 = "08_fp8_gemm/fp8_gemm_blockwise/v5_tuned";
-constexpr const char* kRope = "05_elementwise/rope/v4_rope_vec16";
-constexpr const char* kCache = "05_elementwise/reshape_and_cache/v8_cache_staged";
+constexpr const char* kRopeCache = "05_elementwise/qkv_rope_cache/v9_qkv_rope_cache";
 constexpr const char* kAct = "05_elementwise/silu_and_mul/v1_act_vec16";
 constexpr const char* kActFp8 = "05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8";
 
 // Where each intermediate lives in the scratch (256-byte aligned pieces).
 struct Scratch {
-  int64_t r1, xn, xq, xs, qkv, q, k, v, o, attn_out, gu, act, aq, as, partials, bytes;
+  int64_t r1, xn, xq, xs, qkv, q, o, attn_out, gu, act, aq, as, partials, bytes;
   int splits;
 };
 
@@ -54,8 +54,6 @@ Scratch plan_scratch(const LayerTensors& l) {
   p.xs = take(4 * t * (k_max / kGroup + 1));
   p.qkv = take(2 * t * s.qkv_n());
   p.q = take(2 * t * s.hq * hd);
-  p.k = take(2 * t * s.hkv * hd);
-  p.v = take(2 * t * s.hkv * hd);
   p.o = take(2 * t * s.hq * hd);
   p.attn_out = take(2 * t * s.d);
   p.gu = take(2 * t * 2 * s.d_ff);
@@ -137,7 +135,7 @@ class Builder {
 
   Status build() {
     const LayerShape& sh = l_.shape;
-    const int64_t t = sh.t, d = sh.d, hd = sh.head_dim, hq_d = sh.hq * hd, kv_d = sh.hkv * hd;
+    const int64_t t = sh.t, d = sh.d, hd = sh.head_dim, hq_d = sh.hq * hd;
     void* s = scratch_;
     const TensorRef r1 = at(s, plan_.r1, DType::kBF16, {t, d});
     const TensorRef xn = at(s, plan_.xn, DType::kBF16, {t, d});
@@ -155,28 +153,15 @@ class Builder {
       return st;
     if (st = quant("attn_quant", xn, &xq, &xs); !st.ok()) return st;
     if (st = gemm("qkv_proj", l_.qkv, xn, xq, xs, qkv); !st.ok()) return st;
-    // q, k, v as dense [T, H, D]: views of the QKV row when T = 1, else split_qkv's copies.
-    char* qkv_base = static_cast<char*>(qkv.data);
-    TensorRef q{qkv_base, DType::kBF16, {t, sh.hq, hd}};
-    TensorRef k{qkv_base + 2 * hq_d, DType::kBF16, {t, sh.hkv, hd}};
-    TensorRef v{qkv_base + 2 * (hq_d + kv_d), DType::kBF16, {t, sh.hkv, hd}};
-    if (t > 1) {
-      q.data = static_cast<char*>(s) + plan_.q;
-      k.data = static_cast<char*>(s) + plan_.k;
-      v.data = static_cast<char*>(s) + plan_.v;
-      const void *src = qkv.data, *qp = q.data, *kp = k.data, *vp = v.data;
-      steps_->push_back({"split_qkv", "11_decoder_layer/runner/split_qkv", {{qkv}, {q, k, v}, {}},
-                         [=](const Args&, cudaStream_t stream) {
-                           return split_qkv(src, const_cast<void*>(qp), const_cast<void*>(kp),
-                                            const_cast<void*>(vp), t, hq_d, kv_d, stream);
-                         }});
-    }
-    if (st = registered("rope", kRope,
-                        {{l_.positions, q, k, l_.cos_sin}, {q, k}, {{"is_neox", 1}}});
-        !st.ok())
-      return st;
-    if (st = registered("cache_write", kCache,
-                        {{k, v, l_.slot_mapping}, {l_.key_cache, l_.value_cache}, {{"layout", 0}}});
+    // RoPE and the cache write in one pass over the QKV output [T, Hq + 2 Hkv, D]: the query heads
+    // rotated into q (attention's dense input), the key heads rotated and the value heads copied
+    // into the paged cache at slot_mapping.
+    const TensorRef heads{qkv.data, DType::kBF16, {t, sh.hq + 2 * sh.hkv, hd}};
+    const TensorRef q = at(s, plan_.q, DType::kBF16, {t, sh.hq, hd});
+    if (st = registered("rope", kRopeCache,
+                        {{l_.positions, heads, l_.cos_sin, l_.slot_mapping},
+                         {l_.key_cache, l_.value_cache, q},
+                         {{"is_neox", 1}, {"layout", 0}}});
         !st.ok())
       return st;
     if (st = attention(q, o); !st.ok()) return st;
@@ -263,9 +248,7 @@ Version layer_version(Format f) {
                          // The runner's own kernels (the steps' kernels are their chapters').
                          {{"attention_kernel", {}, {"MUFU.EX2"}, {}, true,
                            "attention: the softmax's exponentials on the SFU, nothing spilled"},
-                          {"combine_kernel", {}, {}, {}, true, "split combine: nothing spilled"},
-                          {"split_qkv_kernel", {}, {"LDG.E.128", "STG.E.128"}, {}, true,
-                           "the q | k | v split copies 16 bytes at a time"}});
+                          {"combine_kernel", {}, {}, {}, true, "split combine: nothing spilled"}});
   v.min_arch = f == Format::kBf16 ? 80 : 90;
   v.kernels_per_launch = 0;  // many kernels: not mapped one to one in the ncu pass
   v.launch = [f](const Args& a, cudaStream_t stream) -> Status {

@@ -103,9 +103,6 @@ struct AttentionArgs {
 int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity);
 Status check_attention(const AttentionArgs& a);  // what paged_attention refuses, before a launch
 Status paged_attention(const AttentionArgs& a, cudaStream_t stream);
-// qkv [T, (Hq + 2 Hkv) D] -> q [T, Hq D], k [T, Hkv D], v [T, Hkv D] (dense, for T > 1).
-Status split_qkv(const void* qkv, void* q, void* k, void* v, int64_t t, int64_t q_cols,
-                 int64_t kv_cols, cudaStream_t stream);
 
 // One launch of the layer: a registered version (or the runner's attention) and its Args.
 struct Step {

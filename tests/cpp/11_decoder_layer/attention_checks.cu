@@ -109,7 +109,8 @@ TEST_P(RunnerAttention, MatchesTheFloat64Reference) {
 
 // Bad shapes are refused before anything is launched (host only: the checks come before the
 // device's): a zero or negative block size (the kernel divides by it), one not a multiple of 8,
-// no KV heads (Hq % Hkv would divide by zero), and the split count for an empty shape.
+// no KV heads (Hq % Hkv would divide by zero), a split count the combine cannot take, and the
+// split count for an empty shape.
 TEST(RunnerAttentionHost, RefusesBadShapes) {
   alignas(16) static unsigned char cache[16];
   int64_t table = 0, pos = 0;
@@ -134,6 +135,12 @@ TEST(RunnerAttentionHost, RefusesBadShapes) {
     a = good;
     a.q_len = q_len;
     refused(a, "q_len");
+  }
+  for (int splits : {0, 33}) {  // the combine kernel has a thread a split, 32 at most
+    a = good;
+    a.splits = splits;
+    a.partials = reinterpret_cast<float*>(cache);
+    refused(a, "splits must be in 1..32");
   }
   EXPECT_EQ(layer::attention_splits(0, 8, 2, 2048), 1);
   EXPECT_EQ(layer::attention_splits(1, 8, 0, 2048), 1);

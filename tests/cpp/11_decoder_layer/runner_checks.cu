@@ -108,8 +108,7 @@ TEST(HostLayerRunner, EachStepIsARegisteredVersion) {
   const std::vector<std::string> want = {
       "attn_norm=04_rmsnorm/fused_add_rmsnorm/v4_fused_add",
       "qkv_proj=00_roofline/gemm_bf16/cublas",
-      "rope=05_elementwise/rope/v4_rope_vec16",
-      "cache_write=05_elementwise/reshape_and_cache/v8_cache_staged",
+      "rope=05_elementwise/qkv_rope_cache/v9_qkv_rope_cache",  // and the cache write
       "attention=11_decoder_layer/runner/paged_attention",
       "o_proj=00_roofline/gemm_bf16/cublas",
       "ffn_norm=04_rmsnorm/fused_add_rmsnorm/v4_fused_add",
@@ -122,16 +121,14 @@ TEST(HostLayerRunner, EachStepIsARegisteredVersion) {
     if (version.rfind("11_decoder_layer/runner/", 0) != 0)
       EXPECT_NE(Registry::get().find(version), nullptr) << version;
   }
-  // T > 1: q, k, v copied apart before RoPE.
-  const std::vector<std::string> t3 = step_list(Format::kBf16, 3);
-  ASSERT_EQ(t3.size(), 11u);
-  EXPECT_EQ(t3[2], "split_qkv=11_decoder_layer/runner/split_qkv");
+  // T > 1: the same steps (the fused rope reads the QKV output's heads where they are: no copies).
+  EXPECT_EQ(step_list(Format::kBf16, 3), want);
 }
 
 TEST(HostLayerRunner, W4a16SwitchesKernelsAtSixteenAndSixtyFourTokens) {
   const auto at16 = step_list(Format::kW4a16, 16), at17 = step_list(Format::kW4a16, 17);
-  ASSERT_EQ(at16.size(), 11u);
-  ASSERT_EQ(at17.size(), 11u);
+  ASSERT_EQ(at16.size(), 9u);
+  ASSERT_EQ(at17.size(), 9u);
   EXPECT_EQ(at16[1], "qkv_proj=06_int4_gemv/int4t_gemv/v7_tiled_stream");
   EXPECT_EQ(at16.back(), "down_proj=06_int4_gemv/int4t_gemv/v7_tiled_stream");
   EXPECT_EQ(at17[1], "qkv_proj=07_w4a16_gemm/w4a16r_gemm/v8_group_scales");
@@ -146,14 +143,13 @@ TEST(HostLayerRunner, W4a16SwitchesKernelsAtSixteenAndSixtyFourTokens) {
 TEST(HostLayerRunner, Fp8QuantizesEveryGemmInput) {
   const auto s = step_list(Format::kFp8, 1);
   const std::vector<std::string> names = {"attn_norm", "attn_quant", "qkv_proj", "rope",
-                                          "cache_write", "attention", "o_quant", "o_proj",
-                                          "ffn_norm", "ffn_quant", "gate_up_proj", "act",
-                                          "down_proj"};
+                                          "attention", "o_quant", "o_proj", "ffn_norm",
+                                          "ffn_quant", "gate_up_proj", "act", "down_proj"};
   ASSERT_EQ(s.size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(s[i].substr(0, s[i].find('=')), names[i]);
   EXPECT_EQ(s[1], "attn_quant=03_dynamic_quant/per_group_fp8/v2_vec16");
   EXPECT_EQ(s[2], "qkv_proj=08_fp8_gemm/fp8_gemm_blockwise/v5_tuned");
-  EXPECT_EQ(s[11], "act=05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8");
+  EXPECT_EQ(s[10], "act=05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8");
 }
 
 TEST(HostLayerRunner, WellFormedArgsPassEveryCheck) {
