@@ -7,9 +7,12 @@
 //   fused_add_rmsnorm       r = bf16(x + residual) → residual_out, y = rmsnorm(r)
 //   fused_add_rmsnorm_fp8   r → residual_out; q E4M3 [T, d] and scales FP32 [T, 1]: chapter 03's
 //   fused_add_rmsnorm_int8  per-token quant of yb = rmsnorm(r), which never reaches memory
+//   fused_add_rmsnorm_fp8_group   the same with chapter 03's per_group_fp8 of yb: a scale per
+//                           1 × 128 slice of a row, scales FP32 [d/128, T] (column-major: the
+//                           blockwise FP8 GEMM's activation scales); d a multiple of 128
 // residual_out is either residual itself (updated in place, vLLM's signature) or a disjoint buffer.
 //
-// Bytes per element (plus the weight, 2·d per launch, and 4 B per row of scales):
+// Bytes per element (plus the weight, 2·d per launch, and 4 B per row, or per group, of scales):
 //   rmsnorm                         4 B   x read, y written
 //   fused add + norm                8 B   x, residual read; y, residual_out written
 //   fused add + norm + quant        7 B   x, residual read; q (1 B), residual_out written
@@ -21,10 +24,11 @@
 //
 // versions: v0_scalar (a thread per row) → v1_block_tree (a block per row, shared-memory tree) →
 // v2_warp_shuffle (shuffles, bf16x2) → v3_vec16_registers (16-byte vectors, the row held in
-// registers, one HBM read) → v4_fused_add (fused_add_rmsnorm) → v5_fused_add_quant (the FP8 and
-// INT8 ops); peers chain_unfused (the separate kernels). v3, v4, v5 and the chains share the row
-// routine below, so for a given d they sum the squares in the same order and compute the same
-// rstd and the same yb, bit for bit: the fused quant must equal the unfused chain exactly.
+// registers, one HBM read) → v4_fused_add (fused_add_rmsnorm) → v5_fused_add_quant (the FP8,
+// FP8-group and INT8 ops); peers chain_unfused (the separate kernels). v3, v4, v5 and the chains
+// share the row routine below, so for a given d they sum the squares in the same order and
+// compute the same rstd and the same yb, bit for bit: the fused quant must equal the unfused
+// chain exactly.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -43,16 +47,28 @@ namespace lkw::rmsnorm {
 constexpr const char* kChapter = "04_rmsnorm";
 
 enum class Quant { kNone, kFp8, kInt8 };
+constexpr int kGroup = 128;  // chapter 03's per_group_fp8: 1 × 128 groups along d
 
 struct NormOp {
   const char* name;
   bool residual;  // fused residual add: inputs x, residual, weight; residual_out is the last output
   Quant quant;    // kNone: y BF16; else q and scales instead of y
+  int group = 0;  // a scale per 1 × group slice of a row (d a multiple of it); 0: one per row
 };
 constexpr NormOp kRmsnorm{"rmsnorm", false, Quant::kNone};
 constexpr NormOp kFusedAdd{"fused_add_rmsnorm", true, Quant::kNone};
 constexpr NormOp kFusedAddFp8{"fused_add_rmsnorm_fp8", true, Quant::kFp8};
 constexpr NormOp kFusedAddInt8{"fused_add_rmsnorm_int8", true, Quant::kInt8};
+constexpr NormOp kFusedAddFp8Group{"fused_add_rmsnorm_fp8_group", true, Quant::kFp8, kGroup};
+
+// The scales' shape: [T, 1], or per group [d/group, T], column-major as chapter 03's
+// per_group_fp8 writes them (the T scales of one group contiguous: what the GEMM reads).
+inline std::vector<int64_t> scales_shape(const NormOp& op, int64_t t, int64_t d) {
+  return op.group ? std::vector<int64_t>{d / op.group, t} : std::vector<int64_t>{t, 1};
+}
+inline std::string scales_text(const NormOp& op) {
+  return op.group ? "[d/" + std::to_string(op.group) + ", T]" : "[T, 1]";
+}
 
 // Everything a launcher gets: raw device pointers (null where the op has no such tensor) and sizes.
 struct NormArgs {
@@ -62,7 +78,7 @@ struct NormArgs {
   const __nv_bfloat16* weight;       // [d]
   __nv_bfloat16* y;                  // [T, d]
   void* q;                           // E4M3 or int8 [T, d]
-  float* scales;                     // [T, 1]
+  float* scales;                     // [T, 1], or [d/128, T] per group
   int64_t t, d;
   float eps;
 };
@@ -88,6 +104,9 @@ inline Status validate_norm(const NormOp& op, const NormArgs& a, int vec, int64_
                  .that(has_y || a.scales, "scales is a null pointer")
                  .positive(a.t, "T")
                  .positive(a.d, "d")
+                 .that(!op.group || a.d % op.group == 0,
+                       std::string(op.name) + ": d = " + std::to_string(a.d) +
+                           " must be a multiple of " + std::to_string(op.group) + " (its groups)")
                  .that(a.t <= std::numeric_limits<int32_t>::max(),
                        "T must be below 2^31 (rows are blockIdx.x)")
                  .that(a.d <= max_d, "d = " + std::to_string(a.d) + " exceeds this version's " +
@@ -108,12 +127,13 @@ inline Status validate_norm(const NormOp& op, const NormArgs& a, int vec, int64_
     const char* name;
   };
   const int64_t elems = a.t * a.d;
+  const int64_t n_scales = a.t * (op.group ? a.d / op.group : 1);
   const Span inputs[] = {
       {a.x, 2 * elems, "x"}, {a.residual_in, 2 * elems, "residual"}, {a.weight, 2 * a.d, "weight"}};
   const Span outputs[] = {{a.residual_out, 2 * elems, "residual_out"},
                           {a.y, 2 * elems, "y"},
                           {a.q, elems, "q"},
-                          {a.scales, 4 * a.t, "scales"}};
+                          {a.scales, 4 * n_scales, "scales"}};
   Check c;
   for (int o = 0; o < 4; ++o) {
     if (!outputs[o].p) continue;
@@ -162,7 +182,7 @@ inline Status norm_args(const NormOp& op, const Args& a, NormArgs* out) {
                 std::string(op.quant == Quant::kNone ? "y" : "q") + " must be " +
                     dtype_name(first_dtype) + " [T, d]")
           .that(!scales || (scales->dtype == DType::kF32 && scales->shape.size() == 2),
-                "scales are float32 [T, 1]")
+                "scales are float32 " + scales_text(op))
           .status();
   if (!s.ok()) return s;
   const int64_t t = x.dim(0), d = x.dim(1);
@@ -171,7 +191,8 @@ inline Status norm_args(const NormOp& op, const Args& a, NormArgs* out) {
           .that(w.dim(0) == d, "weight must have d elements")
           .that(same(residual) && same(residual_out) && same(&first),
                 "every [T, d] tensor must have x's shape")
-          .that(!scales || (scales->dim(0) == t && scales->dim(1) == 1), "scales must be [T, 1]")
+          .that(!scales || scales->shape == scales_shape(op, t, d),
+                "scales must be " + scales_text(op))
           .status();
   if (!s.ok()) return s;
   *out = NormArgs{static_cast<const __nv_bfloat16*>(x.data),
@@ -356,12 +377,14 @@ struct Max {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Butterfly over the warp: every lane ends with the same total (a + b and b + a are the same
-// IEEE sum, so the lanes cannot drift apart).
-template <class Op>
+// Butterfly over the warp, or with kLanes = 16 over each aligned half-warp (xor offsets below 16
+// never leave it): every lane ends with the same total (a + b and b + a are the same IEEE sum,
+// so the lanes cannot drift apart).
+template <class Op, int kLanes = 32>
 __device__ __forceinline__ float warp_reduce(float v) {
+  static_assert(kLanes == 32 || kLanes == 16, "the warp, or each aligned half of it");
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1)
     v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }

@@ -437,7 +437,7 @@ def dynamic_quant_cases() -> list[Case]:
 
 
 def rmsnorm_cases() -> list[Case]:
-    """Chapter 04's four ops at ACT_SHAPES, eps 1e-6. Peers: the Hugging Face Llama RMSNorm
+    """Chapter 04's five ops at ACT_SHAPES, eps 1e-6. Peers: the Hugging Face Llama RMSNorm
     (z rounded to BF16 before the weight, as the contract) in torch eager and compiled, and
     torch.nn.functional.rms_norm; for the fused ops the add and the quant in torch too; vLLM's,
     FlashInfer's and Liger's kernels (lkw.peers.norm_peers)."""
@@ -454,10 +454,10 @@ def rmsnorm_cases() -> list[Case]:
         r = x + res  # BF16 + BF16: computed in FP32, rounded once, as the contract's r
         return hf_rmsnorm(torch, r, w), r
 
-    def add_norm_quant(kind):
+    def add_norm_quant(kind, group=None):
         def body(torch, x, res, w):
             y, r = add_norm(torch, x, res, w)
-            return (*_torch_quant(torch, y, kind), r)
+            return (*_torch_quant(torch, y, kind, group), r)
 
         return body
 
@@ -466,6 +466,7 @@ def rmsnorm_cases() -> list[Case]:
         "fused_add_rmsnorm": add_norm,
         "fused_add_rmsnorm_fp8": add_norm_quant("fp8"),
         "fused_add_rmsnorm_int8": add_norm_quant("int8"),
+        "fused_add_rmsnorm_fp8_group": add_norm_quant("fp8", 128),
     }
 
     def make_for(op, t, d):
@@ -480,7 +481,8 @@ def rmsnorm_cases() -> list[Case]:
             if op == "fused_add_rmsnorm":
                 return [x, res, w], [empty(torch.bfloat16, t, d), r]
             q = empty(torch.int8 if op.endswith("int8") else torch.float8_e4m3fn, t, d)
-            return [x, res, w], [q, empty(torch.float32, t, 1), r]
+            scales = empty(torch.float32, d // 128, t) if op.endswith("_group") else empty(torch.float32, t, 1)
+            return [x, res, w], [q, scales, r]
 
         return make
 
@@ -498,6 +500,8 @@ def rmsnorm_cases() -> list[Case]:
                 sample_rows=ACT_SAMPLE_ROWS if t > ACT_SAMPLE_ROWS else None,
                 params={"eps": eps}, torch_peers=_peers_for(torch_peers, t),
                 library_peers=peers.norm_peers(op, eps),
+                # the group op's scales [d/128, T] are cut along T, their second dimension
+                cut={1: lambda a, rows: a[:, :rows]} if op.endswith("_group") else {},
                 # F.rms_norm rounds x·rstd·w once (no BF16 step between): within 2 ulps anyway.
                 peer_tolerance=golden.NORM_TOLERANCES[op]))
     return cases

@@ -193,6 +193,12 @@ OPS = {
         ("int8", "float32", "bfloat16"),
         ("eps",),
     ),
+    "fused_add_rmsnorm_fp8_group": Op(  # scales [d/128, T], column-major
+        rmsnorm.fused_add_rmsnorm_fp8_group,
+        ("bfloat16",) * 3,
+        ("float8_e4m3fn", "float32", "bfloat16"),
+        ("eps",),
+    ),
     # 05_elementwise (lkw.elementwise through the wrappers below: float params become flags and
     # layout names; BF16 bits in and out)
     **{
@@ -818,7 +824,13 @@ def dynamic_quant_cases(rng: np.random.Generator) -> list[Case]:
 # ---------------------------------------------------------------------------------------------
 # 04_rmsnorm
 
-NORM_OPS = ("rmsnorm", "fused_add_rmsnorm", "fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8")
+NORM_OPS = (
+    "rmsnorm",
+    "fused_add_rmsnorm",
+    "fused_add_rmsnorm_fp8",
+    "fused_add_rmsnorm_int8",
+    "fused_add_rmsnorm_fp8_group",
+)
 # (tag, T, d, eps): d = 203 is odd (a vectorized kernel takes its scalar path); "small" rows
 # have mean(x^2) ~ 1e-6, the size of eps, so eps and its FP32 rounding matter.
 NORM_SHAPES = (
@@ -829,16 +841,30 @@ NORM_SHAPES = (
     ("tail", 5, 203, 1e-6),
     ("small", 5, 4096, 1e-5),
 )
+# The group op's (d a multiple of 128): odd T, so that its [d/128, T] scales and a row-major
+# [T, d/128] differ wherever T > 1 and d > 128; d = 128 (one group a row), 5120 (160 threads a
+# row), 32768 (the longest row the 16-byte row routine holds: 1024 threads).
+NORM_GROUP_SHAPES = (
+    ("", 1, 4096, 1e-6),
+    ("", 3, 128, 1e-5),
+    ("", 17, 5120, 1e-6),
+    ("", 64, 4096, 1e-6),
+    ("small", 5, 4096, 1e-5),
+    ("", 3, 32768, 1e-6),
+)
 # One tolerance per output (see lkw.rmsnorm): residual_out is exact; y within 2 BF16 ulps (rstd
 # depends on the summation order); the fused quant ops' q and scales
 # follow the reference's own yb, which a kernel's yb matches only within those 2 ulps:
 # FP8: RTOL 2^-2 = one E4M3 step (<= 2^-3 relative) plus the scale's and yb's drift (<= 2^-5),
-# ATOL 2^-9 = one E4M3 subnormal step; INT8: RTOL 2^-4 covers the drift, ATOL 1 one step.
+# ATOL 2^-9 = one E4M3 subnormal step; INT8: RTOL 2^-4 covers the drift, ATOL 1 one step. A
+# group's scale and codes follow its own 128 elements of yb exactly as a row's follow the row's:
+# the FP8 bounds hold per group.
 NORM_TOLERANCES = {
     "rmsnorm": rmsnorm.TOLERANCE_Y,
     "fused_add_rmsnorm": f"{rmsnorm.TOLERANCE_Y}/exact",  # y, residual_out
     "fused_add_rmsnorm_fp8": "close:0.25:0.001953125/close:0.25:0.001953125/exact",  # q, scales, r
     "fused_add_rmsnorm_int8": "close:0.0625:1/close:0.0625:1/exact",
+    "fused_add_rmsnorm_fp8_group": "close:0.25:0.001953125/close:0.25:0.001953125/exact",
 }
 
 
@@ -851,7 +877,7 @@ def norm_weight(rng: np.random.Generator, d: int) -> np.ndarray:
 def rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
     for op in NORM_OPS:
-        for tag, t, d, eps in NORM_SHAPES:
+        for tag, t, d, eps in NORM_GROUP_SHAPES if op.endswith("_group") else NORM_SHAPES:
             spread = 0 if tag == "small" else 4.0
             x = activations(rng, t, d, spread)
             if tag == "small":

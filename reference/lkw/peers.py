@@ -390,7 +390,8 @@ def _copies(torch, tensors):
 
 
 def norm_peers(op: str, eps: float) -> dict[str, Callable]:
-    """vLLM, FlashInfer and Liger kernels for chapter 04's ops, at the case's eps."""
+    """vLLM, FlashInfer and Liger kernels for chapter 04's ops, at the case's eps (the group op:
+    vLLM's rms_norm_per_block_quant)."""
 
     def vllm_rms_norm(torch, ins):
         ops = library("vllm").ops
@@ -463,6 +464,25 @@ def norm_peers(op: str, eps: float) -> dict[str, Callable]:
 
         return factory
 
+    def vllm_per_block_quant(torch, ins):
+        """vLLM's rms_norm_per_block_quant (q, x, w, scales, eps, scale_ub, residual, group_size,
+        is_scale_transposed): with the residual, res <- x + res in place (on a copy, as above);
+        groups of 128, no scale_ub, scales transposed: [d/128, T], the op's column-major layout.
+        Like its per-token kernel it takes the variance of the unrounded FP32 sum (lkw.rmsnorm
+        says so), so its q and scales are compared within the op's tolerance, not exactly."""
+        ops = library("vllm").ops
+        x, res_in, w = ins
+        (res,), reset = _copies(torch, [res_in])
+        t, d = x.shape
+        q = torch.empty(t, d, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(d // 128, t, dtype=torch.float32, device=x.device)
+
+        def call():  # res <- x + res; q, s <- per-group quant of RMSNorm(res) * w
+            ops.rms_norm_per_block_quant(q, x, w, s, eps, None, res, 128, True)
+            return q, s, res
+
+        return PeerCall(call, reset=reset)
+
     def static_quant(lib):
         """The static per-tensor FP8 scale peers: a different quantization from the op's (one
         scale for the tensor, given, not one per token computed), so only the residual is compared
@@ -516,6 +536,7 @@ def norm_peers(op: str, eps: float) -> dict[str, Callable]:
             "flashinfer fused_add_rmsnorm_quant (static scale)": static_quant("flashinfer"),
         },
         "fused_add_rmsnorm_int8": {"vllm rms_norm_dynamic_per_token_quant": vllm_dynamic_quant("int8")},
+        "fused_add_rmsnorm_fp8_group": {"vllm rms_norm_per_block_quant": vllm_per_block_quant},
     }
     return table.get(op, {})
 

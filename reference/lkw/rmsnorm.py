@@ -1,5 +1,5 @@
 """Chapter 04 references: RMSNorm, fused residual add + RMSNorm, and fused add + RMSNorm +
-dynamic per-token quantization (FP8 E4M3 or INT8).
+dynamic quantization (per token to FP8 E4M3 or INT8, or per 1 x 128 group to FP8).
 
 This docstring is the contract the chapter's kernels implement. Tensors are BF16 bits (uint16):
 x [T, d], residual [T, d], weight [d]; eps is a param, passed to the kernel as an FP32 (eps32 =
@@ -23,13 +23,17 @@ fp32(eps)). Per row, with every BF16 value widened to FP32 exactly:
 The quantized ops quantize y (called yb: the BF16 value the unfused chain -- the RMSNorm kernel
 writing BF16, then per_token_fp8/int8 reading it -- would hand over) with lkw.quant's per-token
 rules: scale = max(absmax(yb) / 448, MIN_SCALE), q = e4m3(fp32(yb * fp32(1/scale))) for FP8;
-scale = absmax(yb) / 127, q = rint(fp32(yb * fp32(1/scale))) for INT8.
+scale = absmax(yb) / 127, q = rint(fp32(yb * fp32(1/scale))) for INT8. The group op quantizes yb
+with lkw.quant.per_group_fp8: the FP8 rule applied to each 1 x 128 slice of a row (d a multiple of
+128), the scales column-major [d/128, T] -- the blockwise FP8 GEMM's activation format.
 
 Ops (outputs in this order):
     rmsnorm(x, w, eps)                         -> y BF16 [T, d]
     fused_add_rmsnorm(x, residual, w, eps)     -> y BF16 [T, d], residual_out BF16 [T, d]
     fused_add_rmsnorm_fp8(x, residual, w, eps) -> q E4M3 [T, d], scales FP32 [T, 1], residual_out
     fused_add_rmsnorm_int8(...)                -> q int8 [T, d], scales FP32 [T, 1], residual_out
+    fused_add_rmsnorm_fp8_group(...)           -> q E4M3 [T, d], scales FP32 [d/128, T],
+                                                  residual_out
 residual_out = r. The kernels update the residual IN PLACE (vLLM's signature); a test checks the
 in-place kernel by comparing the updated residual buffer with residual_out.
 
@@ -103,13 +107,16 @@ def fused_add_rmsnorm(x, residual, w, eps: float) -> tuple[np.ndarray, np.ndarra
 
 
 def quantize_from_normalized(yb: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """(q, scales [T, 1]) of the BF16 normalized output yb, `kind` "fp8" or "int8": what a
-    fused kernel must produce, bit for bit, from the yb it computed."""
+    """(q, scales) of the BF16 normalized output yb, `kind` "fp8" or "int8" (scales [T, 1]) or
+    "fp8_group" (scales [d/128, T]): what a fused kernel must produce, bit for bit, from the yb
+    it computed."""
     if kind == "fp8":
         return quant.per_token_fp8(yb)
     if kind == "int8":
         return quant.per_token_int8(yb)
-    raise ValueError(f"kind must be 'fp8' or 'int8', got {kind!r}")
+    if kind == "fp8_group":
+        return quant.per_group_fp8(yb)
+    raise ValueError(f"kind must be 'fp8', 'int8' or 'fp8_group', got {kind!r}")
 
 
 def fused_add_rmsnorm_fp8(x, residual, w, eps: float):
@@ -122,3 +129,13 @@ def fused_add_rmsnorm_int8(x, residual, w, eps: float):
     """-> (q int8 [T, d], scales FP32 [T, 1], residual_out BF16 [T, d])."""
     yb, r = fused_add_rmsnorm(x, residual, w, eps)
     return (*quantize_from_normalized(yb, "int8"), r)
+
+
+def fused_add_rmsnorm_fp8_group(x, residual, w, eps: float):
+    """-> (q E4M3 bits [T, d], scales FP32 [d/128, T], residual_out BF16 [T, d]): chapter 03's
+    per_group_fp8 of yb. d must be a multiple of 128 (refused before anything is computed)."""
+    d = np.shape(x)[-1]
+    if d % quant.GROUP:
+        raise ValueError(f"fused_add_rmsnorm_fp8_group: d = {d} is not a multiple of {quant.GROUP}")
+    yb, r = fused_add_rmsnorm(x, residual, w, eps)
+    return (*quantize_from_normalized(yb, "fp8_group"), r)

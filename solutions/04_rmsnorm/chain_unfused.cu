@@ -1,9 +1,10 @@
 // Peers of chapter 04: the unfused chains that v4 and v5 replace, measured in the same run.
-//   fused_add_rmsnorm/chain_unfused       add kernel (r to memory) → v3 on r:           10 B/elem
-//   fused_add_rmsnorm_fp8/chain_unfused   add kernel → v3 to a BF16 scratch y → chapter 03's
-//   fused_add_rmsnorm_int8/chain_unfused  per-token quant reading y:                   13 B/elem
+//   fused_add_rmsnorm/chain_unfused            add kernel (r to memory) → v3 on r:      10 B/elem
+//   fused_add_rmsnorm_fp8/chain_unfused        add kernel → v3 to a BF16 scratch y → chapter
+//   fused_add_rmsnorm_int8/chain_unfused       03's per-token quant reading y:          13 B/elem
+//   fused_add_rmsnorm_fp8_group/chain_unfused  the same with chapter 03's per_group_fp8: 13 B/elem
 // The norm and the quant are looked up in the registry when the chain runs, so the chain is
-// always the current v3 and chapter 03's current best per-token kernel. Because v3, v4 and v5
+// always the current v3 and chapter 03's v2_vec16 quant kernels. Because v3, v4 and v5
 // share one row routine, the chain's y, q and scales are the fused versions' bit for bit; the
 // chapter's tests check that (tests/cpp/04_rmsnorm).
 
@@ -16,6 +17,7 @@ namespace {
 constexpr const char* kNormVersion = "04_rmsnorm/rmsnorm/v3_vec16_registers";
 constexpr const char* kFp8Version = "03_dynamic_quant/per_token_fp8/v2_vec16";
 constexpr const char* kInt8Version = "03_dynamic_quant/per_token_int8/v2_vec16";
+constexpr const char* kFp8GroupVersion = "03_dynamic_quant/per_group_fp8/v2_vec16";
 
 constexpr int kAddThreads = 256;
 constexpr int kAddUnits = 4;  // units per thread, strided by the block: whole-line warp accesses
@@ -75,8 +77,8 @@ Status with_context(const char* step, Status s) {
 // The chain's BF16 y between its norm and its quant kernel. The registry's Args carry only the
 // op's outputs, so this baseline keeps its own workspace (lkw::Workspace: one per device, grown
 // on demand, kept for the process; no memset: nothing but the chain's own three kernels runs
-// inside a launch, which the ncu pass relies on). Two chains running at once on different streams would share it: fine
-// for a baseline timed one launch at a time, not an interface to build on.
+// inside a launch, which the ncu pass relies on). Two chains running at once on different streams
+// would share it: fine for a baseline timed one launch at a time, not an interface to build on.
 Status scratch_y(int64_t bytes, void** out) {
   static Workspace workspace("chain_unfused scratch y");
   return workspace.get(bytes, out);
@@ -105,9 +107,10 @@ template <const NormOp& kOp>
 Status chain_add_norm_quant(const NormArgs& a, cudaStream_t stream) {
   Status s = validate_norm(kOp, a, row_vec(a.d), row_max_d(a.d));
   const bool fp8 = kOp.quant == Quant::kFp8;
+  const char* quant_step = kOp.group ? kFp8GroupVersion : fp8 ? kFp8Version : kInt8Version;
   const Version *norm = nullptr, *quant = nullptr;
   if (s.ok()) s = find_version(kNormVersion, &norm);
-  if (s.ok()) s = find_version(fp8 ? kFp8Version : kInt8Version, &quant);
+  if (s.ok()) s = find_version(quant_step, &quant);
   void* y = nullptr;
   if (s.ok()) s = scratch_y(2 * a.t * a.d, &y);
   if (s.ok()) s = with_context("add", launch_add(a, stream));
@@ -116,7 +119,7 @@ Status chain_add_norm_quant(const NormArgs& a, cudaStream_t stream) {
     Args q;
     q.inputs = {{y, DType::kBF16, {a.t, a.d}}};
     q.outputs = {{a.q, fp8 ? DType::kE4M3 : DType::kI8, {a.t, a.d}},
-                 {a.scales, DType::kF32, {a.t, 1}}};
+                 {a.scales, DType::kF32, scales_shape(kOp, a.t, a.d)}};
     s = with_context("quant", quant->launch(q, stream));
   }
   return s;
@@ -133,7 +136,7 @@ std::vector<SassFact> add_facts() {
 
 // What the chains really move (the model the ncu bytes are compared with): per element, the add
 // reads x and residual and writes r (6 B), the norm reads r and writes y (4 B), the quant reads y
-// and writes q (3 B); the weight once, the scales 4 B per row.
+// and writes q (3 B); the weight once, the scales 4 B each.
 Version chain(const NormOp& op, const char* summary, NormLaunch launch, int kernels,
               double bytes_per_element) {
   Version v = norm_version(op, "chain_unfused", summary, launch, add_facts(), Kind::kPeer);
@@ -148,10 +151,13 @@ Version chain(const NormOp& op, const char* summary, NormLaunch launch, int kern
 
 const Register kAddNorm{chain(kFusedAdd, "add kernel, then v3 on r: r makes a round trip (10 B)",
                               chain_add_norm, 2, 10.0)};
-// The quant step is chapter 03's per-token kernel: one kernel per launch.
+// The quant step is chapter 03's per-token or per-group kernel: one kernel per launch.
 const Register kAddNormFp8{chain(kFusedAddFp8,
                                  "add, v3 to a BF16 y, chapter 03 per-token FP8: 3 kernels, 13 B",
                                  chain_add_norm_quant<kFusedAddFp8>, 3, 13.0)};
+const Register kAddNormFp8Group{
+    chain(kFusedAddFp8Group, "add, v3 to a BF16 y, chapter 03 per-group FP8: 3 kernels, 13 B",
+          chain_add_norm_quant<kFusedAddFp8Group>, 3, 13.0)};
 const Register kAddNormInt8{chain(kFusedAddInt8,
                                   "add, v3 to a BF16 y, chapter 03 per-token INT8: 3 kernels, 13 B",
                                   chain_add_norm_quant<kFusedAddInt8>, 3, 13.0)};

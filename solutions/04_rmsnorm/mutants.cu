@@ -6,6 +6,9 @@
 //   fused_add_rmsnorm/mutant_no_residual_write     residual_out never written (its poison stays)
 //   fused_add_rmsnorm_fp8/mutant_int8_max_scale    FP8 scale = absmax / 127, the INT8 constant
 //                                                  (scales 3.5× too large, codes 3.5× too small)
+//   fused_add_rmsnorm_fp8_group/mutant_scales_row_major  the group scales stored [T, d/128], the
+//                                                  layout per_group_fp8's scales_row_major writes
+//                                                  (the same bytes only when T = 1 or d = 128)
 // The rounding point of the add is deliberately NOT a mutant here: taking the variance of the
 // unrounded FP32 sum moves rstd by at most 2^-8 relative (BF16 rounds to half an ulp), so z by at
 // most one BF16 ulp and y by at most two — inside y's 2-ulp tolerance on every golden case. The
@@ -92,6 +95,37 @@ __global__ void __launch_bounds__(RowTile<kVec>::kMaxThreads)
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
+__global__ void __launch_bounds__(RowTile<8>::kMaxThreads)
+    scales_row_major_kernel(const __nv_bfloat16* x, const __nv_bfloat16* residual_in,
+                            __nv_bfloat16* residual_out, const __nv_bfloat16* weight, uint8_t* q,
+                            float* scales, int64_t d, float eps) {
+  const int units = int(d / 8), groups = int(d / kGroup);
+  const int64_t row_offset = blockIdx.x * d;
+  RowTile<8> r, residual, w;
+  load_row(x + row_offset, units, r);
+  load_row(residual_in + row_offset, units, residual);
+  add_residual(r, residual);
+  store_row(residual_out + row_offset, units, r);
+  const float rstd = row_rstd(r, d, eps);
+  load_row(weight, units, w);
+  normalize_row(r, rstd, w);
+#pragma unroll
+  for (int u = 0; u < RowTile<8>::kUnits; ++u) {
+    const int i = threadIdx.x + u * blockDim.x;
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(r.get(u, j)));
+    const float scale = quant::fp8_scale(warp_reduce<Max, 16>(m), 0.0f);
+    const float inv = quant::fp8_inverse(scale);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (i < units)
+        q[row_offset + i * 8 + j] = uint8_t(quant::quantize_e4m3x2(r.get(u, j), 0.0f, inv));
+    if (i < units && threadIdx.x % 16 == 0)
+      scales[int64_t(blockIdx.x) * groups + i / 16] = scale;  // wrong: [T, d/128]
+  }
+}
+
 Status variance_before_add(const NormArgs& a, cudaStream_t stream) {
   Status s = validate_norm(kFusedAdd, a, row_vec(a.d), row_max_d(a.d));
   if (!s.ok()) return s;
@@ -135,6 +169,15 @@ Status int8_max_scale(const NormArgs& a, cudaStream_t stream) {
   return last_launch_status("int8_max_scale_kernel");
 }
 
+Status scales_row_major(const NormArgs& a, cudaStream_t stream) {
+  Status s = validate_norm(kFusedAddFp8Group, a, row_vec(a.d), row_max_d(a.d));
+  if (!s.ok()) return s;
+  scales_row_major_kernel<<<unsigned(a.t), row_threads(a.d), 0, stream>>>(
+      a.x, a.residual_in, a.residual_out, a.weight, static_cast<uint8_t*>(a.q), a.scales, a.d,
+      a.eps);
+  return last_launch_status("scales_row_major_kernel");
+}
+
 const Register kNoEps{
     norm_version(kRmsnorm, "mutant_no_eps", "eps left out of the rstd", no_eps, {}, Kind::kMutant)};
 const Register kBeforeAdd{norm_version(kFusedAdd, "mutant_variance_before_add",
@@ -146,6 +189,9 @@ const Register kNoWrite{norm_version(kFusedAdd, "mutant_no_residual_write",
 const Register kInt8Max{norm_version(kFusedAddFp8, "mutant_int8_max_scale",
                                      "FP8 scale from absmax / 127 (the INT8 constant)",
                                      int8_max_scale, {}, Kind::kMutant)};
+const Register kRowMajor{norm_version(kFusedAddFp8Group, "mutant_scales_row_major",
+                                      "group scales stored row-major [T, d/128]", scales_row_major,
+                                      {}, Kind::kMutant)};
 
 }  // namespace
 }  // namespace lkw::rmsnorm

@@ -146,6 +146,7 @@ def test_production_peers_are_wired_to_the_ops_they_compute():
     assert by_op["per_token_fp8"] == {"vllm dynamic_per_token_scaled_fp8_quant"}
     assert {"vllm fused_add_rms_norm", "flashinfer fused_add_rmsnorm", "liger fused_add_rms_norm"} <= by_op[
         "fused_add_rmsnorm"]
+    assert by_op["fused_add_rmsnorm_fp8_group"] == {"vllm rms_norm_per_block_quant"}
     fp8 = by_op["fused_add_rmsnorm_fp8"]
     assert "vllm rms_norm_dynamic_per_token_quant" in fp8
     # A peer computing another quantization says so in its name.

@@ -21,7 +21,8 @@ DEQUANT_OPS = (
 )
 # Chapters 03 and 04.
 QUANT_OPS = ("per_token_fp8", "per_token_int8", "per_tensor_fp8", "per_group_fp8")
-NORM_OPS = ("rmsnorm", "fused_add_rmsnorm", "fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8")
+NORM_OPS = ("rmsnorm", "fused_add_rmsnorm", "fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8",
+            "fused_add_rmsnorm_fp8_group")
 # The contract with the C++ side: every case id and its op.
 EXPECTED_CASES = {
     "00_roofline": {
@@ -70,16 +71,31 @@ EXPECTED_CASES = {
         "per_group_fp8_row_major_t40_d5120": "per_group_fp8",
     },
     "04_rmsnorm": {
-        f"{op}_{tag}t{t}_d{d}": op
-        for op in NORM_OPS
-        for tag, t, d in (
-            ("", 1, 4096),
-            ("", 5, 5120),
-            ("", 64, 4096),
-            ("", 64, 128),
-            ("tail_", 5, 203),
-            ("small_", 5, 4096),
-        )
+        **{
+            f"{op}_{tag}t{t}_d{d}": op
+            for op in NORM_OPS
+            if op != "fused_add_rmsnorm_fp8_group"
+            for tag, t, d in (
+                ("", 1, 4096),
+                ("", 5, 5120),
+                ("", 64, 4096),
+                ("", 64, 128),
+                ("tail_", 5, 203),
+                ("small_", 5, 4096),
+            )
+        },
+        # d a multiple of 128 (1 x 128 groups), odd T, the row routine's longest row
+        **{
+            f"fused_add_rmsnorm_fp8_group_{tag}t{t}_d{d}": "fused_add_rmsnorm_fp8_group"
+            for tag, t, d in (
+                ("", 1, 4096),
+                ("", 3, 128),
+                ("", 17, 5120),
+                ("", 64, 4096),
+                ("small_", 5, 4096),
+                ("", 3, 32768),
+            )
+        },
     },
 }
 # ... and every op's input and output dtypes, as the manifest names them.
@@ -105,6 +121,7 @@ EXPECTED_SIGNATURES = {
     "fused_add_rmsnorm": (["bfloat16"] * 3, ["bfloat16", "bfloat16"]),
     "fused_add_rmsnorm_fp8": (["bfloat16"] * 3, ["float8_e4m3fn", "float32", "bfloat16"]),
     "fused_add_rmsnorm_int8": (["bfloat16"] * 3, ["int8", "float32", "bfloat16"]),
+    "fused_add_rmsnorm_fp8_group": (["bfloat16"] * 3, ["float8_e4m3fn", "float32", "bfloat16"]),
 }
 # Cases whose inputs do not depend on the seed.
 FIXED_CASES = re.compile(r".*_(special|all_codes)$")
@@ -250,6 +267,9 @@ def test_files_have_the_declared_dtypes_and_shapes(manifests, chapter):
             assert outputs[0].shape == dequant_shapes(case["id"], case["op"])[1], case["id"]
         else:
             assert outputs[0].shape == inputs[0].shape, case["id"]
+        if case["op"] == "fused_add_rmsnorm_fp8_group":  # scales [d/128, T], column-major
+            t, d = inputs[0].shape
+            assert outputs[1].shape == (d // 128, t), case["id"]
 
 
 @pytest.mark.parametrize("chapter", [*EXPECTED_CASES, "05_elementwise", "10_sampling"])

@@ -1,7 +1,8 @@
 """lkw.rmsnorm (chapter 04): RMSNorm and the fused residual-add / quantizing variants against
 independent float64 formulas, each rounding point of the contract shown to matter on
 constructed or random data, the 2-ulp tolerance against FP32 kernel emulations, the fused
-quant ops against quantize_from_normalized, and the chapter's golden cases."""
+quant ops against quantize_from_normalized (the group op against chapter 03's per_group_fp8,
+its scales' layout, its refusal of d not a multiple of 128), and the chapter's golden cases."""
 
 import time
 
@@ -160,6 +161,42 @@ def test_fused_quant_is_quantize_from_normalized(rng, kind):
     assert scales.shape == (x.shape[0], 1)
 
 
+def test_fused_group_quant_is_per_group_fp8_of_the_fused_add_rmsnorm_y(rng):
+    """The group op is chapter 03's per_group_fp8 of the BF16 y that fused_add_rmsnorm (v4's op)
+    writes, with v4's residual_out: the unfused chain, bit for bit."""
+    x, r, w = inputs(rng, t=5, d=1024)
+    q, scales, residual_out = rmsnorm.fused_add_rmsnorm_fp8_group(x, r, w, 1e-6)
+    yb, want_residual = rmsnorm.fused_add_rmsnorm(x, r, w, 1e-6)
+    assert np.array_equal(residual_out, want_residual)
+    want_q, want_scales = quant.per_group_fp8(yb)
+    assert np.array_equal(q, want_q) and np.array_equal(scales, want_scales)
+    assert (q.shape, scales.shape, scales.dtype) == ((5, 1024), (8, 5), np.float32)
+
+
+def test_fused_group_quant_scales_are_column_major_one_per_128_slice(rng):
+    """scales[g, t] is the per-token FP8 scale of the slice yb[t, 128g:128g+128], and q's slice
+    is that slice's per-token codes: a group is a row of 128 for the FP8 rule."""
+    x, r, w = inputs(rng, t=3, d=640)
+    q, scales, _ = rmsnorm.fused_add_rmsnorm_fp8_group(x, r, w, 1e-5)
+    yb, _ = rmsnorm.fused_add_rmsnorm(x, r, w, 1e-5)
+    assert scales.shape == (5, 3) and scales.flags.c_contiguous
+    for g in range(5):
+        q_slice, s_slice = quant.per_token_fp8(yb[:, 128 * g : 128 * (g + 1)])
+        assert np.array_equal(scales[g], s_slice[:, 0]), g
+        assert np.array_equal(q[:, 128 * g : 128 * (g + 1)], q_slice), g
+    # The groups of a row differ (rows of ordinary data), so a [T, d/128] layout could not pass.
+    assert not np.array_equal(scales.T.reshape(5, 3), scales)
+
+
+@pytest.mark.parametrize("d", [64, 200, 203, 1000, 4160])
+def test_fused_group_quant_refuses_d_not_a_multiple_of_128(rng, d):
+    x, r, w = inputs(rng, t=2, d=d)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        rmsnorm.fused_add_rmsnorm_fp8_group(x, r, w, 1e-6)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        golden.reference("fused_add_rmsnorm_fp8_group", [x, r, w], {"eps": 1e-6})
+
+
 def close(got: np.ndarray, want: np.ndarray, dtype: str, tolerance: str) -> bool:
     """The C++ rule on decoded values: close:RTOL:ATOL, or exact (the same bits)."""
     if tolerance == "exact":
@@ -169,7 +206,8 @@ def close(got: np.ndarray, want: np.ndarray, dtype: str, tolerance: str) -> bool
     return bool(np.all(np.abs(g - e) <= atol + rtol * np.abs(e)))
 
 
-@pytest.mark.parametrize("op", ["fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8"])
+@pytest.mark.parametrize("op", ["fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8",
+                                "fused_add_rmsnorm_fp8_group"])
 def test_fused_quant_golden_tolerance_covers_a_kernels_own_yb(rng, op):
     """A kernel whose yb is off by up to 2 ulps (other summation order, rsqrtf; here rstd is
     moved by up to 64 FP32 ulps, far more than either causes) produces q and scales within the
@@ -180,7 +218,7 @@ def test_fused_quant_golden_tolerance_covers_a_kernels_own_yb(rng, op):
     x, r, w = inputs(rng, t=64, d=4096)
     want = golden.reference(op, [x, r, w], {"eps": 1e-6})
     residual_out = rmsnorm.add_residual(x, r)
-    kind = op.rsplit("_", 1)[1]
+    kind = op.removeprefix("fused_add_rmsnorm_")  # fp8, int8, fp8_group
     yb_ref = rmsnorm.rmsnorm(residual_out, w, 1e-6)
     moved = 0
     for skew in (-64, -2, 2, 64):
@@ -205,8 +243,11 @@ def chapter_cases():
 def test_cases_cover_the_ops_shapes_and_eps(chapter_cases):
     ids = {c.id for c, _ in chapter_cases}
     for op in golden.NORM_OPS:
-        for tag in ("t1_d4096", "t5_d5120", "t64_d4096", "t64_d128", "tail_t5_d203",
-                    "small_t5_d4096"):
+        tags = ("t1_d4096", "t5_d5120", "t64_d4096", "t64_d128", "tail_t5_d203", "small_t5_d4096")
+        if op == "fused_add_rmsnorm_fp8_group":  # d a multiple of 128; odd T; the longest row
+            tags = ("t1_d4096", "t3_d128", "t17_d5120", "t64_d4096", "small_t5_d4096",
+                    "t3_d32768")
+        for tag in tags:
             assert f"{op}_{tag}" in ids
     eps_seen = set()
     for case, out in chapter_cases:
@@ -222,6 +263,8 @@ def test_cases_cover_the_ops_shapes_and_eps(chapter_cases):
             assert np.any(out[-1] != case.inputs[1]), "the residual add should round"
         if case.op in ("fused_add_rmsnorm_fp8", "fused_add_rmsnorm_int8"):
             assert out[1].shape == (t, 1) and np.all(out[1] > 0)
+        if case.op == "fused_add_rmsnorm_fp8_group":
+            assert d % 128 == 0 and out[1].shape == (d // 128, t) and np.all(out[1] > 0)
         assert np.all(np.isfinite(golden.values(golden.OPS[case.op].outputs[0], out[0])))
     assert eps_seen == {1e-6, 1e-5}
 

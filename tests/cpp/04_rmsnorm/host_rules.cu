@@ -1,11 +1,13 @@
 // Chapter 04 checks that need no GPU:
 //   HostRowRoutine   the shared row routine's thread count holds the row in whole warps, within
-//                    each path's register budget;
+//                    each path's register budget, and puts each 128-group of a row (d a multiple
+//                    of 128) in one slot of one aligned half-warp (v5's group quant relies on it);
 //   HostByteModels   the registered byte models are the chapter's table: 4, 8 and 7 B per element
 //                    for the versions, 10 and 13 for the unfused chains (+ weight, + scales);
 //   HostValidation   what the launchers must refuse before launching anything: overlaps other
 //                    than the exact in-place residual, a d beyond the register budget, a 16-byte
-//                    path on pointers that are not 16-byte aligned, a bad eps, bad shapes.
+//                    path on pointers that are not 16-byte aligned, a bad eps, bad shapes, and
+//                    for the group op a d that is not a multiple of 128 or row-major scales.
 #include "04_rmsnorm/norm_test.h"
 
 namespace lkw::rmsnorm::test {
@@ -32,6 +34,25 @@ TEST(HostRowRoutine, ThreadsHoldTheRowInWholeWarps) {
   }
 }
 
+// Unit i of a row is slot i / threads of thread i % threads; a group is units 16g .. 16g + 15.
+// Each group must lie in one slot (u < kUnits) of the 16 threads of one aligned half-warp, so that
+// a half-warp shuffle (xor offsets 8, 4, 2, 1) reduces exactly that group.
+TEST(HostRowRoutine, GroupsLieInOneSlotOfAnAlignedHalfWarp) {
+  for (int64_t d = kGroup; d <= RowTile<8>::kMaxD; d += kGroup) {
+    ASSERT_EQ(row_vec(d), 8) << "d = " << d;
+    const int threads = row_threads(d);
+    ASSERT_EQ(threads % 16, 0) << "d = " << d;
+    for (int64_t first = 0; first < d / 8; first += 16) {
+      const int64_t slot = first / threads, lane0 = first % threads;
+      ASSERT_LT(slot, RowTile<8>::kUnits) << "d = " << d;
+      ASSERT_EQ(lane0 % 16, 0) << "d = " << d << ", group " << first / 16;
+      for (int64_t i = first; i < first + 16; ++i)
+        ASSERT_TRUE(i / threads == slot && i % threads == lane0 + (i - first))
+            << "d = " << d << ": unit " << i << " leaves its group's half-warp";
+    }
+  }
+}
+
 // Args with the op's tensors at fake, widely spaced 256-byte-aligned addresses (never launched).
 Args fake(const NormOp& op, int64_t t, int64_t d, uintptr_t spacing = uintptr_t(1) << 32) {
   Args a;
@@ -49,6 +70,7 @@ Args fake(const NormOp& op, int64_t t, int64_t d, uintptr_t spacing = uintptr_t(
 TEST(HostByteModels, MatchTheChapterTable) {
   const int64_t t = 64, d = 4096;
   const double elems = double(t * d), weight = 2.0 * d, scales = 4.0 * t;
+  const double group_scales = 4.0 * t * (d / kGroup);
   struct Row {
     const NormOp& op;
     const char* id;
@@ -63,6 +85,8 @@ TEST(HostByteModels, MatchTheChapterTable) {
       {kFusedAddFp8, "chain_unfused", 13 * elems + weight + scales, 3},
       {kFusedAddInt8, "v5_fused_add_quant", 7 * elems + weight + scales, 1},
       {kFusedAddInt8, "chain_unfused", 13 * elems + weight + scales, 3},
+      {kFusedAddFp8Group, "v5_fused_add_quant", 7 * elems + weight + group_scales, 1},
+      {kFusedAddFp8Group, "chain_unfused", 13 * elems + weight + group_scales, 3},
   };
   for (const Row& row : table) {
     const Version& v = registered(std::string(kChapter) + "/" + row.op.name + "/" + row.id);
@@ -107,6 +131,17 @@ TEST(HostValidation, RefusesBeforeLaunching) {
       a = good;
       a.outputs[1].dtype = DType::kBF16;
       refused(a, "BF16 scales");
+    }
+    if (op.group) {
+      a = good;
+      a.outputs[1].shape = {4, 4096 / kGroup};
+      refused(a, "row-major group scales [T, d/128]");
+      for (int64_t d : {64, 200, 4160, 4096 + 8}) {
+        const Status s = v->launch(fake(op, 4, d), nullptr);
+        EXPECT_EQ(s.code, Code::kInvalidArgument) << v->name() << ", d = " << d << ": " << s.str();
+        EXPECT_NE(s.message.find("multiple of 128"), std::string::npos)
+            << v->name() << ", d = " << d << ": " << s.str();
+      }
     }
     const bool row_routine = v->id != "v0_scalar" && v->id != "v1_block_tree" &&
                              v->id != "v2_warp_shuffle";  // the rest hold rows in registers

@@ -30,10 +30,14 @@ inline uint64_t seed() {
 }
 
 inline const NormOp& norm_op(const std::string& name) {
-  for (const NormOp* op : {&kRmsnorm, &kFusedAdd, &kFusedAddFp8, &kFusedAddInt8})
+  for (const NormOp* op :
+       {&kRmsnorm, &kFusedAdd, &kFusedAddFp8, &kFusedAddInt8, &kFusedAddFp8Group})
     if (name == op->name) return *op;
   throw std::invalid_argument("not a chapter 04 op: " + name);
 }
+
+// Whether the op takes rows of d elements at all (a group op: d a multiple of its group).
+inline bool takes(const NormOp& op, int64_t d) { return !op.group || d % op.group == 0; }
 
 inline uint16_t bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 inline float bf16_round(float f) { return bf16_bits_to_f32(bf16_bits(f)); }
@@ -121,7 +125,7 @@ inline std::vector<OutputSpec> output_specs(const NormOp& op, int64_t t, int64_t
   if (op.quant == Quant::kNone) out.push_back({DType::kBF16, {t, d}});
   if (op.quant != Quant::kNone) {
     out.push_back({op.quant == Quant::kFp8 ? DType::kE4M3 : DType::kI8, {t, d}});
-    out.push_back({DType::kF32, {t, 1}});
+    out.push_back({DType::kF32, scales_shape(op, t, d)});
   }
   if (op.residual) out.push_back({DType::kBF16, {t, d}});
   return out;
@@ -129,13 +133,14 @@ inline std::vector<OutputSpec> output_specs(const NormOp& op, int64_t t, int64_t
 
 struct Result {
   Status status;
-  std::vector<std::vector<uint8_t>> outputs;  // in registry order, host bytes
+  std::vector<std::vector<uint8_t>> outputs;  // in registry order, host bytes (also if refused)
   std::vector<OutputSpec> specs;
   bool guards_intact = true;
 };
 
-// Runs version `v` on the problem (with p.eps) on the GPU. Outputs are poisoned first; with
-// `in_place`, residual_out is the residual input buffer itself.
+// Runs version `v` on the problem (with p.eps) on the GPU. Outputs are poisoned (0xFF) first and
+// downloaded even when the launch is refused (a refusal must write nothing); with `in_place`,
+// residual_out is the residual input buffer itself.
 inline Result run(const Version& v, const Problem& p, bool in_place = false) {
   const NormOp& op = norm_op(v.op);
   Result result;
@@ -166,7 +171,6 @@ inline Result run(const Version& v, const Problem& p, bool in_place = false) {
   }
   result.status = v.launch(args, nullptr);
   LKW_CUDA_CHECK(cudaDeviceSynchronize());
-  if (!result.status.ok()) return result;
   size_t next = 0;
   for (size_t i = 0; i < result.specs.size(); ++i) {
     const bool residual_out = op.residual && i + 1 == result.specs.size();
