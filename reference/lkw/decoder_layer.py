@@ -32,10 +32,10 @@ GEMV computes the same numbers (scales transposed), the kernel switch is at T = 
 FP8 W8A8 (chapter 08's blockwise product): weights E4M3 [N, K] with FP32 scales per 128 x 128
 block [ceil(N/128), K/128] (lkw.fp8_gemm.per_block_fp8, offline); every GEMM's BF16 input is
 quantized per 1 x 128 group (chapter 03's per_group_fp8, scales [K/128, T]) and multiplied with
-fp8_gemm_blockwise, rounded once to BF16. The rounding points are the kernels': the norms and the
-attention still write BF16 (chapter 04 has no group-quant fusion, so the runner quantizes their
-outputs with chapter 03's kernel), and chapter 05's fused silu_and_mul_fp8_per_group is exactly
-per_group_fp8(silu_and_mul(gu)). An FP8 KV cache is not composed here.
+fp8_gemm_blockwise, rounded once to BF16. The rounding points are the kernels': chapter 04's
+fused_add_rmsnorm_fp8_group is exactly per_group_fp8 of the BF16 y the norm would write, and chapter
+05's silu_and_mul_fp8_per_group exactly per_group_fp8(silu_and_mul(gu)); the attention writes BF16
+o, which chapter 03's kernel quantizes. An FP8 KV cache is not composed here.
 
 ``layer`` takes ``replace={step name: function}``: the chapter swaps in one kernel at a time, and
 the tests swap in mutants. ``trace`` (returned) holds every step's outputs by name, in order, so
@@ -348,7 +348,8 @@ class Step(NamedTuple):
 def steps(fmt: str = "bf16", t: int = 1) -> list[Step]:
     """The layer's ten steps in order. W4A16 GEMMs belong to chapter 06 (GEMV) at T <= 16 and to
     chapter 07 above; BF16 GEMMs are cuBLAS, measured by chapter 00's peer; FP8 GEMMs are chapter
-    08's blockwise product, each with the group quant of its input (chapter 03, fused into act)."""
+    08's blockwise product, each with the group quant of its input (fused into the norms and act;
+    chapter 03's kernel for o_proj's)."""
     if fmt == "bf16":
         gemm = Step("", "roofline.gemm_bf16", "00_roofline")
     elif fmt == "fp8":
@@ -362,7 +363,8 @@ def steps(fmt: str = "bf16", t: int = 1) -> list[Step]:
         )
     else:
         raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
-    norm = Step("", "rmsnorm.fused_add_rmsnorm", "04_rmsnorm")
+    norm = Step("", "rmsnorm.fused_add_rmsnorm_fp8_group" if fmt == "fp8" else "rmsnorm.fused_add_rmsnorm",
+                "04_rmsnorm")
     return [
         norm._replace(name="attn_norm"),
         gemm._replace(name="qkv_proj"),
@@ -424,8 +426,10 @@ def step_models(cfg: Config, t: int, context: int, fmt: str = "bf16") -> list[Co
     d, hq, hkv, hd, dff = cfg.d, cfg.hq, cfg.hkv, cfg.head_dim, cfg.d_ff
     owner = {s.name: s.chapter for s in steps(fmt, t)}
     # fused add + RMSNorm: x, residual read, y, residual_out written (8 B per element), weight read;
-    # FLOPs: add, square-accumulate, scale, weight multiply (4 per element)
-    norm_bytes, norm_flops = 8 * t * d + BF16 * d, 4 * t * d
+    # FP8: y's group codes (1 B) and scales (4 B per 128) in y's place; FLOPs: add,
+    # square-accumulate, scale, weight multiply (4 per element)
+    y_bytes = t * d + 4 * t * (d // fp8_gemm.BLOCK_K) if fmt == "fp8" else t * d * BF16
+    norm_bytes, norm_flops = 6 * t * d + y_bytes + BF16 * d, 4 * t * d
     kv_read = context * hkv * hd * 2 * KV_BYTES  # K and V of every context token, once
     kv_written = t * hkv * hd * 2 * KV_BYTES
     pairs = attention_pairs(t, context)

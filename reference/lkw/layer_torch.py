@@ -67,6 +67,8 @@ MIN_SCALE = float(quant.MIN_SCALE)
 # (T <= 16), 07's wgmma GEMM (which splits K itself where its tiles leave SMs idle), 08's blockwise GEMM.
 WORKBOOK = {
     "norm": ["04_rmsnorm/fused_add_rmsnorm/v4_fused_add"],
+    # FP8: the norm quantizes its output per 1 x 128 group for the GEMM after it (no BF16 y).
+    "norm_fp8": ["04_rmsnorm/fused_add_rmsnorm_fp8_group/v5_fused_add_quant"],
     # RoPE and the cache write in one pass over qkv where chapter 05's fused op is built
     # (forward calls it in place of both steps), else the two kernels.
     "rope_cache": ["05_elementwise/qkv_rope_cache/v9_qkv_rope_cache"],
@@ -778,14 +780,23 @@ def launch(name: str, inputs: list, outputs: list, params: dict | None = None, d
                 dtypes=names if any(names) else [], stream=torch.cuda.current_stream().cuda_stream)
 
 
-def _wb_norm(eps: float, names):
+def _wb_norm(eps: float, names, quantize: bool = False):
+    """Chapter 04's fused add + RMSNorm; `quantize` (FP8, where the group op is built): its v5,
+    which writes y's 1 x 128 group codes and scales instead of y, the next GEMM's input."""
     torch = _torch()
-    name = pick("norm", names)
+    name = pick("norm_fp8" if quantize else "norm", names)
 
     def norm(x, res, w):
         r = torch.empty_like(res)
+        x, res = x.contiguous(), res.contiguous()
+        if quantize:
+            t, d = x.shape
+            q = torch.empty(t, d, dtype=torch.float8_e4m3fn, device=x.device)
+            s = torch.empty(d // FP8_BLOCK, t, dtype=torch.float32, device=x.device)
+            launch(name, [x, res, w], [q, s, r], {"eps": eps})
+            return Quantized(q, s), r
         y = torch.empty_like(x)
-        launch(name, [x.contiguous(), res.contiguous(), w], [y, r], {"eps": eps})
+        launch(name, [x, res, w], [y, r], {"eps": eps})
         return y, r
 
     return norm
@@ -936,14 +947,15 @@ def workbook_steps(cfg: dl.Config, fmt: str, t: int, names: set[str] | None = No
     fp8 = _check_fmt(fmt) == "fp8"
     names = registered() if names is None else names
     project = _wb_project(t, names)
+    quantize = fp8 and _has_any(names, ["norm_fp8"])
     return {
-        "attn_norm": _wb_norm(cfg.eps, names),
+        "attn_norm": _wb_norm(cfg.eps, names, quantize),
         "qkv_proj": project,
         "rope": _wb_rope_cache(cfg, names) if _has_any(names, ["rope_cache"]) else _wb_rope(names),
         "cache_write": _wb_cache(names),
         "attention": _wb_attention(cfg, names),
         "o_proj": project,
-        "ffn_norm": _wb_norm(cfg.eps, names),
+        "ffn_norm": _wb_norm(cfg.eps, names, quantize),
         "gate_up_proj": project,
         "act": _wb_act(fp8, names),
         "down_proj": project,
@@ -983,7 +995,10 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool
     for s in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         owner[s] = gemm
     if fmt == "fp8":  # a BF16 input quantized first; down_proj's comes quantized from act
-        for s in ("qkv_proj", "o_proj", "gate_up_proj"):
+        fused_norm = _has_any(names, ["norm_fp8"])  # and qkv_proj's and gate_up_proj's from the norms
+        if fused_norm:
+            owner.update(attn_norm=maybe("norm_fp8"), ffn_norm=maybe("norm_fp8"))
+        for s in ("o_proj",) if fused_norm else ("qkv_proj", "o_proj", "gate_up_proj"):
             owner[s] = maybe("group_quant") + " + " + gemm
     owner["attention"] = PROMPT_ATTENTION if prompt else maybe("attention") + " (not a lesson)"
     return owner
@@ -1010,8 +1025,18 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     eps = cfg.eps
     what = {s: "" for s in STEP_NAMES}
 
+    # FP8: vLLM's norm that writes 1 x 128 group codes and scales ([d/128, T]) for the GEMM after
+    # it, as the workbook's FP8 norm does, where the kit's vLLM has it.
+    norm_quant = getattr(ops, "rms_norm_per_block_quant", None) if fp8 else None
+
     def norm(x, res, w):
         r = res.clone()
+        if norm_quant is not None:  # r <- x + res in place; x is only read
+            t, d = x.shape
+            q = torch.empty(t, d, dtype=torch.float8_e4m3fn, device=x.device)
+            s = torch.empty(d // FP8_BLOCK, t, dtype=torch.float32, device=x.device)
+            norm_quant(q, x.contiguous(), w, s, eps, None, r, FP8_BLOCK, True)
+            return Quantized(q, s), r
         y = x.clone()
         ops.fused_add_rms_norm(y, r, w, eps)
         return y, r
@@ -1075,7 +1100,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
         "attention": attention, "o_proj": project, "ffn_norm": norm,
         "gate_up_proj": project, "act": act, "down_proj": project,
     }
-    norm_name = "vllm fused_add_rms_norm"
+    norm_name = "vllm rms_norm_per_block_quant" if norm_quant is not None else "vllm fused_add_rms_norm"
     gemm = {"bf16": "cuBLAS (torch @)", "w4a16": "vllm marlin_gemm",
             "fp8": "vllm cutlass_scaled_mm (blockwise)"}[fmt]
     what.update(attn_norm=norm_name, ffn_norm=norm_name, rope="vllm rotary_embedding",
@@ -1083,8 +1108,8 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
                 act="vllm silu_and_mul_per_block_quant" if fp8 else "vllm silu_and_mul",
                 down_proj=gemm,
                 o_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
-                qkv_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
-                gate_up_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
+                qkv_proj=("torch per-group quant + " + gemm) if fp8 and norm_quant is None else gemm,
+                gate_up_proj=("torch per-group quant + " + gemm) if fp8 and norm_quant is None else gemm,
                 attention=attention_name + "; a prompt: " + PROMPT_ATTENTION)
     return steps, what
 

@@ -1018,14 +1018,18 @@ def example(chapter: str) -> dict:
             ("fused_add_rmsnorm_fp8", "torch_compile", "peer", 7, 0.55),
             ("fused_add_rmsnorm_int8", "v5_fused_add_quant", "version", 7, 0.92),
             ("fused_add_rmsnorm_int8", "chain_unfused", "peer", 13, 0.90),
+            ("fused_add_rmsnorm_fp8_group", "v5_fused_add_quant", "version", 7, 0.92),
+            ("fused_add_rmsnorm_fp8_group", "chain_unfused", "peer", 13, 0.90),
         ]
         for shape_t in (t, 1, 16, 64):
             for op, version, kind, per_element, share in ladder:
                 if shape_t <= 64 and version == "torch_compile":
                     continue
-                moved = per_element * shape_t * d + 2 * d
-                model = (7 if op.endswith(("fp8", "int8")) else 8 if op.startswith("fused") else 4)
-                model = model * shape_t * d + 2 * d
+                group_scales = 4 * shape_t * (d // 128) if op.endswith("_group") else 0
+                moved = per_element * shape_t * d + 2 * d + group_scales
+                quantized = op.endswith(("fp8", "int8", "_group"))
+                model = (7 if quantized else 8 if op.startswith("fused") else 4)
+                model = model * shape_t * d + 2 * d + group_scales
                 time_us = moved / (share * ceiling * 1e3) + 2.0
                 rows.append(row(op, version, kind, "example row", f"t={shape_t},d={d}", time_us,
                                 moved if version == "chain_unfused" else model,
@@ -1261,12 +1265,13 @@ def _layer_example(ceiling: float) -> dict:
         if fmt in torch_path:
             paths[fmt] = torch_path[fmt]
         quant = "torch per-group quant + " if fmt == "fp8" else ""
+        fmt_norm = "vllm rms_norm_per_block_quant" if fmt == "fp8" else norm  # FP8: the norms quantize
         production = {  # lkw.layer_torch.production_steps' names
-            "attn_norm": norm, "qkv_proj": quant + gemm[fmt], "rope": "vllm rotary_embedding",
+            "attn_norm": fmt_norm, "qkv_proj": gemm[fmt], "rope": "vllm rotary_embedding",
             "cache_write": "vllm reshape_and_cache",
             "attention": layer_torch.WORKBOOK["attention"][0] + " (the workbook layer's)",
             "o_proj": quant + gemm[fmt],
-            "ffn_norm": norm, "gate_up_proj": quant + gemm[fmt],
+            "ffn_norm": fmt_norm, "gate_up_proj": gemm[fmt],
             "act": "vllm silu_and_mul_per_block_quant" if fmt == "fp8" else "vllm silu_and_mul",
             "down_proj": gemm[fmt]}
         for kind, t in lb.CASES:

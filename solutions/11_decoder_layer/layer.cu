@@ -2,7 +2,8 @@
 // name in lkw::Registry with its Args, run in order on one stream (no Python), optionally captured
 // once into a CUDA graph. The input order and the formats: layer.h; their checks: inputs.cu.
 //
-// Steps (FP8 adds a quant after attn_norm, attention and ffn_norm; act writes FP8 itself):
+// Steps (FP8: the norms and act write the next GEMM's 1 x 128 group codes themselves, a quant
+// step after attention quantizes o):
 //   attn_norm → qkv_proj → rope (and the cache write) → attention → o_proj → ffn_norm →
 //   gate_up_proj → act → down_proj
 // The rope step is chapter 05's qkv_rope_cache: one pass over the QKV output, the rotated query
@@ -10,6 +11,7 @@
 // copies of the QKV output's slices at any T).
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "layer.h"
@@ -21,6 +23,7 @@ namespace {
 
 // The registered versions the runner composes (every name is checked by Registry::require).
 constexpr const char* kNorm = "04_rmsnorm/fused_add_rmsnorm/v4_fused_add";
+constexpr const char* kNormFp8 = "04_rmsnorm/fused_add_rmsnorm_fp8_group/v5_fused_add_quant";
 constexpr const char* kGroupQuant = "03_dynamic_quant/per_group_fp8/v2_vec16";
 constexpr const char* kGemmBf16 = "00_roofline/gemm_bf16/cublas";
 constexpr const char* kGemvW4a16 = "06_int4_gemv/int4t_gemv/v7_tiled_stream";
@@ -101,13 +104,29 @@ class Builder {
     return {};
   }
 
-  // FP8 only: x [T, K] BF16 → codes [T, K] and scales [K/128, T] (chapter 03).
-  Status quant(const std::string& name, const TensorRef& x, TensorRef* xq, TensorRef* xs) {
-    const int64_t t = x.dim(0), k = x.dim(1);
+  // The GEMM input's FP8 codes [T, K] and scales [K/128, T] in the scratch.
+  void codes(int64_t t, int64_t k, TensorRef* xq, TensorRef* xs) {
     *xq = at(scratch_, plan_.xq, DType::kE4M3, {t, k});
     *xs = at(scratch_, plan_.xs, DType::kF32, {k / kGroup, t});
+  }
+
+  // FP8 only: x [T, K] BF16 → codes and scales (chapter 03).
+  Status quant(const std::string& name, const TensorRef& x, TensorRef* xq, TensorRef* xs) {
+    codes(x.dim(0), x.dim(1), xq, xs);
     if (l_.format != Format::kFp8) return {};
     return registered(name, kGroupQuant, {{x}, {*xq, *xs}, {}});
+  }
+
+  // Fused add + RMSNorm, r = x + residual to r: y to xn, or (FP8) y's group codes and scales,
+  // chapter 04's v5, which never writes y.
+  Status norm(const std::string& name, const TensorRef& x, const TensorRef& residual,
+              const TensorRef& w, const TensorRef& xn, const TensorRef& r, TensorRef* xq,
+              TensorRef* xs) {
+    codes(x.dim(0), x.dim(1), xq, xs);
+    const std::map<std::string, double> eps{{"eps", double(l_.eps)}};
+    if (l_.format == Format::kFp8)
+      return registered(name, kNormFp8, {{x, residual, w}, {*xq, *xs, r}, eps});
+    return registered(name, kNorm, {{x, residual, w}, {xn, r}, eps});
   }
 
   Status attention(const TensorRef& q, const TensorRef& o) {
@@ -143,15 +162,11 @@ class Builder {
     const TensorRef o = at(s, plan_.o, DType::kBF16, {t, hq_d});
     const TensorRef attn_out = at(s, plan_.attn_out, DType::kBF16, {t, d});
     const TensorRef gu = at(s, plan_.gu, DType::kBF16, {t, 2 * sh.d_ff});
-    const Args eps{{}, {}, {{"eps", double(l_.eps)}}};
     TensorRef xq, xs;
     Status st;
 
     // Attention half.
-    if (st = registered("attn_norm", kNorm, {{l_.x, l_.residual, l_.norm1}, {xn, r1}, eps.params});
-        !st.ok())
-      return st;
-    if (st = quant("attn_quant", xn, &xq, &xs); !st.ok()) return st;
+    if (st = norm("attn_norm", l_.x, l_.residual, l_.norm1, xn, r1, &xq, &xs); !st.ok()) return st;
     if (st = gemm("qkv_proj", l_.qkv, xn, xq, xs, qkv); !st.ok()) return st;
     // RoPE and the cache write in one pass over the QKV output [T, Hq + 2 Hkv, D]: the query heads
     // rotated into q (attention's dense input), the key heads rotated and the value heads copied
@@ -169,13 +184,10 @@ class Builder {
     if (st = gemm("o_proj", l_.o, o, xq, xs, attn_out); !st.ok()) return st;
 
     // MLP half.
-    // BEGIN SOLUTION: the MLP half: ffn_norm (r2 into residual_out), its quant (FP8), gate_up_proj,
-    //   act (FP8: kActFp8 writes the codes aq, as itself), down_proj into out
-    if (st = registered("ffn_norm", kNorm, {{attn_out, r1, l_.norm2}, {xn, l_.residual_out},
-                                            eps.params});
-        !st.ok())
+    // BEGIN SOLUTION: the MLP half: ffn_norm (r2 into residual_out; FP8: the codes xq, xs),
+    //   gate_up_proj, act (FP8: kActFp8 writes the codes aq, as itself), down_proj into out
+    if (st = norm("ffn_norm", attn_out, r1, l_.norm2, xn, l_.residual_out, &xq, &xs); !st.ok())
       return st;
-    if (st = quant("ffn_quant", xn, &xq, &xs); !st.ok()) return st;
     if (st = gemm("gate_up_proj", l_.gate_up, xn, xq, xs, gu); !st.ok()) return st;
     const TensorRef act = at(s, plan_.act, DType::kBF16, {t, sh.d_ff});
     const TensorRef aq = at(s, plan_.aq, DType::kE4M3, {t, sh.d_ff});

@@ -7,7 +7,8 @@
 //   decoder_layer_w4a16  G = 128: chapter 06's GEMV (v7, tiled words) at T <= 16, chapter 07's
 //                        GEMM (v7, repacked words) above
 //   decoder_layer_fp8    W8A8, chapter 08's blockwise GEMM; each GEMM input quantized per 1 x 128
-//                        group (chapter 03 after the norms and attention, chapter 05's fused act)
+//                        group (by chapter 04's fused norm, chapter 03 after the attention,
+//                        chapter 05's fused act)
 //
 // THE INPUT ORDER (the one place it is written; lkw.decoder_layer.op_inputs builds it):
 //   0 x              bf16  [T, d]      the layer's input (one sequence, T new tokens)

@@ -140,16 +140,20 @@ TEST(HostLayerRunner, W4a16SwitchesKernelsAtSixteenAndSixtyFourTokens) {
   EXPECT_EQ(at65.back(), "down_proj=07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized");
 }
 
+// Every FP8 GEMM input is quantized per 1 x 128 group: by the norms (chapter 04's fused v5) and
+// the act themselves, and by chapter 03's kernel after the attention.
 TEST(HostLayerRunner, Fp8QuantizesEveryGemmInput) {
   const auto s = step_list(Format::kFp8, 1);
-  const std::vector<std::string> names = {"attn_norm", "attn_quant", "qkv_proj", "rope",
-                                          "attention", "o_quant", "o_proj", "ffn_norm",
-                                          "ffn_quant", "gate_up_proj", "act", "down_proj"};
+  const std::vector<std::string> names = {"attn_norm", "qkv_proj", "rope",         "attention",
+                                          "o_quant",   "o_proj",   "ffn_norm",     "gate_up_proj",
+                                          "act",       "down_proj"};
   ASSERT_EQ(s.size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(s[i].substr(0, s[i].find('=')), names[i]);
-  EXPECT_EQ(s[1], "attn_quant=03_dynamic_quant/per_group_fp8/v2_vec16");
-  EXPECT_EQ(s[2], "qkv_proj=08_fp8_gemm/fp8_gemm_blockwise/v5_tuned");
-  EXPECT_EQ(s[10], "act=05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8");
+  EXPECT_EQ(s[0], "attn_norm=04_rmsnorm/fused_add_rmsnorm_fp8_group/v5_fused_add_quant");
+  EXPECT_EQ(s[1], "qkv_proj=08_fp8_gemm/fp8_gemm_blockwise/v5_tuned");
+  EXPECT_EQ(s[4], "o_quant=03_dynamic_quant/per_group_fp8/v2_vec16");
+  EXPECT_EQ(s[6], "ffn_norm=04_rmsnorm/fused_add_rmsnorm_fp8_group/v5_fused_add_quant");
+  EXPECT_EQ(s[8], "act=05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8");
 }
 
 TEST(HostLayerRunner, WellFormedArgsPassEveryCheck) {
