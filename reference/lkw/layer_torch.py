@@ -995,7 +995,7 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool
     for s in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         owner[s] = gemm
     if fmt == "fp8":  # a BF16 input quantized first; down_proj's comes quantized from act
-        fused_norm = _has_any(names, ["norm_fp8"])  # qkv_proj's, gate_up_proj's from the norms
+        fused_norm = _has_any(names, ["norm_fp8"])  # and qkv_proj's and gate_up_proj's from the norms
         if fused_norm:
             owner.update(attn_norm=maybe("norm_fp8"), ffn_norm=maybe("norm_fp8"))
         for s in ("o_proj",) if fused_norm else ("qkv_proj", "o_proj", "gate_up_proj"):
@@ -1028,19 +1028,6 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     # FP8: vLLM's norm that writes 1 x 128 group codes and scales ([d/128, T]) for the GEMM after
     # it, as the workbook's FP8 norm does, where the kit's vLLM has it.
     norm_quant = getattr(ops, "rms_norm_per_block_quant", None) if fp8 else None
-    # and o_proj's input through vLLM's group quant (its scales handed over as a column-major
-    # [T, K/128] view of [K/128, T], the layout it then writes), else torch ops
-    group_quant = getattr(ops, "per_token_group_fp8_quant", None) if fp8 else None
-
-    def quantize(x) -> Quantized:
-        if group_quant is None:
-            return Quantized(*quant_per_group(x))
-        t, k = x.shape
-        q = torch.empty(t, k, dtype=torch.float8_e4m3fn, device=x.device)
-        s = torch.empty(k // FP8_BLOCK, t, dtype=torch.float32, device=x.device)
-        group_quant(x.contiguous(), q, s.t(), FP8_BLOCK, peers.GROUP_EPS, -E4M3_MAX, E4M3_MAX,
-                    False, False, False)
-        return Quantized(q, s)
 
     def norm(x, res, w):
         r = res.clone()
@@ -1097,7 +1084,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
             return ops.marlin_gemm(x.contiguous(), None, packed, None, s, None, None, ws,
                                    v.scalar_types.uint4b8.id, m, p.n, p.k, False, True, False)
         if not isinstance(x, Quantized):
-            x = quantize(x)
+            x = Quantized(*quant_per_group(x))  # torch ops: the kit's vLLM has no such op bound here
         out = torch.empty(x.q.shape[0], p.n, dtype=torch.bfloat16, device=x.q.device)
         ops.cutlass_scaled_mm(out, x.q, p.weight.t(), x.scales.t(), p.scales.t(), None)
         return out
@@ -1113,19 +1100,16 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
         "attention": attention, "o_proj": project, "ffn_norm": norm,
         "gate_up_proj": project, "act": act, "down_proj": project,
     }
-    norm_name = ("vllm rms_norm_per_block_quant" if norm_quant is not None
-                 else "vllm fused_add_rms_norm")
-    quant_name = ("vllm per_token_group_fp8_quant + " if group_quant is not None
-                  else "torch per-group quant + ")
+    norm_name = "vllm rms_norm_per_block_quant" if norm_quant is not None else "vllm fused_add_rms_norm"
     gemm = {"bf16": "cuBLAS (torch @)", "w4a16": "vllm marlin_gemm",
             "fp8": "vllm cutlass_scaled_mm (blockwise)"}[fmt]
     what.update(attn_norm=norm_name, ffn_norm=norm_name, rope="vllm rotary_embedding",
                 cache_write="vllm reshape_and_cache",
                 act="vllm silu_and_mul_per_block_quant" if fp8 else "vllm silu_and_mul",
                 down_proj=gemm,
-                o_proj=(quant_name + gemm) if fp8 else gemm,
-                qkv_proj=(quant_name + gemm) if fp8 and norm_quant is None else gemm,
-                gate_up_proj=(quant_name + gemm) if fp8 and norm_quant is None else gemm,
+                o_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
+                qkv_proj=("torch per-group quant + " + gemm) if fp8 and norm_quant is None else gemm,
+                gate_up_proj=("torch per-group quant + " + gemm) if fp8 and norm_quant is None else gemm,
                 attention=attention_name + "; a prompt: " + PROMPT_ATTENTION)
     return steps, what
 
