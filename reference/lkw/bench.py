@@ -481,7 +481,8 @@ def rmsnorm_cases() -> list[Case]:
             if op == "fused_add_rmsnorm":
                 return [x, res, w], [empty(torch.bfloat16, t, d), r]
             q = empty(torch.int8 if op.endswith("int8") else torch.float8_e4m3fn, t, d)
-            scales = empty(torch.float32, d // 128, t) if op.endswith("_group") else empty(torch.float32, t, 1)
+            scales = (empty(torch.float32, d // 128, t) if op.endswith("_group")
+                      else empty(torch.float32, t, 1))
             return [x, res, w], [q, scales, r]
 
         return make

@@ -363,7 +363,7 @@ def steps(fmt: str = "bf16", t: int = 1) -> list[Step]:
         )
     else:
         raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
-    norm = Step("", "rmsnorm.fused_add_rmsnorm_fp8_group" if fmt == "fp8" else "rmsnorm.fused_add_rmsnorm",
+    norm = Step("", "rmsnorm.fused_add_rmsnorm" + ("_fp8_group" if fmt == "fp8" else ""),
                 "04_rmsnorm")
     return [
         norm._replace(name="attn_norm"),

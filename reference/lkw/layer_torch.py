@@ -995,7 +995,7 @@ def workbook_owner(fmt: str, t: int, names: set[str] | None = None, prompt: bool
     for s in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         owner[s] = gemm
     if fmt == "fp8":  # a BF16 input quantized first; down_proj's comes quantized from act
-        fused_norm = _has_any(names, ["norm_fp8"])  # and qkv_proj's and gate_up_proj's from the norms
+        fused_norm = _has_any(names, ["norm_fp8"])  # qkv_proj's, gate_up_proj's from the norms
         if fused_norm:
             owner.update(attn_norm=maybe("norm_fp8"), ffn_norm=maybe("norm_fp8"))
         for s in ("o_proj",) if fused_norm else ("qkv_proj", "o_proj", "gate_up_proj"):
@@ -1100,16 +1100,18 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
         "attention": attention, "o_proj": project, "ffn_norm": norm,
         "gate_up_proj": project, "act": act, "down_proj": project,
     }
-    norm_name = "vllm rms_norm_per_block_quant" if norm_quant is not None else "vllm fused_add_rms_norm"
+    norm_name = ("vllm rms_norm_per_block_quant" if norm_quant is not None
+                 else "vllm fused_add_rms_norm")
     gemm = {"bf16": "cuBLAS (torch @)", "w4a16": "vllm marlin_gemm",
             "fp8": "vllm cutlass_scaled_mm (blockwise)"}[fmt]
+    quant_gemm = "torch per-group quant + " + gemm
     what.update(attn_norm=norm_name, ffn_norm=norm_name, rope="vllm rotary_embedding",
                 cache_write="vllm reshape_and_cache",
                 act="vllm silu_and_mul_per_block_quant" if fp8 else "vllm silu_and_mul",
                 down_proj=gemm,
-                o_proj=("torch per-group quant + " + gemm) if fp8 else gemm,
-                qkv_proj=("torch per-group quant + " + gemm) if fp8 and norm_quant is None else gemm,
-                gate_up_proj=("torch per-group quant + " + gemm) if fp8 and norm_quant is None else gemm,
+                o_proj=quant_gemm if fp8 else gemm,
+                qkv_proj=quant_gemm if fp8 and norm_quant is None else gemm,
+                gate_up_proj=quant_gemm if fp8 and norm_quant is None else gemm,
                 attention=attention_name + "; a prompt: " + PROMPT_ATTENTION)
     return steps, what
 

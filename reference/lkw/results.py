@@ -1265,7 +1265,7 @@ def _layer_example(ceiling: float) -> dict:
         if fmt in torch_path:
             paths[fmt] = torch_path[fmt]
         quant = "torch per-group quant + " if fmt == "fp8" else ""
-        fmt_norm = "vllm rms_norm_per_block_quant" if fmt == "fp8" else norm  # FP8: the norms quantize
+        fmt_norm = "vllm rms_norm_per_block_quant" if fmt == "fp8" else norm  # FP8: they quantize
         production = {  # lkw.layer_torch.production_steps' names
             "attn_norm": fmt_norm, "qkv_proj": gemm[fmt], "rope": "vllm rotary_embedding",
             "cache_write": "vllm reshape_and_cache",
