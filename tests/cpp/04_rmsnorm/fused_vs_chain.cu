@@ -11,22 +11,11 @@
 namespace lkw::rmsnorm::test {
 namespace {
 
-struct Shape {
-  int64_t t, d;
-};
 // T = 1 (decode), the bandwidth shape, d = 16384 (512 threads), d = 32768 (1024), d = 5120 (160
 // threads), d = 200 (the single-element path), many short rows. An op takes the shapes its d
 // suits (the group op: d a multiple of 128).
 const Shape kShapes[] = {{1, 4096},  {64, 8192}, {3, 16384}, {3, 32768},
                          {16, 5120}, {5, 200},   {5, 203},   {16384, 128}};
-
-struct Param {
-  std::string version;
-  Shape shape;
-};
-void PrintTo(const Param& p, std::ostream* os) {
-  *os << p.version << " at T = " << p.shape.t << ", d = " << p.shape.d;
-}
 
 std::vector<Param> fused_params() {
   std::vector<Param> out;
@@ -43,10 +32,6 @@ std::vector<Param> in_place_params() {
       for (const Shape& s : {Shape{7, 4096}, Shape{5, 203}})
         if (takes(norm_op(v->op), s.d)) out.push_back({v->name(), s});
   return out;
-}
-
-std::string param_name(const testing::TestParamInfo<Param>& info) {
-  return case_name(info.param.version, info.param.shape.t, info.param.shape.d);
 }
 
 class FusedVsChain : public testing::TestWithParam<Param> {};

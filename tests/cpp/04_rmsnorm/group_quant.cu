@@ -20,20 +20,6 @@ namespace {
 constexpr const char* kV4 = "04_rmsnorm/fused_add_rmsnorm/v4_fused_add";
 constexpr const char* kPerGroup = "03_dynamic_quant/per_group_fp8/v2_vec16";
 
-struct Shape {
-  int64_t t, d;
-};
-struct Param {
-  std::string version;
-  Shape shape;
-};
-void PrintTo(const Param& p, std::ostream* os) {
-  *os << p.version << " at T = " << p.shape.t << ", d = " << p.shape.d;
-}
-std::string param_name(const testing::TestParamInfo<Param>& info) {
-  return case_name(info.param.version, info.param.shape.t, info.param.shape.d);
-}
-
 // Every version and peer of the group op (not the mutants), at each shape.
 std::vector<Param> group_params(std::vector<Shape> shapes) {
   std::vector<Param> out;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -203,6 +204,21 @@ inline const Version& registered(const std::string& name) {
 inline std::string case_name(const std::string& version, int64_t t, int64_t d) {
   const Version& v = registered(version);
   return v.op + "__" + v.id + "__t" + std::to_string(t) + "_d" + std::to_string(d);
+}
+
+// A parameterized case of the GPU tests: a version at a shape (T rows of d), named by case_name.
+struct Shape {
+  int64_t t, d;
+};
+struct Param {
+  std::string version;
+  Shape shape;
+};
+inline void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.version << " at T = " << p.shape.t << ", d = " << p.shape.d;
+}
+inline std::string param_name(const testing::TestParamInfo<Param>& info) {
+  return case_name(info.param.version, info.param.shape.t, info.param.shape.d);
 }
 
 inline bool skip_without_gpu(std::string* why) {

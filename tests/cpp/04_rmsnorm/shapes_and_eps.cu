@@ -14,22 +14,6 @@
 namespace lkw::rmsnorm::test {
 namespace {
 
-struct Shape {
-  int64_t t, d;
-};
-
-struct Param {
-  std::string version;
-  Shape shape;
-};
-void PrintTo(const Param& p, std::ostream* os) {
-  *os << p.version << " at T = " << p.shape.t << ", d = " << p.shape.d;
-}
-
-std::string param_name(const testing::TestParamInfo<Param>& info) {
-  return case_name(info.param.version, info.param.shape.t, info.param.shape.d);
-}
-
 // The versions of the ops that `keep` selects, each at those of the shapes its op takes.
 template <class Keep>
 std::vector<Param> params(Keep keep, std::vector<Shape> shapes) {
