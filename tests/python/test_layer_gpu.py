@@ -98,15 +98,17 @@ def check_step(name: str, fmt: str, args, got, want) -> list[str]:
         if not elementwise.matches(bits(g), bits(w), dtype, tol):
             problems.append(f"{name} {what}: not within {tol}")
 
+    def match_codes(g: lt.Quantized, w: lt.Quantized):
+        # a kernel's BF16 value before its quant may be an ulp off the reference's: one code,
+        # scales within 2^-6
+        match(g.q, w.q, "float8_e4m3fn", "ulp:1", "q")
+        match(g.scales, w.scales, "float32", "close:0.015625:0", "scales")
+
     if name in ("attn_norm", "ffn_norm"):
         (y, r), (y_ref, r_ref) = got, want
         match(r, r_ref, "bfloat16", "exact", "residual")
         if isinstance(y, lt.Quantized):  # FP8: chapter 04's v5 writes y's group codes, not y
-            # its yb may be an ulp off the reference's y (as the BF16 norm's): one code, scales
-            # within 2^-6, as act's
-            want_q = lt.Quantized(*lt.quant_per_group(y_ref))
-            match(y.q, want_q.q, "float8_e4m3fn", "ulp:1", "q")
-            match(y.scales, want_q.scales, "float32", "close:0.015625:0", "scales")
+            match_codes(y, lt.Quantized(*lt.quant_per_group(y_ref)))
         else:
             match(y, y_ref, "bfloat16", rmsnorm.TOLERANCE_Y, "y")
     elif name == "rope":
@@ -117,9 +119,8 @@ def check_step(name: str, fmt: str, args, got, want) -> list[str]:
         match(got.key, want.key, "bfloat16", "exact", "key cache")
         match(got.value, want.value, "bfloat16", "exact", "value cache")
     elif name == "act":
-        if fmt == "fp8":  # the kernel's yb may be an ulp off: one code, scales within 2^-6
-            match(got.q, want.q, "float8_e4m3fn", "ulp:1", "q")
-            match(got.scales, want.scales, "float32", "close:0.015625:0", "scales")
+        if fmt == "fp8":
+            match_codes(got, want)
         else:
             match(got, want, "bfloat16", elementwise.TOLERANCE_ACT, "y")
     elif fmt == "fp8":  # chapter 03's quant (exact on the same BF16 input), then the GEMM
