@@ -1343,6 +1343,10 @@ FP8_DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (40
 FP8_DEEPSEEK_M = (64, 128, 4096)
 FP8_ROWWISE_NK = ((2112, 7168), (24576, 1536), (7168, 16384))
 FP8_ROWWISE_M = (64, 4096)
+# Decode: Llama-3-8B's projections (fused QKV, O, fused gate-up, down: chapter 11's FP8 layer) at
+# the M that v6's GEMV takes (one, two and four 8-token tiles), blockwise.
+FP8_DECODE_NK = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+FP8_DECODE_M = (1, 8, 16, 32)
 FP8_SAMPLE_ROWS = 64  # rows of A (of y) the reference computes
 FP8_DTYPES = ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "bfloat16"]  # A, B, s_a, s_b -> y
 FP8_CODE_SPREAD = 16.0  # E4M3 codes drawn as N(0, 16^2): mostly binades 2^0 .. 2^6, far below 448
@@ -1504,6 +1508,7 @@ def fp8_gemm_cases() -> list[Case]:
     shapes = [(s, s, s, g) for s, g in FP8_SQUARE]
     shapes += [(m, n, k, "blockwise") for n, k in FP8_DEEPSEEK_NK for m in FP8_DEEPSEEK_M]
     shapes += [(m, n, k, "rowwise") for n, k in FP8_ROWWISE_NK for m in FP8_ROWWISE_M]
+    shapes += [(m, n, k, "blockwise") for n, k in FP8_DECODE_NK for m in FP8_DECODE_M]
     return [fp8_gemm_case(*shape) for shape in shapes]
 
 
@@ -2891,11 +2896,13 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(shape="n=4096,", extended=True),
         Part(shape="n=6144,", extended=True),
     ],
-    "08_fp8_gemm": [  # the squares, then the DeepSeek shapes by M, then the rowwise ones
+    "08_fp8_gemm": [  # the squares, the DeepSeek shapes by M, the rowwise ones, then decode M
         Part(shape=r"^m=(4096|8192),n=(4096|8192),k=(4096|8192),"),
         Part(shape=r"^m=4096,n=\d+,k=(7168|1536|512|16384|2048),scale=blockwise"),
         Part(shape=r"^m=(64|128),.*scale=blockwise"),
         Part(shape=r"^m=(64|4096),n=(2112|24576|7168),.*scale=rowwise"),
+        Part(shape=r"^m=(1|8),.*scale=blockwise"),
+        Part(shape=r"^m=(16|32),.*scale=blockwise"),
     ],
     "09_moe": [
         Part(("moe_align_block_size", "deepseek_router")),

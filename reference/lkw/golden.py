@@ -1321,6 +1321,11 @@ FP8_GEMM_CASES = (
     ("blockwise", "tiles", 128, 256, 512, 0, 0.0),
     ("blockwise", "positive", 65, 144, 2048, 0, 1.0),
     ("blockwise", "", 4, 48, 16384, 0, 0.0),  # 128 K blocks promoted: the long end of the range
+    # v6's GEMV takes M <= 32 in one, two or four 8-token tiles: M = 9 .. 16 and 17 .. 32 as well,
+    # with a K that ends inside a 128-byte block (tensor, rowwise) and K blocks for every warp.
+    ("tensor", "", 11, 32, 208, 0, 0.0),
+    ("rowwise", "", 23, 48, 1200, 0, 0.0),
+    ("blockwise", "", 29, 48, 1024, 0, 0.0),
 )
 # Persistent walks (the param max_blocks: at most that many blocks, where the SMs would give each
 # unit a block of its own): every block of v3 to v5 takes several tiles, or several K shares of

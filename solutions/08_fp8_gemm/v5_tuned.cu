@@ -302,4 +302,7 @@ const RegisterGemm kWide{{kBlockwiseOp}, "ablation_v5_wide_blockwise",
                          90, {kTmaFacts, kDirectFacts}, Kind::kAblation};
 
 }  // namespace
+
+Status gemm_v5_tuned(const GemmArgs& a, cudaStream_t stream) { return gemm_v5<true>(a, stream); }
+
 }  // namespace lkw::fp8

@@ -106,8 +106,8 @@ exit 2
 
 
 def _fake_fp8_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    """The sanitize stage on a chapter 08 of three tests (blockwise v5, rowwise v5, blockwise v4)
-    with the racecheck probe's stand-in built."""
+    """The sanitize stage on a chapter 08 of five tests (blockwise v5, rowwise v5, blockwise v4,
+    blockwise v6 and its GEMV-only ablation) with the racecheck probe's stand-in built."""
     repo = _fake_repo(tmp_path)
     (repo / "solutions" / "08_fp8_gemm").mkdir()
     shutil.rmtree(repo / "solutions" / "99_fake")
@@ -116,7 +116,9 @@ def _fake_fp8_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     _executable(repo / "build" / "test_08_fp8_gemm", FAKE_TEST)
     _executable(repo / "build" / "lkw_racecheck_probe", FAKE_PROBE)
     _executable(tmp_path / "bin" / "compute-sanitizer", FAKE_SANITIZER)
-    tests = "Golden.fp8_gemm_blockwise__v5_tuned__a Golden.fp8_gemm__v5_tuned__b Golden.fp8_gemm_blockwise__v4_blockwise__c"
+    tests = ("Golden.fp8_gemm_blockwise__v5_tuned__a Golden.fp8_gemm__v5_tuned__b "
+             "Golden.fp8_gemm_blockwise__v4_blockwise__c Golden.fp8_gemm_blockwise__v6_small_m__d "
+             "Golden.fp8_gemm_blockwise__ablation_v6_gemv_only__e")
     return _device_check(tmp_path, "sanitize", timeout=120, FAKE_TESTS=tests, **env)
 
 
@@ -132,6 +134,9 @@ def test_racecheck_leaves_blockwise_v5_to_memcheck_only_where_it_flags_a_correct
     assert "fp8_gemm_blockwise__v5_tuned__a" in memcheck
     assert "fp8_gemm_blockwise__v5_tuned__a" not in racecheck
     assert "fp8_gemm__v5_tuned__b" in racecheck and "v4_blockwise__c" in racecheck
+    # v6 hands M > 32 to v5 (left out with it); its GEMV alone, the ablation, is racechecked.
+    assert "v6_small_m__d" in memcheck and "v6_small_m__d" not in racecheck
+    assert "ablation_v6_gemv_only__e" in racecheck
 
     seeing = _fake_fp8_machine(tmp_path / "seeing", PROBE_CORRECT_RC="0")
     assert seeing.returncode == 0, seeing.stdout

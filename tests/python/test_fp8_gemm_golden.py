@@ -134,7 +134,7 @@ def test_every_case_passes_the_writers_checks_and_stays_small(cases, outputs):
         assert out.dtype == np.uint16 and out.shape == (m, n), c.id
         assert np.all(np.isfinite(formats.bf16_to_f32(out))), c.id
         total += sum(x.nbytes for x in c.inputs) + out.nbytes
-    assert total < 6 << 20  # the ctest fixture writes the golden data on every run
+    assert total < 7 << 20  # the ctest fixture writes the golden data on every run
 
 
 def test_the_positive_case_is_mostly_positive_products(cases):

@@ -1,0 +1,183 @@
+// v6_small_m — decode's M: the weights stream through mma.sync, the few tokens on its narrow side.
+//
+// Since v5: at M ≤ 32 a 128-row wgmma tile is mostly padding, and the work is a stream of B (N·K
+// bytes read once) that v5's TMA ring, built for reuse, does not keep full. v6 swaps the operands
+// as chapter 06's GEMV did: B's rows are the m16n8k32 mma's 16-row side, the tokens its 8-wide
+// side (v0's instruction; on sm_90a HMMA fed by F2FP, far more rate than a stream needs). No
+// shared-memory ring: each warp holds kInFlight 128-byte K blocks of its 16 rows in registers
+// (16-byte loads, 8 rows × 64 contiguous bytes each), the block's 8 warps take turns along K and
+// add their sums in shared memory at the end, in warp order (the same sum every run). Each K
+// block's 4 mmas start a fresh FP32 sum that is promoted with the block's scales (v4's rule; scale 1
+// for tensor and rowwise, whose scales wait for the store). The k order inside a block is the
+// loads' (lane t holds bytes 16t and 64 + 16t of every row and token), the same for both operands.
+// PDL (a launch knob): the first weights are asked for before the kernel ahead ends, the tokens and
+// scales after griddepcontrol.wait. M > 32 goes to v5. Expect: at M ≤ 16 near the copy ceiling
+// where N·K fills the GPU, far above v5. SASS: HMMA.16816 and F2FP, 128-bit LDG, no LDGSTS, no spills.
+#include <algorithm>
+
+#include "fp8_gemm.cuh"
+#include "lkw/ptx.cuh"
+
+namespace lkw::fp8 {
+namespace {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kRows = 16;                // B rows (columns of y) a block owns: the mma's 16-row side
+constexpr int kTokens = 32;              // rows of A a block takes: at most 4 n8 tiles
+constexpr int kGemvMaxM = kTokens;       // larger M: v5
+constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4 mma k-steps
+
+// K blocks a warp has in flight: 16 loads of 16 bytes a lane with one token tile, 8 with more
+// (their fragments need the registers: two blocks of 8 warps an SM leave 128 a thread; with four
+// tiles one block an SM, two K blocks a warp).
+template <int kTiles>
+constexpr int in_flight() { return kTiles == 1 ? 4 : 2; }
+
+// A lane's two 16-byte pieces of one row (of B or of A) in K block kb: bytes 16t and 64 + 16t,
+// zeros past K (K is a multiple of 16: a piece is whole or absent). B goes through the streaming
+// load (read once: first out of the caches), A through the read-only path (every block reads it).
+template <bool kStream>
+__device__ __forceinline__ void load_pieces(uint4 (&v)[2], const uint8_t* row, int64_t kb, int t, int64_t k) {
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const int64_t at = kb * kBlockBytes + 64 * p + 16 * t;
+    const uint4* src = reinterpret_cast<const uint4*>(row + at);
+    v[p] = at < k ? (kStream ? __ldcs(src) : __ldg(src)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int q) {  // 4-byte word q of 8
+  const uint4& piece = v[q / 4];
+  return q % 4 == 0 ? piece.x : q % 4 == 1 ? piece.y : q % 4 == 2 ? piece.z : piece.w;
+}
+
+template <int kTiles, bool kBlockwise>
+__global__ void __launch_bounds__(kThreads, kTiles == 4 ? 1 : 2) fp8_v6_kernel(const GemmArgs a) {
+  constexpr int kU = in_flight<kTiles>();
+  __shared__ float partial_sh[kWarps][kTiles * 4][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int64_t n0 = int64_t(blockIdx.x) * kRows, m0 = int64_t(blockIdx.y) * kTokens;
+  const int64_t k_blocks = (a.k + kBlockBytes - 1) / kBlockBytes, stride = int64_t(kWarps) * kU;
+  const uint8_t* const b_rows[2] = {a.b + (n0 + g) * a.k, a.b + (n0 + g + 8) * a.k};  // (N, K)
+  float acc[kTiles][4] = {};
+
+  // Load: the warp's kU K blocks from kb0, both of the lane's rows (g and g + 8).
+  uint4 w[kU][2][2];
+  auto load_weights = [&](int64_t kb0) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) load_pieces<true>(w[u][r], b_rows[r], kb0 + u, t, a.k);
+  };
+  int64_t kb0 = int64_t(warp) * kU;
+  load_weights(kb0);            // B does not depend on the kernel ahead: asked for first
+  ptx::grid_dependency_wait();  // A and its scales may: that kernel wrote them
+
+  for (; kb0 < k_blocks; kb0 += stride) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t kb = kb0 + u;
+      if (kb >= k_blocks) break;
+      // Compute: each token tile's fresh sum of this K block, 4 k32 steps of 2 words each.
+      float c[kTiles][4] = {};
+#pragma unroll
+      for (int nt = 0; nt < kTiles; ++nt) {
+        const int64_t m = m0 + 8 * nt + g;  // the token this lane brings to the tile
+        uint4 x[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (m < a.m) load_pieces<false>(x, a.a + m * a.k, kb, t, a.k);  // (M, K)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          // BEGIN SOLUTION: step j takes the lane's words 2j and 2j + 1: rows g and g + 8 of B
+          //   (a0, a1 from word 2j; a2, a3 from 2j + 1) against its token's same words (b0, b1)
+          const uint32_t frag[4] = {word(w[u][0], 2 * j), word(w[u][1], 2 * j), word(w[u][0], 2 * j + 1),
+                                    word(w[u][1], 2 * j + 1)};
+          ptx::mma_e4m3_16832(c[nt], frag, word(x, 2 * j), word(x, 2 * j + 1));
+          // END SOLUTION
+        }
+      }
+      // Promote: sum c[nt][i] is row n0 + g + 8·(i / 2) of B, token m0 + 8nt + 2t + i % 2.
+      const float s_b = kBlockwise ? *block_scale_b(a, n0, int(kb)) : 1.f;
+#pragma unroll
+      for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float s = kBlockwise ? *block_scale_a(a, m0 + 8 * nt + 2 * t + i % 2, int(kb)) * s_b : 1.f;
+          acc[nt][i] = fmaf(c[nt][i], s, acc[nt][i]);
+        }
+    }
+    if (kb0 + stride < k_blocks) load_weights(kb0 + stride);
+  }
+
+  // Reduce: the 8 warps' sums in shared memory, added in warp order.
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial_sh[warp][nt * 4 + i][lane] = acc[nt][i];
+  __syncthreads();
+  // Store: y[m, n] = bf16(s_a · (s_b · sum)) (blockwise: the sum is scaled already).
+  for (int e = threadIdx.x; e < kTiles * 4 * 32; e += kThreads) {
+    const int slot = e / 32, l = e % 32, i = slot % 4;
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += partial_sh[v][slot][l];
+    const int64_t n = n0 + l / 4 + 8 * (i / 2), m = m0 + 8 * (slot / 4) + 2 * (l % 4) + i % 2;
+    if (m < a.m)
+      a.y[m * a.n + n] = __float2bfloat16_rn(kBlockwise ? sum : row_scale(a, m) * (col_scale(a, n) * sum));  // (M, N)
+  }
+}
+
+template <int kTiles>
+auto gemv_kernel(bool blockwise) {
+  return blockwise ? fp8_v6_kernel<kTiles, true> : fp8_v6_kernel<kTiles, false>;
+}
+
+// The GEMV at any M (32 tokens a grid row: above 32 each row re-reads B, which is v5's to avoid),
+// as a programmatic dependent of the kernel ahead where pdl is on and the device has it.
+Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
+  const int64_t tokens = std::min<int64_t>(a.m, kTokens);
+  const bool blockwise = a.granularity == Granularity::kBlockwise;
+  const auto kernel = tokens <= 8 ? gemv_kernel<1>(blockwise) : tokens <= 16 ? gemv_kernel<2>(blockwise)
+                                                                             : gemv_kernel<4>(blockwise);
+  if ((a.m + kTokens - 1) / kTokens > 65535)
+    return error(Code::kInvalidArgument, "v6_small_m: M must be at most 65535 · 32 (grid rows of 32 tokens)");
+  static const bool can_depend = device_arch() >= 90;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(a.n / kRows), unsigned((a.m + kTokens - 1) / kTokens));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = pdl && can_depend ? &dependent : nullptr;
+  config.numAttrs = pdl && can_depend ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, a);
+  if (e != cudaSuccess) return error(Code::kCudaError, std::string("v6_small_m: ") + cudaGetErrorString(e));
+  return last_launch_status("v6_small_m");
+}
+
+// The version: the GEMV up to kGemvMaxM tokens, v5 above. The ablations: PDL off; the GEMV at
+// every M (where v5 takes over: the bench's M = 64 and 128 rows).
+template <bool kPdl = true, bool kGemvOnly = false>
+Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
+  const char* id = kGemvOnly ? "ablation_v6_gemv_only" : kPdl ? "v6_small_m" : "ablation_v6_no_pdl";
+  if (!kGemvOnly && a.m > kGemvMaxM) return gemm_v5_tuned(a, stream);
+  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
+  if (!s.ok()) return s;
+  return launch_gemv(a, kPdl, stream);
+}
+
+// HMMA from F2FP-converted E4M3 (v0's sm_90a facts); LDG.E.128, the weights' and the tokens' loads.
+const SassFact kGemvFacts{"fp8_v6_kernel", {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.128"},
+                          {"LDGSTS", "QGMMA"}, true, "the swapped GEMV: mma.sync on 16 rows of B, no ring"};
+const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v6_small_m",
+                               "M <= 32: B streamed through mma.sync with the tokens as the 8-wide side; v5 above",
+                               gemm_v6<>, 90, {kGemvFacts}};
+const RegisterGemm kNoPdl{{kBlockwiseOp, kOp}, "ablation_v6_no_pdl",
+                          "v6 launched without PDL: the weights wait for the kernel ahead to end",
+                          gemm_v6<false>, 90, {kGemvFacts}, Kind::kAblation};
+const RegisterGemm kGemvOnly{{kBlockwiseOp, kOp}, "ablation_v6_gemv_only",
+                             "v6's GEMV at every M (32 tokens a grid row), no hand-over to v5",
+                             gemm_v6<true, true>, 90, {kGemvFacts}, Kind::kAblation};
+
+}  // namespace
+}  // namespace lkw::fp8
