@@ -29,7 +29,8 @@ constexpr int kGemvMaxM = kTokens;       // larger M: v5
 constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4 mma k-steps
 
 // K blocks a warp has in flight: 16 loads of 16 bytes a lane with one token tile, 8 with more
-// (their fragments need the registers: two blocks of 8 warps an SM keep 128 a thread).
+// (their fragments need the registers: two blocks of 8 warps an SM leave 128 a thread; with four
+// tiles one block an SM, two K blocks a warp).
 template <int kTiles>
 constexpr int in_flight() { return kTiles == 1 ? 4 : 2; }
 
