@@ -540,8 +540,16 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
     whole["torch_eager"] = fall[0]
     try:
         p_steps, p_what = layer_torch.production_steps(cfg, fmt)
-        whole["production"] = timed("production", lambda: time_graph(body_of(case, p_steps), r, replays), log)
-        whole["production"]["kernels"] = p_what
+
+        def production() -> dict:
+            # checked as the workbook layer is: a peer timed unchecked could be timing wrong work
+            p_check = verify(case, p_steps)
+            log(f"  production layer vs reference: rel error {p_check['rel_error']:.3g}: "
+                f"{'ok' if p_check['correct'] else 'WRONG'}")
+            row = time_graph(body_of(case, p_steps), r, replays)
+            return {**row, "kernels": p_what, "check": p_check}
+
+        whole["production"] = timed("production", production, log)
     except peers.Absent as e:
         log(f"  production layer: skipped: {e}")
         whole["production"] = {"graph_us": None, "skipped": str(e)}

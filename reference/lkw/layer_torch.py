@@ -1028,6 +1028,19 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     # FP8: vLLM's norm that writes 1 x 128 group codes and scales ([d/128, T]) for the GEMM after
     # it, as the workbook's FP8 norm does, where the kit's vLLM has it.
     norm_quant = getattr(ops, "rms_norm_per_block_quant", None) if fp8 else None
+    # and o_proj's input through vLLM's group quant (its scales handed over as a column-major
+    # [T, K/128] view of [K/128, T], the layout it then writes), else torch ops
+    group_quant = getattr(ops, "per_token_group_fp8_quant", None) if fp8 else None
+
+    def quantize(x) -> Quantized:
+        if group_quant is None:
+            return Quantized(*quant_per_group(x))
+        t, k = x.shape
+        q = torch.empty(t, k, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(k // FP8_BLOCK, t, dtype=torch.float32, device=x.device)
+        group_quant(x.contiguous(), q, s.t(), FP8_BLOCK, peers.GROUP_EPS, -E4M3_MAX, E4M3_MAX,
+                    False, False, False)
+        return Quantized(q, s)
 
     def norm(x, res, w):
         r = res.clone()
@@ -1084,7 +1097,7 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
             return ops.marlin_gemm(x.contiguous(), None, packed, None, s, None, None, ws,
                                    v.scalar_types.uint4b8.id, m, p.n, p.k, False, True, False)
         if not isinstance(x, Quantized):
-            x = Quantized(*quant_per_group(x))  # torch ops: the kit's vLLM has no such op bound here
+            x = quantize(x)
         out = torch.empty(x.q.shape[0], p.n, dtype=torch.bfloat16, device=x.q.device)
         ops.cutlass_scaled_mm(out, x.q, p.weight.t(), x.scales.t(), p.scales.t(), None)
         return out
@@ -1102,9 +1115,11 @@ def production_steps(cfg: dl.Config, fmt: str) -> tuple[dict, dict[str, str]]:
     }
     norm_name = ("vllm rms_norm_per_block_quant" if norm_quant is not None
                  else "vllm fused_add_rms_norm")
+    quant_name = ("vllm per_token_group_fp8_quant + " if group_quant is not None
+                  else "torch per-group quant + ")
     gemm = {"bf16": "cuBLAS (torch @)", "w4a16": "vllm marlin_gemm",
             "fp8": "vllm cutlass_scaled_mm (blockwise)"}[fmt]
-    quant_gemm = "torch per-group quant + " + gemm
+    quant_gemm = quant_name + gemm
     what.update(attn_norm=norm_name, ffn_norm=norm_name, rope="vllm rotary_embedding",
                 cache_write="vllm reshape_and_cache",
                 act="vllm silu_and_mul_per_block_quant" if fp8 else "vllm silu_and_mul",

@@ -312,7 +312,7 @@ def reset_cache() -> None:
 
 # vLLM's per-group floor is max(absmax, eps) / 448; with eps = 448 * MIN_SCALE = 1/512 it is the
 # contract's max(absmax / 448, MIN_SCALE) (lkw.quant), bit for bit in FP32.
-_GROUP_EPS = 1.0 / 512
+GROUP_EPS = 1.0 / 512
 
 
 def quant_peers(op: str) -> dict[str, Callable]:
@@ -349,7 +349,8 @@ def quant_peers(op: str) -> dict[str, Callable]:
         s = torch.empty(t, d // 128, dtype=torch.float32, device=x.device)
 
         def call():
-            ops.per_token_group_fp8_quant(x, q, s, 128, _GROUP_EPS, -448.0, 448.0, False, False, False)
+            ops.per_token_group_fp8_quant(x, q, s, 128, GROUP_EPS, -448.0, 448.0, False, False,
+                                          False)
             return q, s.t()
 
         return PeerCall(call)

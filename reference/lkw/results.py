@@ -1264,7 +1264,7 @@ def _layer_example(ceiling: float) -> dict:
         peak = tflops * (2 if fmt == "fp8" else 1)  # the bench's FP8 rate: twice the BF16 peak
         if fmt in torch_path:
             paths[fmt] = torch_path[fmt]
-        quant = "torch per-group quant + " if fmt == "fp8" else ""
+        quant = "vllm per_token_group_fp8_quant + " if fmt == "fp8" else ""
         fmt_norm = "vllm rms_norm_per_block_quant" if fmt == "fp8" else norm  # FP8: they quantize
         production = {  # lkw.layer_torch.production_steps' names
             "attn_norm": fmt_norm, "qkv_proj": gemm[fmt], "rope": "vllm rotary_embedding",

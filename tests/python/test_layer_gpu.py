@@ -2,7 +2,8 @@
 
 - each workbook step, fed the inputs the float64 reference layer gives it, matches the reference
   step within that chapter's tolerance (the harness's rules: ulp / close / exact);
-- the whole workbook layer against the reference, per format, decode and prefill;
+- the whole workbook layer against the reference, per format, decode and prefill; and the
+  production-kernel layer the bench times beside it (where the peer kit is);
 - the 4-layer greedy decode: the same 32 tokens as the reference for BF16 and W4A16, FP8 agreeing
   on at least FP8_AGREEMENT of them;
 - the layer captured once in a CUDA graph and replayed for 100 decode steps with the cache growing
@@ -194,6 +195,27 @@ def test_workbook_layer_matches_the_reference(weights, names, kind, t):
     ref = lt.forward(lt.reference_steps(CFG, fmt), CFG, w, x, res, meta, cache.clone(), cos_sin)
     wb = with_ref_attention(lt.workbook_steps(CFG, fmt, t, names))
     got = lt.forward(wb, CFG, w, x, res, meta, cache.clone(), cos_sin)
+    for what, g, r in zip(("out", "r2"), got, ref, strict=True):
+        err = float((g.double() - r.double()).norm() / r.double().norm())
+        assert bool(g.isfinite().all()) and err <= LAYER_TOLERANCE[fmt], f"{fmt} {what}: {err:.3g}"
+
+
+@pytest.mark.parametrize("kind,t", [("decode", 1), ("prefill", 256)])
+def test_the_production_layer_matches_the_reference(weights, kind, t):
+    """The production-kernel layer the bench times beside the workbook's (vLLM through lkw.peers:
+    its norms, FP8 group quants, RoPE, cache, act and GEMMs) with the same float64 attention:
+    within the workbook layer's tolerance, or its timing would be of other work. Skipped, with the
+    reason, without the peer kit."""
+    from lkw import peers
+
+    fmt, w = weights
+    try:
+        steps, _ = lt.production_steps(CFG, fmt)
+    except peers.Absent as e:
+        pytest.skip(f"no production peers: {e}")
+    meta, cache, x, res, cos_sin = setup(kind, t, seed=200 + t)
+    ref = lt.forward(lt.reference_steps(CFG, fmt), CFG, w, x, res, meta, cache.clone(), cos_sin)
+    got = lt.forward(with_ref_attention(steps), CFG, w, x, res, meta, cache.clone(), cos_sin)
     for what, g, r in zip(("out", "r2"), got, ref, strict=True):
         err = float((g.double() - r.double()).norm() / r.double().norm())
         assert bool(g.isfinite().all()) and err <= LAYER_TOLERANCE[fmt], f"{fmt} {what}: {err:.3g}"
