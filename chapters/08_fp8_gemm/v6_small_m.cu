@@ -164,8 +164,8 @@ Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
   return launch_gemv(a, kPdl, stream);
 }
 
-// HMMA from F2FP-converted E4M3 (v0's sm_90a facts); LDG.E.128, the weights' and the tokens' loads.
-const SassFact kGemvFacts{"fp8_v6_kernel", {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.128"},
+// HMMA from F2FP-converted E4M3 (v0's sm_90a facts); LDG.E.EF.128, the weights' streaming loads.
+const SassFact kGemvFacts{"fp8_v6_kernel", {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.EF.128"},
                           {"LDGSTS", "QGMMA"}, true, "the swapped GEMV: mma.sync on 16 rows of B, no ring"};
 const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v6_small_m",
                                "M <= 32: B streamed through mma.sync with the tokens as the 8-wide side; v5 above",

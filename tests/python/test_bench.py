@@ -938,6 +938,9 @@ def test_fp8_cases_are_the_issue_s_shapes_with_the_granularity_in_the_shape_stri
     deepseek = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
     want |= {bench.fp8_shape(m, n, k, "blockwise") for n, k in deepseek for m in (64, 128, 4096)}
     want |= {bench.fp8_shape(m, n, k, "rowwise") for n, k in bench.FP8_ROWWISE_NK for m in bench.FP8_ROWWISE_M}
+    # Decode: Llama-3-8B's four projections (chapter 11's FP8 layer) at v6's GEMV sizes of M.
+    llama = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+    want |= {bench.fp8_shape(m, n, k, "blockwise") for n, k in llama for m in (1, 8, 16, 32)}
     assert got == want and len(cases) == len(want)
     assert set(bench.FP8_ROWWISE_NK) <= set(deepseek)
     for part, g in (("scale=block", "blockwise"), ("scale=row", "rowwise"), ("scale=tensor", "tensor")):
