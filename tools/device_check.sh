@@ -79,7 +79,7 @@ if has sanitize; then
     [ $rc2 = 9 ] || { echo "racecheck missed the probe's real race (rc $rc2)"; status=1; }
     if [ $rc0 = 9 ]; then
       mbarrier_blind=1
-      # v6 hands M > 32 to v5: its blockwise entry goes with v5's; its GEMV stays racechecked
+      # v6 (and its one-knob ablations) hand M > 32 to v5: they go with v5; the GEMV stays racechecked
       # through the ablations (ablation_v6_gemv_only runs it on every case).
       echo "racecheck flags the correct mbarrier ring too: blockwise v5 (08) is left to memcheck"
     elif [ $rc0 != 0 ]; then
@@ -102,7 +102,7 @@ if has sanitize; then
       # A filter given by hand keeps the cuBLAS exclusion of racecheck (gtest: "POS-NEG:NEG").
       if [ "$tool" = racecheck ]; then [[ "$filter" == *-* ]] && filter="$filter:*cublas*" || filter="$filter-*cublas*"; fi
       [ "$tool" = racecheck ] && [ -n "$mbarrier_blind" ] &&
-        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*:*fp8_gemm_blockwise__v6_small_m_*"
+        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*:*fp8_gemm_blockwise__v6_small_m_*:*fp8_gemm_blockwise__ablation_v6_no_pdl_*:*fp8_gemm_blockwise__ablation_v6_e4m3_mma_*"
       run_log="$out/sanitize_${tool}_$c.log"
       : >"$run_log"
       # A test that hangs under the tool (it serializes the blocks: a barrier across CTAs may never

@@ -3,17 +3,16 @@
 //
 // Since v5: at M ≤ 32 a 128-row wgmma tile is mostly padding, and the work is a stream of B (N·K
 // bytes read once) that v5's TMA ring, built for reuse, does not keep full. v6 swaps the operands
-// as chapter 06's GEMV did: B's rows are the m16n8k32 mma's 16-row side, the tokens its 8-wide
-// side (v0's instruction; on sm_90a HMMA fed by F2FP, far more rate than a stream needs). No
-// shared-memory ring: each warp holds kInFlight 128-byte K blocks of its 16 rows in registers
-// (16-byte loads, 8 rows × 64 contiguous bytes each), the block's 8 warps take turns along K and
-// add their sums in shared memory at the end, in warp order (the same sum every run). Each K
-// block's 4 mmas start a fresh FP32 sum that is promoted with the block's scales (v4's rule; scale 1
-// for tensor and rowwise, whose scales wait for the store). The k order inside a block is the
-// loads' (lane t holds bytes 16t and 64 + 16t of every row and token), the same for both operands.
-// PDL (a launch knob): the first weights are asked for before the kernel ahead ends, the tokens and
-// scales after griddepcontrol.wait. M > 32 goes to v5. Expect: at M ≤ 16 near the copy ceiling
-// where N·K fills the GPU, far above v5. SASS: HMMA.16816 and F2FP, 128-bit LDG, no LDGSTS, no spills.
+// as chapter 06's GEMV did: B's rows are the m16n8k16 mma's 16-row side, the tokens its 8-wide
+// side. No shared-memory ring: each warp holds its 16 rows' next K blocks in registers (16-byte
+// loads, 8 rows × 64 contiguous bytes each), the 8 warps of a block take turns along K and add
+// their sums in shared memory at the end, in warp order. Each K block's sum is promoted with its
+// scales (v4's rule; scale 1 for tensor and rowwise). B is converted to FP16 once (cvt, exact) and
+// used by every token tile: v0's E4M3 mma would have ptxas convert it again per tile (ablation).
+// The k order inside a block is the loads' (lane t holds bytes 16t and 64 + 16t), the same for
+// both operands. PDL: the first weights are asked for before the kernel ahead ends, the tokens and
+// scales after griddepcontrol.wait. M > 32 goes to v5. Expect at M ≤ 16 most of the copy ceiling
+// where N·K fills the GPU. SASS: HMMA.16816 fed by F2FP, 128-bit LDG, no LDGSTS, no spills.
 #include <algorithm>
 
 #include "fp8_gemm.cuh"
@@ -28,11 +27,10 @@ constexpr int kTokens = 32;              // rows of A a block takes: at most 4 n
 constexpr int kGemvMaxM = kTokens;       // larger M: v5
 constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4 mma k-steps
 
-// K blocks a warp has in flight: 16 loads of 16 bytes a lane with one token tile, 8 with more
-// (their fragments need the registers: two blocks of 8 warps an SM leave 128 a thread; with four
-// tiles one block an SM, two K blocks a warp).
+// K blocks a warp has in flight: 16 loads of 16 bytes a lane with one or two token tiles, 4 with
+// four (their fragments take the registers: two blocks of 8 warps an SM leave 128 a thread).
 template <int kTiles>
-constexpr int in_flight() { return kTiles == 1 ? 4 : 2; }
+constexpr int in_flight() { return kTiles <= 2 ? 4 : 1; }
 
 // A lane's two 16-byte pieces of one row (of B or of A) in K block kb: bytes 16t and 64 + 16t,
 // zeros past K (K is a multiple of 16: a piece is whole or absent). B goes through the streaming
@@ -52,8 +50,15 @@ __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int q) {  // 4-byt
   return q % 4 == 0 ? piece.x : q % 4 == 1 ? piece.y : q % 4 == 2 ? piece.z : piece.w;
 }
 
-template <int kTiles, bool kBlockwise>
-__global__ void __launch_bounds__(kThreads, kTiles == 4 ? 1 : 2) fp8_v6_kernel(const GemmArgs a) {
+// The E4M3 pair in half h (0: bytes 0-1, 1: bytes 2-3) of word w as an FP16 pair, the lower byte in
+// the lower half: one cvt (F2FP), exact.
+__device__ __forceinline__ uint32_t f16_pair(uint32_t w, int h) {
+  const __half2_raw p = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> (16 * h)), __NV_E4M3);
+  return uint32_t(p.x) | uint32_t(p.y) << 16;
+}
+
+template <int kTiles, bool kBlockwise, bool kConvertOnce>
+__global__ void __launch_bounds__(kThreads, 2) fp8_v6_kernel(const GemmArgs a) {
   constexpr int kU = in_flight<kTiles>();
   __shared__ float partial_sh[kWarps][kTiles * 4][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -79,18 +84,25 @@ __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 1 : 2) fp8_v6_kernel(c
     for (int u = 0; u < kU; ++u) {
       const int64_t kb = kb0 + u;
       if (kb >= k_blocks) break;
-      // Compute: each token tile's fresh sum of this K block, 4 k32 steps of 2 words each.
-      float c[kTiles][4] = {};
+      // Compute: each token tile's fresh sum of this K block, 8 k16 steps of one word each.
+      uint4 x[kTiles][2];
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
-        const int64_t m = m0 + 8 * nt + g;  // the token this lane brings to the tile
-        uint4 x[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (m < a.m) load_pieces<false>(x, a.a + m * a.k, kb, t, a.k);  // (M, K)
+        const int64_t m = m0 + 8 * nt + g;  // the token this lane brings to tile nt
+        x[nt][0] = x[nt][1] = make_uint4(0, 0, 0, 0);
+        if (m < a.m) load_pieces<false>(x[nt], a.a + m * a.k, kb, t, a.k);  // (M, K)
+      }
+      float c[kTiles][4] = {};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          // TODO(exercise): step j takes the lane's words 2j and 2j + 1: rows g and g + 8 of B (a0,
-          //   a1 from word 2j; a2, a3 from 2j + 1) against its token's same words (b0, b1)
-          //   (about 3 lines)
+      for (int j = 0; j < 8; ++j) {
+        if constexpr (kConvertOnce) {
+          // TODO(exercise): word j of rows g and g + 8, converted once to FP16 pairs (a0, a1 the
+          //   low pairs, a2, a3 the high ones), against each tile's token word j (b0 low, b1 high)
+          //   (about 7 lines)
+        } else if (j % 2 == 0) {  // v0's E4M3 instruction, words j and j + 1 as one k32 step
+          const uint32_t frag[4] = {word(w[u][0], j), word(w[u][1], j), word(w[u][0], j + 1), word(w[u][1], j + 1)};
+#pragma unroll
+          for (int nt = 0; nt < kTiles; ++nt) ptx::mma_e4m3_16832(c[nt], frag, word(x[nt], j), word(x[nt], j + 1));
         }
       }
       // Promote: sum c[nt][i] is row n0 + g + 8·(i / 2) of B, token m0 + 8nt + 2t + i % 2.
@@ -124,18 +136,20 @@ __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 1 : 2) fp8_v6_kernel(c
   }
 }
 
-template <int kTiles>
+template <int kTiles, bool kConvertOnce>
 auto gemv_kernel(bool blockwise) {
-  return blockwise ? fp8_v6_kernel<kTiles, true> : fp8_v6_kernel<kTiles, false>;
+  return blockwise ? fp8_v6_kernel<kTiles, true, kConvertOnce> : fp8_v6_kernel<kTiles, false, kConvertOnce>;
 }
 
 // The GEMV at any M (32 tokens a grid row: above 32 each row re-reads B, which is v5's to avoid),
 // as a programmatic dependent of the kernel ahead where pdl is on and the device has it.
+template <bool kConvertOnce>
 Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
   const int64_t tokens = std::min<int64_t>(a.m, kTokens);
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  const auto kernel = tokens <= 8 ? gemv_kernel<1>(blockwise) : tokens <= 16 ? gemv_kernel<2>(blockwise)
-                                                                             : gemv_kernel<4>(blockwise);
+  const auto kernel = tokens <= 8    ? gemv_kernel<1, kConvertOnce>(blockwise)
+                      : tokens <= 16 ? gemv_kernel<2, kConvertOnce>(blockwise)
+                                     : gemv_kernel<4, kConvertOnce>(blockwise);
   if ((a.m + kTokens - 1) / kTokens > 65535)
     return error(Code::kInvalidArgument, "v6_small_m: M must be at most 65535 · 32 (grid rows of 32 tokens)");
   static const bool can_depend = device_arch() >= 90;
@@ -153,18 +167,23 @@ Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
   return last_launch_status("v6_small_m");
 }
 
-// The version: the GEMV up to kGemvMaxM tokens, v5 above. The ablations: PDL off; the GEMV at
-// every M (where v5 takes over: the bench's M = 64 and 128 rows).
-template <bool kPdl = true, bool kGemvOnly = false>
+// The version: the GEMV up to kGemvMaxM tokens, v5 above. The ablations, one knob each: PDL off;
+// the GEMV at every M (the bench's M = 64 and 128 rows, where v5 takes over); v0's E4M3 mma, which
+// ptxas lowers by converting both operands at every instruction (B once per token tile).
+template <bool kPdl = true, bool kGemvOnly = false, bool kConvertOnce = true>
 Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
-  const char* id = kGemvOnly ? "ablation_v6_gemv_only" : kPdl ? "v6_small_m" : "ablation_v6_no_pdl";
+  const char* id = kGemvOnly       ? "ablation_v6_gemv_only"
+                   : !kConvertOnce ? "ablation_v6_e4m3_mma"
+                   : kPdl          ? "v6_small_m"
+                                   : "ablation_v6_no_pdl";
   if (!kGemvOnly && a.m > kGemvMaxM) return gemm_v5_tuned(a, stream);
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
-  return launch_gemv(a, kPdl, stream);
+  return launch_gemv<kConvertOnce>(a, kPdl, stream);
 }
 
-// HMMA from F2FP-converted E4M3 (v0's sm_90a facts); LDG.E.EF.128, the weights' streaming loads.
+// HMMA fed by F2FP conversions (cvt e4m3x2 -> f16x2, or ptxas's lowering of the E4M3 mma);
+// LDG.E.EF.128, the weights' streaming loads.
 const SassFact kGemvFacts{"fp8_v6_kernel", {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.EF.128"},
                           {"LDGSTS", "QGMMA"}, true, "the swapped GEMV: mma.sync on 16 rows of B, no ring"};
 const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v6_small_m",
@@ -176,6 +195,9 @@ const RegisterGemm kNoPdl{{kBlockwiseOp, kOp}, "ablation_v6_no_pdl",
 const RegisterGemm kGemvOnly{{kBlockwiseOp, kOp}, "ablation_v6_gemv_only",
                              "v6's GEMV at every M (32 tokens a grid row), no hand-over to v5",
                              gemm_v6<true, true>, 90, {kGemvFacts}, Kind::kAblation};
+const RegisterGemm kE4m3Mma{{kBlockwiseOp, kOp}, "ablation_v6_e4m3_mma",
+                            "v6 on v0's E4M3 mma.sync: B converted again for every token tile",
+                            gemm_v6<true, false, false>, 90, {kGemvFacts}, Kind::kAblation};
 
 }  // namespace
 }  // namespace lkw::fp8

@@ -92,6 +92,19 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// mma.sync m16n8k16, FP16 × FP16 + FP32: fragments as mma_bf16_16816's. For E4M3 data that the
+// caller converted to FP16 once (exact: every E4M3 value is an FP16 one) and reuses across
+// several mmas, where mma_e4m3_16832 on sm_90a converts its operands again at every instruction.
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "mma.sync.m16n8k16 with FP16 and FP32 accumulation is used from sm_80 on here"
+#endif
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // mma.sync m16n8k32, E4M3 × E4M3 + FP32: c += A·B, four FP8 values per 32-bit register. In bytes
 // the fragments are m16n8k16 BF16's (k counts bytes there): a0 = A[g][4t..4t+3], a1 = A[g+8][..],
 // a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; c as BF16's.
