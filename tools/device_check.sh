@@ -102,7 +102,7 @@ if has sanitize; then
       # A filter given by hand keeps the cuBLAS exclusion of racecheck (gtest: "POS-NEG:NEG").
       if [ "$tool" = racecheck ]; then [[ "$filter" == *-* ]] && filter="$filter:*cublas*" || filter="$filter-*cublas*"; fi
       [ "$tool" = racecheck ] && [ -n "$mbarrier_blind" ] &&
-        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*:*fp8_gemm_blockwise__v6_small_m_*:*fp8_gemm_blockwise__ablation_v6_no_pdl_*:*fp8_gemm_blockwise__ablation_v6_e4m3_mma_*"
+        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*:*fp8_gemm_blockwise__v6_small_m_*:*fp8_gemm_blockwise__ablation_v6_no_pdl_*:*fp8_gemm_blockwise__ablation_v6_one_row_tile_*"
       run_log="$out/sanitize_${tool}_$c.log"
       : >"$run_log"
       # A test that hangs under the tool (it serializes the blocks: a barrier across CTAs may never

@@ -3,15 +3,15 @@
 // Since v5: at M ≤ 32 a 128-row wgmma tile is mostly padding, and the work is a stream of B (N·K
 // bytes read once) that v5's TMA ring, built for reuse, does not keep full. v6 swaps the operands
 // as chapter 06's GEMV did: B's rows are the m16n8k16 mma's 16-row side, the tokens its 8-wide
-// side. No shared-memory ring: each warp holds its 16 rows' next K blocks in registers (16-byte
-// loads, 8 rows × 64 contiguous bytes each), the 8 warps of a block take turns along K and add
-// their sums in shared memory at the end, in warp order. Each K block's sum is promoted with its
-// scales (v4's rule; scale 1 for tensor and rowwise). B is converted to FP16 once (cvt, exact) and
-// used by every token tile: v0's E4M3 mma would have ptxas convert it again per tile (ablation).
-// The k order inside a block is the loads' (lane t holds bytes 16t and 64 + 16t), the same for
-// both operands. PDL: the first weights are asked for before the kernel ahead ends, the tokens and
-// scales after griddepcontrol.wait. M > 32 goes to v5. Expect at M ≤ 16 most of the copy ceiling
-// where N·K fills the GPU. SASS: HMMA.16816 fed by F2FP, 128-bit LDG, no LDGSTS, no spills.
+// side. No shared-memory ring: each warp holds its rows' next K blocks in registers (16-byte loads,
+// 8 rows × 64 contiguous bytes each), the 8 warps of a block take turns along K and add their sums
+// in shared memory at the end, in warp order. Each K block's sum is promoted with its scales (v4's
+// rule; scale 1 for tensor and rowwise). B is converted to FP16 once (cvt, exact) for every token
+// tile. Every block reads all of A (from L2): with several token tiles a block owns 32 rows of B,
+// so that each token word loaded serves both 16-row tiles (a launch knob). The k order inside a
+// block is the loads' (lane t: bytes 16t and 64 + 16t), the same for both operands. PDL: B is asked
+// for before the kernel ahead ends, A and the scales after griddepcontrol.wait. M > 32: v5.
+// Expect most of the copy ceiling where N·K fills the GPU. SASS: HMMA.16816 fed by F2FP, no spills.
 #include <algorithm>
 
 #include "fp8_gemm.cuh"
@@ -26,10 +26,15 @@ constexpr int kTokens = 32;              // rows of A a block takes: at most 4 n
 constexpr int kGemvMaxM = kTokens;       // larger M: v5
 constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4 mma k-steps
 
-// K blocks a warp has in flight: 16 loads of 16 bytes a lane with one or two token tiles, 4 with
-// four (their fragments take the registers: two blocks of 8 warps an SM leave 128 a thread).
-template <int kTiles>
-constexpr int in_flight() { return kTiles <= 2 ? 4 : 1; }
+// K blocks a warp has in flight, 2 KB each a row tile: with one token tile 4 (16 loads of 16 bytes
+// a lane, 122 registers: two blocks of 8 warps an SM), with more what their fragments and sums
+// leave room for. Row tiles a block owns (kR, a launch knob): two, where there are several token
+// tiles, let each token word a lane loads (from L2: every block reads all of A) serve 32 rows of B;
+// they take the registers of one block an SM.
+template <int kTiles, int kR>
+constexpr int in_flight() { return kTiles == 1 ? 4 : kR == 2 ? 2 : kTiles == 2 ? 3 : 1; }
+template <int kR>
+constexpr int blocks_per_sm() { return kR == 1 ? 2 : 1; }
 
 // A lane's two 16-byte pieces of one row (of B or of A) in K block kb: bytes 16t and 64 + 16t,
 // zeros past K (K is a multiple of 16: a piece is whole or absent). B goes through the streaming
@@ -56,23 +61,29 @@ __device__ __forceinline__ uint32_t f16_pair(uint32_t w, int h) {
   return uint32_t(p.x) | uint32_t(p.y) << 16;
 }
 
-template <int kTiles, bool kBlockwise, bool kConvertOnce>
-__global__ void __launch_bounds__(kThreads, 2) fp8_v6_kernel(const GemmArgs a) {
-  constexpr int kU = in_flight<kTiles>();
-  __shared__ float partial_sh[kWarps][kTiles * 4][32];
+template <int kTiles, int kR, bool kBlockwise>
+__global__ void __launch_bounds__(kThreads, blocks_per_sm<kR>()) fp8_v6_kernel(const GemmArgs a) {
+  constexpr int kU = in_flight<kTiles, kR>();
+  __shared__ float partial_sh[kWarps][kR * kTiles * 4][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int64_t n0 = int64_t(blockIdx.x) * kRows, m0 = int64_t(blockIdx.y) * kTokens;
+  const int64_t n0 = int64_t(blockIdx.x) * kRows * kR, m0 = int64_t(blockIdx.y) * kTokens;
   const int64_t k_blocks = (a.k + kBlockBytes - 1) / kBlockBytes, stride = int64_t(kWarps) * kU;
-  const uint8_t* const b_rows[2] = {a.b + (n0 + g) * a.k, a.b + (n0 + g + 8) * a.k};  // (N, K)
-  float acc[kTiles][4] = {};
+  float acc[kR][kTiles][4] = {};
 
-  // Load: the warp's kU K blocks from kb0, both of the lane's rows (g and g + 8).
-  uint4 w[kU][2][2];
+  // Load: the warp's kU K blocks from kb0, both of the lane's rows (g and g + 8) of each row tile
+  // (a tile past N, the last block's when N / 16 is odd: zeros, never stored).
+  uint4 w[kU][kR][2][2];
   auto load_weights = [&](int64_t kb0) {
 #pragma unroll
     for (int u = 0; u < kU; ++u)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) load_pieces<true>(w[u][r], b_rows[r], kb0 + u, t, a.k);
+      for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = n0 + kRows * r + g + 8 * h;
+          w[u][r][h][0] = w[u][r][h][1] = make_uint4(0, 0, 0, 0);
+          if (row < a.n) load_pieces<true>(w[u][r][h], a.b + row * a.k, kb0 + u, t, a.k);  // (N, K)
+        }
   };
   int64_t kb0 = int64_t(warp) * kU;
   load_weights(kb0);            // B does not depend on the kernel ahead: asked for first
@@ -83,7 +94,8 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_v6_kernel(const GemmArgs a) {
     for (int u = 0; u < kU; ++u) {
       const int64_t kb = kb0 + u;
       if (kb >= k_blocks) break;
-      // Compute: each token tile's fresh sum of this K block, 8 k16 steps of one word each.
+      // Compute: each (row tile, token tile)'s fresh sum of this K block, 8 k16 steps of one word
+      // each; the tokens are loaded once for all row tiles.
       uint4 x[kTiles][2];
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt) {
@@ -91,34 +103,34 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_v6_kernel(const GemmArgs a) {
         x[nt][0] = x[nt][1] = make_uint4(0, 0, 0, 0);
         if (m < a.m) load_pieces<false>(x[nt], a.a + m * a.k, kb, t, a.k);  // (M, K)
       }
-      float c[kTiles][4] = {};
+      float c[kR][kTiles][4] = {};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if constexpr (kConvertOnce) {
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
           // BEGIN SOLUTION: word j of rows g and g + 8, converted once to FP16 pairs (a0, a1 the
           //   low pairs, a2, a3 the high ones), against each tile's token word j (b0 low, b1 high)
-          const uint32_t r0 = word(w[u][0], j), r1 = word(w[u][1], j);
+          const uint32_t r0 = word(w[u][r][0], j), r1 = word(w[u][r][1], j);
           const uint32_t frag[4] = {f16_pair(r0, 0), f16_pair(r1, 0), f16_pair(r0, 1), f16_pair(r1, 1)};
 #pragma unroll
           for (int nt = 0; nt < kTiles; ++nt) {
             const uint32_t token = word(x[nt], j);
-            ptx::mma_f16_16816(c[nt], frag, f16_pair(token, 0), f16_pair(token, 1));
+            ptx::mma_f16_16816(c[r][nt], frag, f16_pair(token, 0), f16_pair(token, 1));
           }
           // END SOLUTION
-        } else if (j % 2 == 0) {  // v0's E4M3 instruction, words j and j + 1 as one k32 step
-          const uint32_t frag[4] = {word(w[u][0], j), word(w[u][1], j), word(w[u][0], j + 1), word(w[u][1], j + 1)};
-#pragma unroll
-          for (int nt = 0; nt < kTiles; ++nt) ptx::mma_e4m3_16832(c[nt], frag, word(x[nt], j), word(x[nt], j + 1));
         }
-      }
-      // Promote: sum c[nt][i] is row n0 + g + 8·(i / 2) of B, token m0 + 8nt + 2t + i % 2.
+      // Promote: sum c[r][nt][i] is row n0 + 16r + g + 8·(i / 2) of B (one scale block: 16·kR
+      // divides 128), token m0 + 8nt + 2t + i % 2.
       const float s_b = kBlockwise ? *block_scale_b(a, n0, int(kb)) : 1.f;
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float s = kBlockwise ? *block_scale_a(a, m0 + 8 * nt + 2 * t + i % 2, int(kb)) * s_b : 1.f;
-          acc[nt][i] = fmaf(c[nt][i], s, acc[nt][i]);
+        for (int q = 0; q < 2; ++q) {
+          const float s = kBlockwise ? *block_scale_a(a, m0 + 8 * nt + 2 * t + q, int(kb)) * s_b : 1.f;
+#pragma unroll
+          for (int r = 0; r < kR; ++r)
+#pragma unroll
+            for (int i = q; i < 4; i += 2) acc[r][nt][i] = fmaf(c[r][nt][i], s, acc[r][nt][i]);
         }
     }
     if (kb0 + stride < k_blocks) load_weights(kb0 + stride);
@@ -126,36 +138,41 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_v6_kernel(const GemmArgs a) {
 
   // Reduce: the 8 warps' sums in shared memory, added in warp order.
 #pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt)
+  for (int r = 0; r < kR; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) partial_sh[warp][nt * 4 + i][lane] = acc[nt][i];
+    for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial_sh[warp][(r * kTiles + nt) * 4 + i][lane] = acc[r][nt][i];
   __syncthreads();
   // Store: y[m, n] = bf16(s_a · (s_b · sum)) (blockwise: the sum is scaled already).
-  for (int e = threadIdx.x; e < kTiles * 4 * 32; e += kThreads) {
-    const int slot = e / 32, l = e % 32, i = slot % 4;
+  for (int e = threadIdx.x; e < kR * kTiles * 4 * 32; e += kThreads) {
+    const int slot = e / 32, l = e % 32, i = slot % 4, nt = (slot / 4) % kTiles, r = slot / (4 * kTiles);
     float sum = 0.f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) sum += partial_sh[v][slot][l];
-    const int64_t n = n0 + l / 4 + 8 * (i / 2), m = m0 + 8 * (slot / 4) + 2 * (l % 4) + i % 2;
-    if (m < a.m)
+    const int64_t n = n0 + kRows * r + l / 4 + 8 * (i / 2), m = m0 + 8 * nt + 2 * (l % 4) + i % 2;
+    if (m < a.m && n < a.n)
       a.y[m * a.n + n] = __float2bfloat16_rn(kBlockwise ? sum : row_scale(a, m) * (col_scale(a, n) * sum));  // (M, N)
   }
 }
 
-template <int kTiles, bool kConvertOnce>
+template <int kTiles, int kR>
 auto gemv_kernel(bool blockwise) {
-  return blockwise ? fp8_v6_kernel<kTiles, true, kConvertOnce> : fp8_v6_kernel<kTiles, false, kConvertOnce>;
+  return blockwise ? fp8_v6_kernel<kTiles, kR, true> : fp8_v6_kernel<kTiles, kR, false>;
 }
 
 // The GEMV at any M (32 tokens a grid row: above 32 each row re-reads B, which is v5's to avoid),
-// as a programmatic dependent of the kernel ahead where pdl is on and the device has it.
-template <bool kConvertOnce>
+// with two row tiles a block where there are several token tiles (kTwoRowTiles), as a programmatic
+// dependent of the kernel ahead where pdl is on and the device has it.
+template <bool kTwoRowTiles>
 Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
+  constexpr int kR = kTwoRowTiles ? 2 : 1;
   const int64_t tokens = std::min<int64_t>(a.m, kTokens);
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  const auto kernel = tokens <= 8    ? gemv_kernel<1, kConvertOnce>(blockwise)
-                      : tokens <= 16 ? gemv_kernel<2, kConvertOnce>(blockwise)
-                                     : gemv_kernel<4, kConvertOnce>(blockwise);
+  const auto kernel = tokens <= 8    ? gemv_kernel<1, 1>(blockwise)
+                      : tokens <= 16 ? gemv_kernel<2, kR>(blockwise)
+                                     : gemv_kernel<4, kR>(blockwise);
+  const int rows = kRows * (tokens <= 8 ? 1 : kR);
   if ((a.m + kTokens - 1) / kTokens > 65535)
     return error(Code::kInvalidArgument, "v6_small_m: M must be at most 65535 · 32 (grid rows of 32 tokens)");
   static const bool can_depend = device_arch() >= 90;
@@ -163,7 +180,7 @@ Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(a.n / kRows), unsigned((a.m + kTokens - 1) / kTokens));
+  config.gridDim = dim3(unsigned((a.n + rows - 1) / rows), unsigned((a.m + kTokens - 1) / kTokens));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
   config.attrs = pdl && can_depend ? &dependent : nullptr;
@@ -174,22 +191,21 @@ Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
 }
 
 // The version: the GEMV up to kGemvMaxM tokens, v5 above. The ablations, one knob each: PDL off;
-// the GEMV at every M (the bench's M = 64 and 128 rows, where v5 takes over); v0's E4M3 mma, which
-// ptxas lowers by converting both operands at every instruction (B once per token tile).
-template <bool kPdl = true, bool kGemvOnly = false, bool kConvertOnce = true>
+// the GEMV at every M (the bench's M = 64 and 128 rows, where v5 takes over); one row tile a block
+// at every M.
+template <bool kPdl = true, bool kGemvOnly = false, bool kTwoRowTiles = true>
 Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
   const char* id = kGemvOnly       ? "ablation_v6_gemv_only"
-                   : !kConvertOnce ? "ablation_v6_e4m3_mma"
+                   : !kTwoRowTiles ? "ablation_v6_one_row_tile"
                    : kPdl          ? "v6_small_m"
                                    : "ablation_v6_no_pdl";
   if (!kGemvOnly && a.m > kGemvMaxM) return gemm_v5_tuned(a, stream);
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
-  return launch_gemv<kConvertOnce>(a, kPdl, stream);
+  return launch_gemv<kTwoRowTiles>(a, kPdl, stream);
 }
 
-// HMMA fed by F2FP conversions (cvt e4m3x2 -> f16x2, or ptxas's lowering of the E4M3 mma);
-// LDG.E.EF.128, the weights' streaming loads.
+// HMMA fed by F2FP conversions (cvt e4m3x2 -> f16x2); LDG.E.EF.128, the weights' streaming loads.
 const SassFact kGemvFacts{"fp8_v6_kernel", {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.EF.128"},
                           {"LDGSTS", "QGMMA"}, true, "the swapped GEMV: mma.sync on 16 rows of B, no ring"};
 const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v6_small_m",
@@ -201,9 +217,9 @@ const RegisterGemm kNoPdl{{kBlockwiseOp, kOp}, "ablation_v6_no_pdl",
 const RegisterGemm kGemvOnly{{kBlockwiseOp, kOp}, "ablation_v6_gemv_only",
                              "v6's GEMV at every M (32 tokens a grid row), no hand-over to v5",
                              gemm_v6<true, true>, 90, {kGemvFacts}, Kind::kAblation};
-const RegisterGemm kE4m3Mma{{kBlockwiseOp, kOp}, "ablation_v6_e4m3_mma",
-                            "v6 on v0's E4M3 mma.sync: B converted again for every token tile",
-                            gemm_v6<true, false, false>, 90, {kGemvFacts}, Kind::kAblation};
+const RegisterGemm kOneRowTile{{kBlockwiseOp, kOp}, "ablation_v6_one_row_tile",
+                               "v6 with 16 rows of B a block at every M: each token load serves 16 rows",
+                               gemm_v6<true, false, false>, 90, {kGemvFacts}, Kind::kAblation};
 
 }  // namespace
 }  // namespace lkw::fp8
