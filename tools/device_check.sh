@@ -79,7 +79,7 @@ if has sanitize; then
     [ $rc2 = 9 ] || { echo "racecheck missed the probe's real race (rc $rc2)"; status=1; }
     if [ $rc0 = 9 ]; then
       mbarrier_blind=1
-      # v6 (and its one-knob ablations) hand M > 32 to v5: they go with v5; the GEMV stays racechecked
+      # v6 (and its one-knob ablations) hand M > 16 to v5: they go with v5; the GEMV stays racechecked
       # through the ablations (ablation_v6_gemv_only runs it on every case).
       echo "racecheck flags the correct mbarrier ring too: blockwise v5 (08) is left to memcheck"
     elif [ $rc0 != 0 ]; then

@@ -23,7 +23,7 @@
 //                      setmaxnreg, persistent tiles
 //   v4_blockwise       DeepSeek's 1 × 128 / 128 × 128 scales, promoted every K block
 //   v5_tuned           split K where the tiles cannot fill the SMs, tiles in L2 bands
-//   v6_small_m         M <= 32: B streamed through mma.sync, the tokens the mma's narrow side
+//   v6_small_m         M <= 16: B streamed through mma.sync, the tokens the mma's narrow side
 // The reference, its error bound and the accumulation model: reference/lkw/fp8_gemm.py.
 #pragma once
 #include <cuda_bf16.h>

@@ -1344,7 +1344,7 @@ FP8_DEEPSEEK_M = (64, 128, 4096)
 FP8_ROWWISE_NK = ((2112, 7168), (24576, 1536), (7168, 16384))
 FP8_ROWWISE_M = (64, 4096)
 # Decode: Llama-3-8B's projections (fused QKV, O, fused gate-up, down: chapter 11's FP8 layer) at
-# the M that v6's GEMV takes (one, two and four 8-token tiles), blockwise.
+# the M where v6's GEMV (one, two, four 8-token tiles) meets v5, blockwise.
 FP8_DECODE_NK = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 FP8_DECODE_M = (1, 8, 16, 32)
 FP8_SAMPLE_ROWS = 64  # rows of A (of y) the reference computes

@@ -1321,7 +1321,7 @@ FP8_GEMM_CASES = (
     ("blockwise", "tiles", 128, 256, 512, 0, 0.0),
     ("blockwise", "positive", 65, 144, 2048, 0, 1.0),
     ("blockwise", "", 4, 48, 16384, 0, 0.0),  # 128 K blocks promoted: the long end of the range
-    # v6's GEMV takes M <= 32 in one, two or four 8-token tiles: M = 9 .. 16 and 17 .. 32 as well,
+    # v6's GEMV (its gemv_only ablation above M = 16) takes one, two or four 8-token tiles: M = 9 .. 16 and 17 .. 32 as well,
     # with a K that ends inside a 128-byte block (tensor, rowwise) and K blocks for every warp.
     ("tensor", "", 11, 32, 208, 0, 0.0),
     ("rowwise", "", 23, 48, 1200, 0, 0.0),

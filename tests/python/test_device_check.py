@@ -134,7 +134,7 @@ def test_racecheck_leaves_blockwise_v5_to_memcheck_only_where_it_flags_a_correct
     assert "fp8_gemm_blockwise__v5_tuned__a" in memcheck
     assert "fp8_gemm_blockwise__v5_tuned__a" not in racecheck
     assert "fp8_gemm__v5_tuned__b" in racecheck and "v4_blockwise__c" in racecheck
-    # v6 hands M > 32 to v5 (left out with it); its GEMV alone, the ablation, is racechecked.
+    # v6 hands M > 16 to v5 (left out with it); its GEMV alone, the ablation, is racechecked.
     assert "v6_small_m__d" in memcheck and "v6_small_m__d" not in racecheck
     assert "ablation_v6_gemv_only__e" in racecheck
 
