@@ -27,8 +27,8 @@ constexpr int kGemvMaxM = 16;            // larger M: v5 (faster at M = 32: resu
 constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4 mma k-steps
 
 // K blocks a warp has in flight, 2 KB each a row tile: with one token tile 4 (16 loads of 16 bytes
-// a lane, 122 registers: two blocks of 8 warps an SM), with more what their fragments and sums
-// leave room for. Row tiles a block owns (kR, a launch knob): two, where there are several token
+// a lane, two blocks of 8 warps an SM), with more what their fragments and sums leave room for
+// without spilling. Row tiles a block owns (kR, a launch knob): two, where there are several token
 // tiles, let each token word a lane loads (from L2: every block reads all of A) serve 32 rows of B;
 // they take the registers of one block an SM.
 template <int kTiles, int kR>
