@@ -55,6 +55,24 @@ struct Int8Quant {
   }
 };
 
+// v4's row, which both kernels below start with: residual_out = x + residual, then r normalized
+// and weighted in place, so that it holds yb, the chain's BF16 y, for the quantization.
+template <int kVec>
+__device__ __forceinline__ void add_and_normalize(const __nv_bfloat16* x,
+                                                  const __nv_bfloat16* residual_in,
+                                                  __nv_bfloat16* residual_out,
+                                                  const __nv_bfloat16* weight, int units, int64_t d,
+                                                  float eps, RowTile<kVec>& r) {
+  RowTile<kVec> residual, w;
+  load_row(x, units, r);
+  load_row(residual_in, units, residual);
+  add_residual(r, residual);
+  store_row(residual_out, units, r);
+  const float rstd = row_rstd(r, d, eps);
+  load_row(weight, units, w);  // (d)
+  normalize_row(r, rstd, w);
+}
+
 template <int kVec, class Quantizer>
 __global__ void __launch_bounds__(RowTile<kVec>::kMaxThreads)
     fused_add_rmsnorm_quant_v5_kernel(const __nv_bfloat16* __restrict__ x,
@@ -64,14 +82,9 @@ __global__ void __launch_bounds__(RowTile<kVec>::kMaxThreads)
                                       int64_t d, float eps) {
   const int units = int(d / kVec);
   const int64_t row_offset = blockIdx.x * d;
-  RowTile<kVec> r, residual, w;
-  load_row(x + row_offset, units, r);                   // (T, d)
-  load_row(residual_in + row_offset, units, residual);  // (T, d)
-  add_residual(r, residual);
-  store_row(residual_out + row_offset, units, r);  // (T, d)
-  const float rstd = row_rstd(r, d, eps);
-  load_row(weight, units, w);  // (d)
-  normalize_row(r, rstd, w);   // r now holds yb, the chain's BF16 y
+  RowTile<kVec> r;
+  add_and_normalize(x + row_offset, residual_in + row_offset, residual_out + row_offset, weight,
+                    units, d, eps, r);  // (T, d); r now holds yb, the chain's BF16 y
 
   // TODO(exercise): a Quantizer from row_absmax; store each unit's codes; thread 0 the scale
   //   (about 8 lines)
@@ -92,14 +105,9 @@ __global__ void __launch_bounds__(RowTile<8>::kMaxThreads) fused_add_rmsnorm_gro
     float* __restrict__ scales, int64_t t, int64_t d, float eps) {
   const int units = int(d / 8);
   const int64_t row_offset = blockIdx.x * d;
-  RowTile<8> r, residual, w;
-  load_row(x + row_offset, units, r);                   // (T, d)
-  load_row(residual_in + row_offset, units, residual);  // (T, d)
-  add_residual(r, residual);
-  store_row(residual_out + row_offset, units, r);  // (T, d)
-  const float rstd = row_rstd(r, d, eps);
-  load_row(weight, units, w);  // (d)
-  normalize_row(r, rstd, w);   // r now holds yb, the chain's BF16 y
+  RowTile<8> r;
+  add_and_normalize(x + row_offset, residual_in + row_offset, residual_out + row_offset, weight,
+                    units, d, eps, r);  // (T, d); r now holds yb, the chain's BF16 y
 
   // TODO(exercise): per slot, the group's absmax (warp_reduce<Max, 16>), an Fp8Quant from it and
   //   the unit's codes; the group's first lane stores the scale at [i / 16, row] (about 14 lines)

@@ -22,9 +22,9 @@ namespace lkw::fp8 {
 namespace {
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRows = 16;                // B rows (columns of y) a block owns: the mma's 16-row side
-constexpr int kTokens = 32;              // rows of A a block takes: at most 4 n8 tiles
-constexpr int kGemvMaxM = 16;            // larger M: v5 (faster at M = 32: results, book 08)
+constexpr int kRows = 16;      // B rows (columns of y) a block owns: the mma's 16-row side
+constexpr int kTokens = 32;    // rows of A a block takes: at most 4 n8 tiles
+constexpr int kGemvMaxM = 16;  // larger M: v5 (faster at M = 32: results, book 08)
 constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4 mma k-steps
 
 // K blocks a warp has in flight, 2 KB each a row tile: with one token tile 4 (16 loads of 16 bytes
@@ -33,15 +33,20 @@ constexpr int kBlockBytes = kScaleBlock;  // a K block: 128 bytes of each row, 4
 // tiles, let each token word a lane loads (from L2: every block reads all of A) serve 32 rows of B;
 // they take the registers of one block an SM.
 template <int kTiles, int kR>
-constexpr int in_flight() { return kTiles == 1 ? 4 : kR == 2 ? 2 : kTiles == 2 ? 3 : 1; }
+constexpr int in_flight() {
+  return kTiles == 1 ? 4 : kR == 2 ? 2 : kTiles == 2 ? 3 : 1;
+}
 template <int kR>
-constexpr int blocks_per_sm() { return kR == 1 ? 2 : 1; }
+constexpr int blocks_per_sm() {
+  return kR == 1 ? 2 : 1;
+}
 
 // A lane's two 16-byte pieces of one row (of B or of A) in K block kb: bytes 16t and 64 + 16t,
 // zeros past K (K is a multiple of 16: a piece is whole or absent). B goes through the streaming
 // load (read once: first out of the caches), A through the read-only path (every block reads it).
 template <bool kStream>
-__device__ __forceinline__ void load_pieces(uint4 (&v)[2], const uint8_t* row, int64_t kb, int t, int64_t k) {
+__device__ __forceinline__ void load_pieces(uint4 (&v)[2], const uint8_t* row, int64_t kb, int t,
+                                            int64_t k) {
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const int64_t at = kb * kBlockBytes + 64 * p + 16 * t;
@@ -111,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<kR>()) fp8_v6_kernel(c
         for (int r = 0; r < kR; ++r) {
           // TODO(exercise): word j of rows g and g + 8, converted once to FP16 pairs (a0, a1 the
           //   low pairs, a2, a3 the high ones), against each tile's token word j (b0 low, b1 high)
-          //   (about 7 lines)
+          //   (about 8 lines)
         }
       // Promote: sum c[r][nt][i] is row n0 + 16r + g + 8·(i / 2) of B (one scale block: 16·kR
       // divides 128), token m0 + 8nt + 2t + i % 2.
@@ -120,7 +125,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<kR>()) fp8_v6_kernel(c
       for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          const float s = kBlockwise ? *block_scale_a(a, m0 + 8 * nt + 2 * t + q, int(kb)) * s_b : 1.f;
+          const float s =
+              kBlockwise ? *block_scale_a(a, m0 + 8 * nt + 2 * t + q, int(kb)) * s_b : 1.f;
 #pragma unroll
           for (int r = 0; r < kR; ++r)
 #pragma unroll
@@ -140,13 +146,15 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<kR>()) fp8_v6_kernel(c
   __syncthreads();
   // Store: y[m, n] = bf16(s_a · (s_b · sum)) (blockwise: the sum is scaled already).
   for (int e = threadIdx.x; e < kR * kTiles * 4 * 32; e += kThreads) {
-    const int slot = e / 32, l = e % 32, i = slot % 4, nt = (slot / 4) % kTiles, r = slot / (4 * kTiles);
+    const int slot = e / 32, l = e % 32, i = slot % 4, nt = (slot / 4) % kTiles,
+              r = slot / (4 * kTiles);
     float sum = 0.f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) sum += partial_sh[v][slot][l];
     const int64_t n = n0 + kRows * r + l / 4 + 8 * (i / 2), m = m0 + 8 * nt + 2 * (l % 4) + i % 2;
     if (m < a.m && n < a.n)
-      a.y[m * a.n + n] = __float2bfloat16_rn(kBlockwise ? sum : row_scale(a, m) * (col_scale(a, n) * sum));  // (M, N)
+      a.y[m * a.n + n] = __float2bfloat16_rn(
+          kBlockwise ? sum : row_scale(a, m) * (col_scale(a, n) * sum));  // (M, N)
   }
 }
 
@@ -168,7 +176,8 @@ Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
                                      : gemv_kernel<4, kR>(blockwise);
   const int rows = kRows * (tokens <= 8 ? 1 : kR);
   if ((a.m + kTokens - 1) / kTokens > 65535)
-    return error(Code::kInvalidArgument, "v6_small_m: M must be at most 65535 · 32 (grid rows of 32 tokens)");
+    return error(Code::kInvalidArgument,
+                 "v6_small_m: M must be at most 65535 · 32 (grid rows of 32 tokens)");
   static const bool can_depend = device_arch() >= 90;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -180,13 +189,14 @@ Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
   config.attrs = pdl && can_depend ? &dependent : nullptr;
   config.numAttrs = pdl && can_depend ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, a);
-  if (e != cudaSuccess) return error(Code::kCudaError, std::string("v6_small_m: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return error(Code::kCudaError, std::string("v6_small_m: ") + cudaGetErrorString(e));
   return last_launch_status("v6_small_m");
 }
 
 // The version: the GEMV up to kGemvMaxM tokens, v5 above. The ablations, one knob each: PDL off;
-// the GEMV at every M (the bench's M = 32, 64 and 128 rows, where v5 takes over); one row tile a block
-// at every M.
+// the GEMV at every M (the bench's M = 32, 64 and 128 rows, where v5 takes over); one row tile a
+// block at every M.
 template <bool kPdl = true, bool kGemvOnly = false, bool kTwoRowTiles = true>
 Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
   const char* id = kGemvOnly       ? "ablation_v6_gemv_only"
@@ -194,26 +204,45 @@ Status gemm_v6(const GemmArgs& a, cudaStream_t stream) {
                    : kPdl          ? "v6_small_m"
                                    : "ablation_v6_no_pdl";
   if (!kGemvOnly && a.m > kGemvMaxM) return gemm_v5_tuned(a, stream);
-  Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
+  Status s = validate_gemm(
+      a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   return launch_gemv<kTwoRowTiles>(a, kPdl, stream);
 }
 
 // HMMA fed by F2FP conversions (cvt e4m3x2 -> f16x2); LDG.E.EF.128, the weights' streaming loads.
-const SassFact kGemvFacts{"fp8_v6_kernel", {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.EF.128"},
-                          {"LDGSTS", "QGMMA"}, true, "the swapped GEMV: mma.sync on 16 rows of B, no ring"};
-const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v6_small_m",
-                               "M <= 16: B streamed through mma.sync with the tokens as the 8-wide side; v5 above",
-                               gemm_v6<>, 90, {kGemvFacts}};
-const RegisterGemm kNoPdl{{kBlockwiseOp, kOp}, "ablation_v6_no_pdl",
+const SassFact kGemvFacts{
+    "fp8_v6_kernel",     {"sm_90a"}, {"HMMA.16816", "F2FP.F16.E4M3.UNPACK_B", "LDG.E.EF.128"},
+    {"LDGSTS", "QGMMA"}, true,       "the swapped GEMV: mma.sync on 16 rows of B, no ring"};
+const RegisterGemm kRegistered{
+    {kBlockwiseOp, kOp},
+    "v6_small_m",
+    "M <= 16: B streamed through mma.sync with the tokens as the 8-wide side; v5 above",
+    gemm_v6<>,
+    90,
+    {kGemvFacts}};
+const RegisterGemm kNoPdl{{kBlockwiseOp, kOp},
+                          "ablation_v6_no_pdl",
                           "v6 launched without PDL: the weights wait for the kernel ahead to end",
-                          gemm_v6<false>, 90, {kGemvFacts}, Kind::kAblation};
-const RegisterGemm kGemvOnly{{kBlockwiseOp, kOp}, "ablation_v6_gemv_only",
+                          gemm_v6<false>,
+                          90,
+                          {kGemvFacts},
+                          Kind::kAblation};
+const RegisterGemm kGemvOnly{{kBlockwiseOp, kOp},
+                             "ablation_v6_gemv_only",
                              "v6's GEMV at every M (32 tokens a grid row), no hand-over to v5",
-                             gemm_v6<true, true>, 90, {kGemvFacts}, Kind::kAblation};
-const RegisterGemm kOneRowTile{{kBlockwiseOp, kOp}, "ablation_v6_one_row_tile",
-                               "v6 with 16 rows of B a block at every M: each token load serves 16 rows",
-                               gemm_v6<true, false, false>, 90, {kGemvFacts}, Kind::kAblation};
+                             gemm_v6<true, true>,
+                             90,
+                             {kGemvFacts},
+                             Kind::kAblation};
+const RegisterGemm kOneRowTile{
+    {kBlockwiseOp, kOp},
+    "ablation_v6_one_row_tile",
+    "v6 with 16 rows of B a block at every M: each token load serves 16 rows",
+    gemm_v6<true, false, false>,
+    90,
+    {kGemvFacts},
+    Kind::kAblation};
 
 }  // namespace
 }  // namespace lkw::fp8
