@@ -80,8 +80,9 @@ if has sanitize; then
     if [ $rc0 = 9 ]; then
       mbarrier_blind=1
       # v6 (and its one-knob ablations) hand M > 16 to v5: they go with v5; the GEMV stays racechecked
-      # through the ablations (ablation_v6_gemv_only runs it on every case).
-      echo "racecheck flags the correct mbarrier ring too: blockwise v5 (08) is left to memcheck"
+      # through the ablations (ablation_v6_gemv_only runs it on every case). v7's scale warp fills
+      # its slots as v5's does: v7 and its ablations go with v5 too.
+      echo "racecheck flags the correct mbarrier ring too: blockwise v5 and v7 (08) are left to memcheck"
     elif [ $rc0 != 0 ]; then
       echo "the racecheck probe's correct ring failed (rc $rc0)"; status=1
     else
@@ -102,7 +103,7 @@ if has sanitize; then
       # A filter given by hand keeps the cuBLAS exclusion of racecheck (gtest: "POS-NEG:NEG").
       if [ "$tool" = racecheck ]; then [[ "$filter" == *-* ]] && filter="$filter:*cublas*" || filter="$filter-*cublas*"; fi
       [ "$tool" = racecheck ] && [ -n "$mbarrier_blind" ] &&
-        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*:*fp8_gemm_blockwise__v6_small_m_*:*fp8_gemm_blockwise__ablation_v6_no_pdl_*:*fp8_gemm_blockwise__ablation_v6_one_row_tile_*"
+        filter="$filter:*fp8_gemm_blockwise__v5_*:*fp8_gemm_blockwise__ablation_v5_*:*fp8_gemm_blockwise__v6_small_m_*:*fp8_gemm_blockwise__ablation_v6_no_pdl_*:*fp8_gemm_blockwise__ablation_v6_one_row_tile_*:*fp8_gemm_blockwise__v7_*:*fp8_gemm_blockwise__ablation_v7_*"
       run_log="$out/sanitize_${tool}_$c.log"
       : >"$run_log"
       # A test that hangs under the tool (it serializes the blocks: a barrier across CTAs may never

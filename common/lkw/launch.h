@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lkw/status.h"
@@ -33,6 +34,51 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaSt
     }
   }
   kernel<<<grid, threads, bytes, stream>>>(params...);
+  return last_launch_status(what);
+}
+
+// launch_with_smem's launch as a programmatic dependent of the kernel ahead in the stream (PDL:
+// it may start before that one ends; its griddepcontrol.wait orders what it reads) where `pdl` is
+// on and the device is sm_90 or later, else a plain launch.
+template <class... Expected, class... Params>
+Status launch_dependent(void (*kernel)(Expected...), dim3 grid, int threads, int bytes, bool pdl,
+                        cudaStream_t stream, const char* what, Params&&... params) {
+  static std::mutex mutex;
+  static std::vector<const void*> opted_in;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const void* key = reinterpret_cast<const void*>(kernel);
+    if (std::find(opted_in.begin(), opted_in.end(), key) == opted_in.end()) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+      }
+      opted_in.push_back(key);
+    }
+  }
+  static const bool can_depend = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 9;
+  }();
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = bytes;
+  config.stream = stream;
+  config.attrs = pdl && can_depend ? &dependent : nullptr;
+  config.numAttrs = pdl && can_depend ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Params>(params)...);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+  }
   return last_launch_status(what);
 }
 

@@ -106,8 +106,8 @@ exit 2
 
 
 def _fake_fp8_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    """The sanitize stage on a chapter 08 of five tests (blockwise v5, rowwise v5, blockwise v4,
-    blockwise v6 and its GEMV-only ablation) with the racecheck probe's stand-in built."""
+    """The sanitize stage on a chapter 08 of six tests (blockwise v5, rowwise v5, blockwise v4,
+    blockwise v6, its GEMV-only ablation, blockwise v7) with the racecheck probe's stand-in built."""
     repo = _fake_repo(tmp_path)
     (repo / "solutions" / "08_fp8_gemm").mkdir()
     shutil.rmtree(repo / "solutions" / "99_fake")
@@ -118,7 +118,7 @@ def _fake_fp8_machine(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     _executable(tmp_path / "bin" / "compute-sanitizer", FAKE_SANITIZER)
     tests = ("Golden.fp8_gemm_blockwise__v5_tuned__a Golden.fp8_gemm__v5_tuned__b "
              "Golden.fp8_gemm_blockwise__v4_blockwise__c Golden.fp8_gemm_blockwise__v6_small_m__d "
-             "Golden.fp8_gemm_blockwise__ablation_v6_gemv_only__e")
+             "Golden.fp8_gemm_blockwise__ablation_v6_gemv_only__e Golden.fp8_gemm_blockwise__v7_swap_ab__f")
     return _device_check(tmp_path, "sanitize", timeout=120, FAKE_TESTS=tests, **env)
 
 
@@ -128,7 +128,7 @@ def test_racecheck_leaves_blockwise_v5_to_memcheck_only_where_it_flags_a_correct
     racechecked too; a probe whose real race goes unflagged fails the stage."""
     blind = _fake_fp8_machine(tmp_path / "blind")
     assert blind.returncode == 0, blind.stdout
-    assert "blockwise v5 (08) is left to memcheck" in blind.stdout
+    assert "blockwise v5 and v7 (08) are left to memcheck" in blind.stdout
     memcheck = (tmp_path / "blind" / "out" / "sanitize_memcheck_08_fp8_gemm.log").read_text()
     racecheck = (tmp_path / "blind" / "out" / "sanitize_racecheck_08_fp8_gemm.log").read_text()
     assert "fp8_gemm_blockwise__v5_tuned__a" in memcheck
@@ -137,6 +137,8 @@ def test_racecheck_leaves_blockwise_v5_to_memcheck_only_where_it_flags_a_correct
     # v6 hands M > 16 to v5 (left out with it); its GEMV alone, the ablation, is racechecked.
     assert "v6_small_m__d" in memcheck and "v6_small_m__d" not in racecheck
     assert "ablation_v6_gemv_only__e" in racecheck
+    # v7's scale warp fills its slots as v5's does: memchecked only.
+    assert "v7_swap_ab__f" in memcheck and "v7_swap_ab__f" not in racecheck
 
     seeing = _fake_fp8_machine(tmp_path / "seeing", PROBE_CORRECT_RC="0")
     assert seeing.returncode == 0, seeing.stdout
