@@ -83,7 +83,7 @@ WORKBOOK = {
     "gemv": ["06_int4_gemv/int4t_gemv/v7_tiled_stream", "06_int4_gemv/int4i_gemv/v6_pipelined"],
     "gemm_decode": ["07_w4a16_gemm/w4a16r_gemm/v8_group_scales", "07_w4a16_gemm/w4a16r_gemm/v6_wgmma"],
     "gemm": ["07_w4a16_gemm/w4a16r_gemm/v9_warp_specialized", "07_w4a16_gemm/w4a16r_gemm/v6_wgmma"],
-    "fp8_gemm": ["08_fp8_gemm/fp8_gemm_blockwise/v6_small_m", "08_fp8_gemm/fp8_gemm_blockwise/v5_tuned"],
+    "fp8_gemm": ["08_fp8_gemm/fp8_gemm_blockwise/v7_swap_ab", "08_fp8_gemm/fp8_gemm_blockwise/v5_tuned"],
     "attention": ["11_decoder_layer/paged_attention/v0_runner"],  # not a lesson: the runner's
 }
 

@@ -85,20 +85,13 @@ inline int v5_splits(int64_t m, int tiles, int k_blocks, int sms) {
   return std::max(1, std::min(sms / tiles, k_blocks / kMinBlocksPerShare));
 }
 
-// v7's K shares: at small M a tile (128 rows of B) is a stream of its K blocks, so the plan only
-// asks that the units fill the SMs' waves: the fewest shares whose units fill them to 90 % (the
-// most filled count where none does), of kMinSwapBlocks K blocks a share at least.
-constexpr int kMinSwapBlocks = 4;
+// v7's K shares: at small M a tile (128 rows of B) is a stream of its K blocks, and a block's deep
+// ring alone pulls a good share of the bandwidth (ablation_v7_whole_k, lab notes 08): the shares
+// only fill the SMs once (never a second wave of short shares), at most kMaxSwapSplits of them
+// (the last share adds that many slices) and of kMinSwapBlocks K blocks at least.
+constexpr int kMaxSwapSplits = 8, kMinSwapBlocks = 8;
 inline int swap_splits(int tiles, int k_blocks, int sms) {
-  int best = 1;
-  double best_fill = 0;
-  for (int s = 1; s <= std::max(1, k_blocks / kMinSwapBlocks); ++s) {
-    const int units = tiles * s, waves = (units + sms - 1) / sms;
-    const double fill = double(units) / (double(waves) * sms);
-    if (fill >= 0.9) return s;
-    if (fill > best_fill) best = s, best_fill = fill;
-  }
-  return best;
+  return std::max(1, std::min({sms / tiles, kMaxSwapSplits, k_blocks / kMinSwapBlocks}));
 }
 
 // v5's whole plan for a shape on `sms` SMs: the width above, wide blockwise tiles allowed (or

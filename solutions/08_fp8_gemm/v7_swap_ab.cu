@@ -7,11 +7,11 @@
 // warpgroup) by all M tokens, wgmma's N (16, 32, 64 or 128: the first that holds M; TMA fills the
 // rows past M with zeros). A 128-row tile lies inside one of B's scale blocks, so s_b is one float
 // a stage and s_a one a token: the promotion scales each accumulator column by its token's s_a.
-// Few tiles (N / 128) fill few SMs: each tile's K blocks are split into the shares that fill the
-// SMs' waves best (schedule.cuh's swap_splits), met as in v5. The ring is as deep as shared memory
-// allows. PDL: B, which no kernel ahead writes, fills the first lap of the ring before
-// griddepcontrol.wait. y is y^T of the accumulators: each thread stores its rows' BF16 values.
-// Expect most of the copy ceiling at M <= 64 where N·K is large. M > 128: v5.
+// Few tiles (N / 128) fill few SMs: each tile's K blocks are split into shares that fill them
+// once (schedule.cuh's swap_splits), met as in v5, the last share loading every slice at once.
+// The ring is as deep as shared memory allows; B, which no kernel ahead writes, fills its first
+// lap before griddepcontrol.wait (PDL). The accumulators hold y^T: stores go out transposed.
+// Expect most of the copy ceiling at M <= 32 where N·K is large. M > 128: v5.
 #include <algorithm>
 #include <string>
 
@@ -176,15 +176,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();  // the other shares' slices, published before their arrivals, are read after
       if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
       if (!live) continue;
+      // Every share's four floats asked for at once (a load per slice in flight, not one L2 trip a
+      // slice after another), then added in share order: the same sum every run.
 #pragma unroll
-      for (int j = 0; j < kSums; ++j) total[j] = 0.f;
-      for (int sp = 0; sp < sched.splits; ++sp)
+      for (int j = 0; j < kSums; j += 4) {
+        float4 p[kMaxSwapSplits];
 #pragma unroll
-        for (int j = 0; j < kSums; j += 4) {
-          const float4 p = __ldcg(reinterpret_cast<const float4*>(
-              slices + int64_t(sp) * (kBlockN * kTokens) + tid * kSums + j));
-          total[j] += p.x, total[j + 1] += p.y, total[j + 2] += p.z, total[j + 3] += p.w;
-        }
+        for (int sp = 0; sp < kMaxSwapSplits; ++sp)
+          p[sp] = sp < sched.splits ? __ldcg(reinterpret_cast<const float4*>(
+                                          slices + int64_t(sp) * (kBlockN * kTokens) + tid * kSums + j))
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+        total[j] = p[0].x, total[j + 1] = p[0].y, total[j + 2] = p[0].z, total[j + 3] = p[0].w;
+#pragma unroll
+        for (int sp = 1; sp < kMaxSwapSplits; ++sp)
+          if (sp < sched.splits)
+            total[j] += p[sp].x, total[j + 1] += p[sp].y, total[j + 2] += p[sp].z, total[j + 3] += p[sp].w;
+      }
     }
     // Store: accumulator j is row n of B (column n of y) and token m (row m of y), transposed.
     const int64_t n = n0 + 64 * c + 16 * warp + g;

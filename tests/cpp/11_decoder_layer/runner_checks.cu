@@ -150,7 +150,7 @@ TEST(HostLayerRunner, Fp8QuantizesEveryGemmInput) {
   ASSERT_EQ(s.size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(s[i].substr(0, s[i].find('=')), names[i]);
   EXPECT_EQ(s[0], "attn_norm=04_rmsnorm/fused_add_rmsnorm_fp8_group/v5_fused_add_quant");
-  EXPECT_EQ(s[1], "qkv_proj=08_fp8_gemm/fp8_gemm_blockwise/v6_small_m");
+  EXPECT_EQ(s[1], "qkv_proj=08_fp8_gemm/fp8_gemm_blockwise/v7_swap_ab");
   EXPECT_EQ(s[4], "o_quant=03_dynamic_quant/per_group_fp8/v2_vec16");
   EXPECT_EQ(s[6], "ffn_norm=04_rmsnorm/fused_add_rmsnorm_fp8_group/v5_fused_add_quant");
   EXPECT_EQ(s[8], "act=05_elementwise/silu_and_mul_fp8_per_group/v2_act_fused_fp8");
