@@ -24,6 +24,7 @@
 //   v4_blockwise       DeepSeek's 1 × 128 / 128 × 128 scales, promoted every K block
 //   v5_tuned           split K where the tiles cannot fill the SMs, tiles in L2 bands
 //   v6_small_m         M <= 16: B streamed through mma.sync, the tokens the mma's narrow side
+//   v7_swap_ab         M <= 128: v5's ring with B's rows on wgmma's 64-row side, the tokens its N
 // The reference, its error bound and the accumulation model: reference/lkw/fp8_gemm.py.
 #pragma once
 #include <cuda_bf16.h>
@@ -65,7 +66,7 @@ struct GemmArgs {
 
 using GemmLaunch = Status (*)(const GemmArgs& a, cudaStream_t stream);
 
-// v5_tuned's launcher, which v6 hands every M above its GEMV's to (defined in v5_tuned.cu).
+// v5_tuned's launcher, which v6 and v7 hand every M above theirs to (defined in v5_tuned.cu).
 Status gemm_v5_tuned(const GemmArgs& a, cudaStream_t stream);
 
 inline int64_t scale_a_count(const GemmArgs& a) {

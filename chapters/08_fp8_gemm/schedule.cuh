@@ -86,6 +86,15 @@ inline int v5_splits(int64_t m, int tiles, int k_blocks, int sms) {
   return std::max(1, std::min(sms / tiles, k_blocks / kMinBlocksPerShare));
 }
 
+// v7's K shares: at small M a tile (128 rows of B) is a stream of its K blocks, and a block's deep
+// ring alone pulls a good share of the bandwidth (ablation_v7_whole_k, lab notes 08): the shares
+// only fill the SMs once (never a second wave of short shares), at most kMaxSwapSplits of them
+// (the last share adds that many slices) and of kMinSwapBlocks K blocks at least.
+constexpr int kMaxSwapSplits = 8, kMinSwapBlocks = 8;
+inline int swap_splits(int tiles, int k_blocks, int sms) {
+  return std::max(1, std::min({sms / tiles, kMaxSwapSplits, k_blocks / kMinSwapBlocks}));
+}
+
 // v5's whole plan for a shape on `sms` SMs: the width above, wide blockwise tiles allowed (or
 // block_n where given), bands of group_m tile rows, and the K shares above.
 inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int sms, int group_m,
