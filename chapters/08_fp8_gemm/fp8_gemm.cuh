@@ -24,7 +24,7 @@
 //   v4_blockwise       DeepSeek's 1 × 128 / 128 × 128 scales, promoted every K block
 //   v5_tuned           split K where the tiles cannot fill the SMs, tiles in L2 bands
 //   v6_small_m         M <= 16: B streamed through mma.sync, the tokens the mma's narrow side
-//   v7_swap_ab         M <= 128: v5's ring with B's rows on wgmma's 64-row side, the tokens its N
+//   v7_swap_ab         M <= 64: v5's ring with B's rows on wgmma's 64-row side, the tokens its N
 // The reference, its error bound and the accumulation model: reference/lkw/fp8_gemm.py.
 #pragma once
 #include <cuda_bf16.h>

@@ -1326,9 +1326,9 @@ FP8_GEMM_CASES = (
     ("tensor", "", 11, 32, 208, 0, 0.0),
     ("rowwise", "", 23, 48, 1200, 0, 0.0),
     ("blockwise", "", 29, 48, 1024, 0, 0.0),
-    # v7's swapped ring takes 16, 32, 64 or 128 tokens a tile: 33 .. 64 as well, its last tile of B
-    # with one live warpgroup (N = 272), K in shares.
-    ("blockwise", "", 47, 272, 1536, 0, 0.0),
+    # v7's swapped ring takes 16, 32 or 64 tokens a tile: 33 .. 64 as well, its last tile of B with
+    # one live warpgroup (N = 272).
+    ("blockwise", "", 47, 272, 768, 0, 0.0),
 )
 # Persistent walks (the param max_blocks: at most that many blocks, where the SMs would give each
 # unit a block of its own): every block of v3 to v5 takes several tiles, or several K shares of
@@ -1338,6 +1338,7 @@ FP8_GEMM_WALKS = (
     ("rowwise", "walk", 257, 272, 384, 0, 0.0, 3),
     ("blockwise", "walk", 257, 272, 384, 0, 0.0, 3),
     ("blockwise", "walk", 16, 16, 2048, 0, 0.0, 2),
+    ("blockwise", "walk", 40, 400, 640, 0, 0.0, 2),  # v7: 4 tiles of B on 2 blocks, its 9-stage ring wrapping
 )
 
 

@@ -85,11 +85,12 @@ inline int v5_splits(int64_t m, int tiles, int k_blocks, int sms) {
   return std::max(1, std::min(sms / tiles, k_blocks / kMinBlocksPerShare));
 }
 
-// v7's K shares: at small M a tile (128 rows of B) is a stream of its K blocks, and a block's deep
-// ring alone pulls a good share of the bandwidth (ablation_v7_whole_k, lab notes 08): the shares
-// only fill the SMs once (never a second wave of short shares), at most kMaxSwapSplits of them
-// (the last share adds that many slices) and of kMinSwapBlocks K blocks at least.
-constexpr int kMaxSwapSplits = 8, kMinSwapBlocks = 8;
+// v7's K shares: at small M a tile (128 rows of B) is a stream of its K blocks, and one block's
+// deep ring alone pulls much of the bandwidth, while every share pays the ring's fill and the
+// slices' reduction (ablation_v7_whole_k, lab notes 08). So K is split only where it is long: the
+// shares fill the SMs once at most, are at most kMaxSwapSplits (the slices the last one adds)
+// and each at least kMinSwapBlocks K blocks (3072 of K).
+constexpr int kMaxSwapSplits = 8, kMinSwapBlocks = 24;
 inline int swap_splits(int tiles, int k_blocks, int sms) {
   return std::max(1, std::min({sms / tiles, kMaxSwapSplits, k_blocks / kMinSwapBlocks}));
 }

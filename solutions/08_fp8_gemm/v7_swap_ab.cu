@@ -4,14 +4,14 @@
 // tiles) room is left for one block in flight: it falls behind v5, whose 128-row tiles are three
 // quarters padding there. v7 keeps v5's warp-specialized TMA ring and swaps the operands as v6
 // did, on wgmma: a tile is 128 rows of B (the weights, wgmma's 64-row side, one a consumer
-// warpgroup) by all M tokens, wgmma's N (16, 32, 64 or 128: the first that holds M; TMA fills the
-// rows past M with zeros). A 128-row tile lies inside one of B's scale blocks, so s_b is one float
+// warpgroup) by all M tokens, wgmma's N (16, 32 or 64: the first that holds M; TMA fills the rows
+// past M with zeros). A 128-row tile lies inside one of B's scale blocks, so s_b is one float
 // a stage and s_a one a token: the promotion scales each accumulator column by its token's s_a.
-// Few tiles (N / 128) fill few SMs: each tile's K blocks are split into shares that fill them
-// once (schedule.cuh's swap_splits), met as in v5, the last share loading every slice at once.
+// Few tiles (N / 128) fill few SMs; where K is long, each tile's K blocks are split into shares
+// (schedule.cuh's swap_splits), met as in v5, the last share loading every slice at once.
 // The ring is as deep as shared memory allows; B, which no kernel ahead writes, fills its first
 // lap before griddepcontrol.wait (PDL). The accumulators hold y^T: stores go out transposed.
-// Expect most of the copy ceiling at M <= 32 where N·K is large. M > 128: v5.
+// Expect most of the copy ceiling at M <= 32 where N·K is large. M > 64: v5.
 #include <algorithm>
 #include <string>
 
@@ -30,7 +30,7 @@ constexpr int kBlockN = 64 * kConsumers, kBlockK = kScaleBlock;  // 128 rows of 
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // v5's split of the launch's pool
 static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
               "the consumers would claim registers the producers never return: setmaxnreg.inc hangs");
-constexpr int kMaxTokens = 128;  // wgmma's N at most here; larger M: v5
+constexpr int kMaxTokens = 64;  // larger M: v5 (faster at M = 128: lab notes 08)
 
 // A stage: 128 rows of B, then the tokens' rows, each 128 K bytes in the 128-byte swizzle, and
 // (after the ring) the stage's scales: s_a of the tokens, then s_b. As many stages as fit.
@@ -226,11 +226,10 @@ Status gemm_v7(const GemmArgs& a, cudaStream_t stream) {
   if (a.m > kMaxTokens) return gemm_v5_tuned(a, stream);
   Status s = validate_gemm(a, {Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
-  const int tokens = a.m <= 16 ? 16 : a.m <= 32 ? 32 : a.m <= 64 ? 64 : 128;
+  const int tokens = a.m <= 16 ? 16 : a.m <= 32 ? 32 : 64;
   TileSchedule sched = plan_tiles(tokens, a.n, tokens, kBlockN, a.k);
   sched.splits = kSplit ? swap_splits(sched.tiles(), sched.k_blocks, sm_count()) : 1;
-  const auto launch = tokens == 16 ? launch_v7<16> : tokens == 32 ? launch_v7<32>
-                      : tokens == 64 ? launch_v7<64> : launch_v7<128>;
+  const auto launch = tokens == 16 ? launch_v7<16> : tokens == 32 ? launch_v7<32> : launch_v7<64>;
   return launch(a, sched, kPdl, stream);
 }
 
@@ -238,7 +237,7 @@ Status gemm_v7(const GemmArgs& a, cudaStream_t stream) {
 const SassFact kSwapFacts{"fp8_v7_kernel", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
                           {"HMMA"}, false, "v5's ring with B's rows on wgmma's 64-row side"};
 const RegisterGemm kRegistered{{kBlockwiseOp}, "v7_swap_ab",
-                               "M <= 128: v5's ring with B's rows as wgmma's M and the tokens as its N; v5 above",
+                               "M <= 64: v5's ring with B's rows as wgmma's M and the tokens as its N; v5 above",
                                gemm_v7<>, 90, {kSwapFacts}};
 const RegisterGemm kNoPdl{{kBlockwiseOp}, "ablation_v7_no_pdl",
                           "v7 launched without PDL: B waits for the kernel ahead to end", gemm_v7<false>, 90,
