@@ -15,24 +15,30 @@
 
 namespace lkw {
 
+// The kernel's opt-in to `bytes` of dynamic shared memory, asked of the runtime once per kernel.
+template <class Kernel>
+Status opt_in_smem(Kernel kernel, int bytes, const char* what) {
+  static std::mutex mutex;
+  static std::vector<const void*> opted_in;
+  std::lock_guard<std::mutex> lock(mutex);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  if (std::find(opted_in.begin(), opted_in.end(), key) == opted_in.end()) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+    }
+    opted_in.push_back(key);
+  }
+  return {};
+}
+
 template <class Kernel, class... Params>
 Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaStream_t stream,
                         const char* what, Params... params) {
-  static std::mutex mutex;
-  static std::vector<const void*> opted_in;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const void* key = reinterpret_cast<const void*>(kernel);
-    if (std::find(opted_in.begin(), opted_in.end(), key) == opted_in.end()) {
-      const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
-      }
-      opted_in.push_back(key);
-    }
-  }
+  const Status s = opt_in_smem(kernel, bytes, what);
+  if (!s.ok()) return s;
   kernel<<<grid, threads, bytes, stream>>>(params...);
   return last_launch_status(what);
 }
@@ -43,21 +49,8 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaSt
 template <class... Expected, class... Params>
 Status launch_dependent(void (*kernel)(Expected...), dim3 grid, int threads, int bytes, bool pdl,
                         cudaStream_t stream, const char* what, Params&&... params) {
-  static std::mutex mutex;
-  static std::vector<const void*> opted_in;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const void* key = reinterpret_cast<const void*>(kernel);
-    if (std::find(opted_in.begin(), opted_in.end(), key) == opted_in.end()) {
-      const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
-      }
-      opted_in.push_back(key);
-    }
-  }
+  const Status s = opt_in_smem(kernel, bytes, what);
+  if (!s.ok()) return s;
   static const bool can_depend = [] {
     int dev = 0, major = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
