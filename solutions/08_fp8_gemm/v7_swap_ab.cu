@@ -27,9 +27,10 @@ namespace {
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kBlockN = 64 * kConsumers, kBlockK = kScaleBlock;  // 128 rows of B, one scale block
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // v5's split of the launch's pool
-static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
-              "the consumers would claim registers the producers never return: setmaxnreg.inc hangs");
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;           // v5's split of the launch's pool
+static_assert(
+    ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
+    "the consumers would claim registers the producers never return: setmaxnreg.inc hangs");
 constexpr int kMaxTokens = 64;  // larger M: v5 (faster at M = 128: lab notes 08)
 
 // A stage: 128 rows of B, then the tokens' rows, each 128 K bytes in the 128-byte swizzle, and
@@ -38,7 +39,8 @@ template <int kTokens>
 struct Ring {
   static constexpr int kBBytes = kBlockN * kBlockK, kABytes = kTokens * kBlockK;
   static constexpr int kStageBytes = kBBytes + kABytes, kScaleSlot = kTokens + 4;
-  static constexpr int kRoom = 227 * 1024 - 1024 - 512;  // the SM's opt-in, less alignment and statics
+  static constexpr int kRoom =
+      227 * 1024 - 1024 - 512;  // the SM's opt-in, less alignment and statics
   static constexpr int kStages = std::min(12, kRoom / (kStageBytes + 4 * kScaleSlot));
   static constexpr int kScaleOffset = kStages * kStageBytes;
   static constexpr int kSmemBytes = kScaleOffset + kStages * kScaleSlot * 4 + 1024;
@@ -46,19 +48,23 @@ struct Ring {
 
 template <int kTokens>
 __global__ void __launch_bounds__(kThreads, 1)
-    fp8_v7_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                  const GemmArgs a, const TileSchedule sched, float* __restrict__ partials,
+    fp8_v7_kernel(const __grid_constant__ CUtensorMap a_map,
+                  const __grid_constant__ CUtensorMap b_map, const GemmArgs a,
+                  const TileSchedule sched, float* __restrict__ partials,
                   unsigned* __restrict__ arrivals) {
   using R = Ring<kTokens>;
   constexpr int kSums = kTokens / 2;  // a thread's accumulators: 2 rows of B × kTokens / 4 tokens
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* const smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  unsigned char* const smem =
+      smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t full_sh[R::kStages], empty_sh[R::kStages];
   __shared__ bool last_sh;
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   auto b_tile = [&](int s) { return smem + s * R::kStageBytes; };
   auto a_tile = [&](int s) { return b_tile(s) + R::kBBytes; };
-  auto scale_slot = [&](int s) { return reinterpret_cast<float*>(smem + R::kScaleOffset) + s * R::kScaleSlot; };
+  auto scale_slot = [&](int s) {
+    return reinterpret_cast<float*>(smem + R::kScaleOffset) + s * R::kScaleSlot;
+  };
   if (threadIdx.x == 0)
     for (int s = 0; s < R::kStages; ++s) {
       ptx::mbarrier_init(&full_sh[s], 1 + 32);  // the TMA issuer and the scale warp's lanes
@@ -154,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_fence_operands(acc);
       __syncwarp();  // every lane's reads of the slot before the warp's release of the stage
       if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
-      // Promote: the block's sum, scaled per token column, into the FP32 total.
+        // Promote: the block's sum, scaled per token column, into the FP32 total.
 #pragma unroll
       for (int j = 0; j < kSums; ++j) total[j] = fmaf(acc[j], sc[2 * (j / 4) + j % 2], total[j]);
     }
@@ -162,11 +168,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tile = unit % sched.tiles(), split = unit / sched.tiles(), tid = threadIdx.x - 128;
     const bool live = n0 + 64 * c < a.n;  // a warpgroup whose 64 rows lie past N keeps nothing
     if (sched.splits > 1) {
-      float* slices = partials + int64_t(tile) * sched.splits * (kBlockN * kTokens);  // (splits, threads, kSums)
+      float* slices = partials + int64_t(tile) * sched.splits *
+                                     (kBlockN * kTokens);  // (splits, threads, kSums)
       if (live)
 #pragma unroll
         for (int j = 0; j < kSums; j += 4)
-          __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockN * kTokens) + tid * kSums + j),
+          __stcg(reinterpret_cast<float4*>(slices + int64_t(split) * (kBlockN * kTokens) +
+                                           tid * kSums + j),
                  make_float4(total[j], total[j + 1], total[j + 2], total[j + 3]));
       __threadfence();
       ptx::named_barrier_sync(1, 128 * kConsumers);  // every consumer's slice written and fenced
@@ -176,21 +184,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();  // the other shares' slices, published before their arrivals, are read after
       if (tid == 0) arrivals[tile] = 0;  // re-armed for the next launch
       if (!live) continue;
-      // Every share's four floats asked for at once (a load per slice in flight, not one L2 trip a
-      // slice after another), then added in share order: the same sum every run.
+        // Every share's four floats asked for at once (a load per slice in flight, not one L2 trip
+        // a slice after another), then added in share order: the same sum every run.
 #pragma unroll
       for (int j = 0; j < kSums; j += 4) {
         float4 p[kMaxSwapSplits];
 #pragma unroll
         for (int sp = 0; sp < kMaxSwapSplits; ++sp)
-          p[sp] = sp < sched.splits ? __ldcg(reinterpret_cast<const float4*>(
-                                          slices + int64_t(sp) * (kBlockN * kTokens) + tid * kSums + j))
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+          p[sp] = sp < sched.splits
+                      ? __ldcg(reinterpret_cast<const float4*>(
+                            slices + int64_t(sp) * (kBlockN * kTokens) + tid * kSums + j))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
         total[j] = p[0].x, total[j + 1] = p[0].y, total[j + 2] = p[0].z, total[j + 3] = p[0].w;
 #pragma unroll
         for (int sp = 1; sp < kMaxSwapSplits; ++sp)
           if (sp < sched.splits)
-            total[j] += p[sp].x, total[j + 1] += p[sp].y, total[j + 2] += p[sp].z, total[j + 3] += p[sp].w;
+            total[j] += p[sp].x, total[j + 1] += p[sp].y, total[j + 2] += p[sp].z,
+                total[j + 3] += p[sp].w;
       }
     }
     // Store: accumulator j is row n of B (column n of y) and token m (row m of y), transposed.
@@ -213,9 +223,9 @@ Status launch_v7(const GemmArgs& a, const TileSchedule& sched, bool pdl, cudaStr
   Status s = operand_maps(a, kTokens, kBlockN, &a_map, &b_map);
   if (s.ok()) s = v5_workspace(sched, &partials, &arrivals);
   if (!s.ok()) return s;
-  return launch_dependent(fp8_v7_kernel<kTokens>, dim3(persistent_grid(sched, a.max_blocks)), kThreads,
-                          Ring<kTokens>::kSmemBytes, pdl, stream, "v7_swap_ab", a_map, b_map, a, sched,
-                          partials, arrivals);
+  return launch_dependent(fp8_v7_kernel<kTokens>, dim3(persistent_grid(sched, a.max_blocks)),
+                          kThreads, Ring<kTokens>::kSmemBytes, pdl, stream, "v7_swap_ab", a_map,
+                          b_map, a, sched, partials, arrivals);
 }
 
 // The version: the swapped ring up to kMaxTokens tokens, v5 above. The ablations, one knob each:
@@ -234,17 +244,30 @@ Status gemm_v7(const GemmArgs& a, cudaStream_t stream) {
 }
 
 // The scale warp, at 40 registers, keeps a few words of its walk in local memory (as v5's).
-const SassFact kSwapFacts{"fp8_v7_kernel", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
-                          {"HMMA"}, false, "v5's ring with B's rows on wgmma's 64-row side"};
-const RegisterGemm kRegistered{{kBlockwiseOp}, "v7_swap_ab",
-                               "M <= 64: v5's ring with B's rows as wgmma's M and the tokens as its N; v5 above",
-                               gemm_v7<>, 90, {kSwapFacts}};
-const RegisterGemm kNoPdl{{kBlockwiseOp}, "ablation_v7_no_pdl",
-                          "v7 launched without PDL: B waits for the kernel ahead to end", gemm_v7<false>, 90,
-                          {kSwapFacts}, Kind::kAblation};
-const RegisterGemm kWholeK{{kBlockwiseOp}, "ablation_v7_whole_k",
-                           "v7 with every tile's whole K in one block: as many blocks as tiles", gemm_v7<true, false>,
-                           90, {kSwapFacts}, Kind::kAblation};
+const SassFact kSwapFacts{
+    "fp8_v7_kernel", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYNCS", "USETMAXREG"},
+    {"HMMA"},        false,      "v5's ring with B's rows on wgmma's 64-row side"};
+const RegisterGemm kRegistered{
+    {kBlockwiseOp},
+    "v7_swap_ab",
+    "M <= 64: v5's ring with B's rows as wgmma's M and the tokens as its N; v5 above",
+    gemm_v7<>,
+    90,
+    {kSwapFacts}};
+const RegisterGemm kNoPdl{{kBlockwiseOp},
+                          "ablation_v7_no_pdl",
+                          "v7 launched without PDL: B waits for the kernel ahead to end",
+                          gemm_v7<false>,
+                          90,
+                          {kSwapFacts},
+                          Kind::kAblation};
+const RegisterGemm kWholeK{{kBlockwiseOp},
+                           "ablation_v7_whole_k",
+                           "v7 with every tile's whole K in one block: as many blocks as tiles",
+                           gemm_v7<true, false>,
+                           90,
+                           {kSwapFacts},
+                           Kind::kAblation};
 
 }  // namespace
 }  // namespace lkw::fp8
