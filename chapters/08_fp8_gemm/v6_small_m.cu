@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "fp8_gemm.cuh"
+#include "lkw/launch.h"
 #include "lkw/ptx.cuh"
 
 namespace lkw::fp8 {
@@ -178,20 +179,8 @@ Status launch_gemv(const GemmArgs& a, bool pdl, cudaStream_t stream) {
   if ((a.m + kTokens - 1) / kTokens > 65535)
     return error(Code::kInvalidArgument,
                  "v6_small_m: M must be at most 65535 · 32 (grid rows of 32 tokens)");
-  static const bool can_depend = device_arch() >= 90;
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned((a.n + rows - 1) / rows), unsigned((a.m + kTokens - 1) / kTokens));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = pdl && can_depend ? &dependent : nullptr;
-  config.numAttrs = pdl && can_depend ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, a);
-  if (e != cudaSuccess)
-    return error(Code::kCudaError, std::string("v6_small_m: ") + cudaGetErrorString(e));
-  return last_launch_status("v6_small_m");
+  const dim3 grid(unsigned((a.n + rows - 1) / rows), unsigned((a.m + kTokens - 1) / kTokens));
+  return launch_dependent(kernel, grid, kThreads, 0, pdl, stream, "v6_small_m", a);
 }
 
 // The version: the GEMV up to kGemvMaxM tokens, v5 above. The ablations, one knob each: PDL off;

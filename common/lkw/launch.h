@@ -49,14 +49,11 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaSt
 template <class... Expected, class... Params>
 Status launch_dependent(void (*kernel)(Expected...), dim3 grid, int threads, int bytes, bool pdl,
                         cudaStream_t stream, const char* what, Params&&... params) {
-  const Status s = opt_in_smem(kernel, bytes, what);
-  if (!s.ok()) return s;
-  static const bool can_depend = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-           major >= 9;
-  }();
+  if (bytes > 0) {  // a kernel of static shared memory only needs no opt-in
+    const Status s = opt_in_smem(kernel, bytes, what);
+    if (!s.ok()) return s;
+  }
+  static const bool can_depend = device_arch() >= 90;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
