@@ -10,6 +10,12 @@ third launch of one version:
         python3 tools/profile.py --chapter 06_int4_gemv --op int4i_gemv \\
         --shape m=1,n=28672,k=8192,g=128 --version v3_mma_split_k --launches 3
 
+A production or torch peer of the same case (`--peer`, a name of the bench's rows: "flashinfer
+fp8_blockscale_gemm_sm90", "torch_scaled_mm") launches the same way, on the same inputs. Each
+profiled launch sits in an NVTX range named `launch`, the flush outside it, so that
+`ncu --nvtx --nvtx-include "launch/"` sees the measured kernels and nothing else (a peer's own
+preparation included).
+
 --list-shapes prints the shapes the bench has for an op.
 """
 from __future__ import annotations
@@ -24,7 +30,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reference"))
 
-from lkw import bench  # noqa: E402
+from lkw import bench, peers  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op", required=True)
     ap.add_argument("--shape", help="a bench shape string of the op, e.g. m=1,n=28672,k=8192,g=128")
     ap.add_argument("--version", action="append", default=[], help="version id (repeatable; default: all)")
+    ap.add_argument("--peer", action="append", default=[], help="a peer of the case, by its row name (repeatable)")
     ap.add_argument("--launches", type=int, default=3, help="launches of each version")
     ap.add_argument("--list-shapes", action="store_true")
     args = ap.parse_args(argv)
@@ -48,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     case = next((c for c in cases if c.shape == args.shape), None)
     if case is None:
         ap.error(f"no shape {args.shape} for {args.op} (--list-shapes prints them)")
+    peer_factories = {**case.torch_peers, **case.library_peers}
+    unknown = [p for p in args.peer if p not in peer_factories]
+    if unknown:
+        ap.error(f"no peer {', '.join(unknown)} of {args.op} (it has: {', '.join(sorted(peer_factories))})")
     versions = bench.versions_of(args.chapter, args.op)
+    if args.peer and not args.version:
+        versions = []  # peers asked, no version: the peers alone
     if args.version:
         versions = [v for v in versions if v["id"] in args.version]
         missing = set(args.version) - {v["id"] for v in versions}
@@ -72,12 +85,32 @@ def main(argv: list[str] | None = None) -> int:
         bench._prime([(inputs, outputs)], initial)
         for i in range(args.launches):
             ext.flush_l2()
-            ext.launch(v["name"], inputs, outputs, params=case.params, dtypes=case.dtypes)
+            with torch.cuda.nvtx.range("launch"):
+                ext.launch(v["name"], inputs, outputs, params=case.params, dtypes=case.dtypes)
             if i == 0:
                 torch.cuda.synchronize()
                 check = bench._verify(case, inputs, outputs, expected)
                 print(f"{v['name']} {case.shape}: {'ok' if check['pass'] else 'WRONG ' + check['text'][:200]}")
                 status |= not check["pass"]
+        torch.cuda.synchronize()
+    for name in args.peer:
+        try:
+            # As the bench hands them over: the inputs, then an in-place op's initial outputs.
+            typed_initial = [r.view(t.dtype) for r, t in zip(initial, typed_outputs)] if initial else []
+            call = peer_factories[name](torch, [*typed_inputs, *typed_initial])
+        except peers.Absent as e:
+            print(f"{name}: skipped: {e}")
+            continue
+        for i in range(args.launches):
+            ext.flush_l2()
+            with torch.cuda.nvtx.range("launch"):
+                outs = call()
+            if i == 0:
+                torch.cuda.synchronize()
+                outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+                check = bench._verify(case, inputs, outs, expected, case.peer_tolerance, peer=True,
+                                      only=getattr(call, "checked", None))
+                print(f"{name} {case.shape}: {'ok' if check['pass'] else 'WRONG ' + check['text'][:200]}")
         torch.cuda.synchronize()
     return status
 

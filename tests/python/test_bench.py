@@ -424,6 +424,10 @@ def test_profile_lists_an_ops_bench_shapes_and_refuses_unknown_ones():
     assert bad_op.returncode == 2 and "no bench cases for op no_such_op" in bad_op.stderr
     bad_shape = run("--chapter", "06_int4_gemv", "--op", "int4i_gemv", "--shape", "m=3,n=1,k=1,g=1")
     assert bad_shape.returncode == 2 and "no shape m=3,n=1,k=1,g=1" in bad_shape.stderr
+    bad_peer = run("--chapter", "06_int4_gemv", "--op", "int4i_gemv", "--shape", "m=1,n=28672,k=8192,g=128",
+                   "--peer", "no_such_peer")
+    assert bad_peer.returncode == 2 and "no peer no_such_peer" in bad_peer.stderr
+    assert "torch_matmul" in bad_peer.stderr  # the peers it has, named
 
 
 # ------------------------------------------------------------------------------------------------
