@@ -58,7 +58,7 @@ __device__ __forceinline__ void promote(float (&total)[kSums], const float (&acc
     total[j] = fmaf(acc[j], sc[(kScales == 2 || j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
 }
 
-template <bool kPromote, int kBlockN, class Store, bool kTwoSums = false>
+template <bool kPromote, int kBlockN, class Store>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_v5_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                   const __grid_constant__ CUtensorMap y_map, const GemmArgs a, const TileSchedule sched,
@@ -156,58 +156,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row = m0 + c * 64 + 16 * warp + g;
     // Load and compute: block kt's stage, once landed, through the four wgmmas of its 128 k into
     // acc (added to it, or a fresh sum), committed as one group.
-    auto issue_into = [&](float(&sum)[kBlockN / 2], int i, bool accumulate) {
-      const int s = i % T::kStages;
-      ptx::mbarrier_wait(&full_sh[s], (i / T::kStages) & 1);
+    auto issue = [&](int s, bool accumulate) {
+      ptx::mbarrier_wait(&full_sh[s], (it / T::kStages) & 1);
       const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(a_tile(s) + c * 64 * 128);
       const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(b_tile(s));
       ptx::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kBlockK / 32; ++ks)
-        ptx::wgmma_e4m3_ss<kBlockN>(sum, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || accumulate);
+        ptx::wgmma_e4m3_ss<kBlockN>(acc, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0 || accumulate);
       ptx::wgmma_commit();
-      ptx::wgmma_fence_operands(sum);
+      ptx::wgmma_fence_operands(acc);
     };
-    auto issue = [&](int s, bool accumulate) { issue_into(acc, it, accumulate); };
     ptx::wgmma_fence_operands(acc);
-    if constexpr (kPromote && kTwoSums) {
-      // Two tensor-core sums: block i + 1's wgmmas go in before block i's sum is promoted, so the
-      // tensor cores have this warpgroup's next block queued while it promotes.
-      float acc1[kBlockN / 2];
-#pragma unroll
-      for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
-      const int r = c * 64 + 16 * warp + g, n = kb1 - kb0;
-      auto scales = [&](int i, float(&sc)[2]) {
-        const float* const slot = scale_slot(i % T::kStages);
-        sc[0] = slot[r] * slot[kBlockM], sc[1] = slot[r + 8] * slot[kBlockM];
-      };
-      auto release = [&](int i) {
-        __syncwarp();  // every lane's reads of the slot before the warp's release of the stage
-        if (lane == 0) ptx::mbarrier_arrive(&empty_sh[i % T::kStages]);
-      };
-      for (int i = 0; i < n; i += 2) {
-        float sc0[2], sc1[2];
-        issue_into(acc, it + i, false);
-        scales(it + i, sc0);
-        if (i + 1 < n) {
-          issue_into(acc1, it + i + 1, false);
-          scales(it + i + 1, sc1);
-          ptx::wgmma_wait<1>();
-        } else {
-          ptx::wgmma_wait<0>();
-        }
-        ptx::wgmma_fence_operands(acc);
-        release(it + i);
-        promote<kScaleBlock / 8>(total, acc, sc0);
-        if (i + 1 < n) {
-          ptx::wgmma_wait<0>();
-          ptx::wgmma_fence_operands(acc1);
-          release(it + i + 1);
-          promote<kScaleBlock / 8>(total, acc1, sc1);
-        }
-      }
-      it += n;
-    } else if constexpr (kPromote) {
+    if constexpr (kPromote) {
 #pragma unroll
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
@@ -286,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The epilogue by the plan: a tile stored by the block that computed it goes by TMA (the block
 // goes on to its next tile while the copy engine drains the last); a tile split over K, the last
 // share's pairs straight to y (there the staging measured slower). The ablation stores directly.
-template <bool kPromote, int kBlockN, bool kTwoSums = false>
+template <bool kPromote, int kBlockN>
 Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, cudaStream_t stream) {
   const bool tma = tma_where_whole && sched.splits == 1;
   CUtensorMap a_map, b_map, y_map{};
@@ -296,8 +257,7 @@ Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_wh
   if (s.ok() && tma) s = tensor_map_bf16_sw128(&y_map, a.y, a.m, a.n, 64);  // 64 × 64 boxes
   if (s.ok()) s = v5_workspace(sched, &partials, &arrivals);
   if (!s.ok()) return s;
-  const auto kernel = tma ? fp8_v5_kernel<kPromote, kBlockN, StoreTma, kTwoSums>
-                         : fp8_v5_kernel<kPromote, kBlockN, StoreDirect, kTwoSums>;
+  const auto kernel = tma ? fp8_v5_kernel<kPromote, kBlockN, StoreTma> : fp8_v5_kernel<kPromote, kBlockN, StoreDirect>;
   const int smem = tma ? Tile<kPromote, kBlockN, StoreTma>::kSmemBytes
                        : Tile<kPromote, kBlockN, StoreDirect>::kSmemBytes;
   return launch_with_smem(kernel, dim3(persistent_grid(sched, a.max_blocks)), kThreads, smem, stream, kOp, a_map,
@@ -305,16 +265,14 @@ Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_wh
 }
 
 // kSplitK off, kWide on: the ablations' plans (schedule.cuh's plan_v5_variant).
-template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false, bool kTwoSums = false>
+template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
-  const char* id = kTwoSums ? "ablation_v5_two_sums" : kWide ? "ablation_v5_wide_blockwise"
-                   : !kSplitK ? "ablation_v5_no_split" : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store";
+  const char* id = kWide ? "ablation_v5_wide_blockwise" : !kSplitK ? "ablation_v5_no_split"
+                   : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store";
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  const TileSchedule sched = kTwoSums ? plan_v5(a.m, a.n, a.k, true, sm_count(), kGroupM, 128)
-                                      : plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide);
-  if (kTwoSums) return launch_v5<true, 128, true>(a, sched, kTmaWhereWhole, stream);
+  const TileSchedule sched = plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide);
   const auto launch = blockwise ? (sched.block_n == 192 ? launch_v5<true, 192> : launch_v5<true, 128>)
                                 : (sched.block_n == 256 ? launch_v5<false, 256> : launch_v5<false, 128>);
   return launch(a, sched, kTmaWhereWhole, stream);
@@ -342,11 +300,6 @@ const RegisterGemm kNoSplit{{kBlockwiseOp, kOp}, "ablation_v5_no_split",
 const RegisterGemm kWide{{kBlockwiseOp}, "ablation_v5_wide_blockwise",
                          "v5 with 128 x 192 blockwise tiles (two scale blocks of B a tile)", gemm_v5<true, true, true>,
                          90, {kTmaFacts, kDirectFacts}, Kind::kAblation};
-
-const RegisterGemm kTwoSums{{kBlockwiseOp}, "ablation_v5_two_sums",
-                            "v5 at 128-wide blockwise tiles with two tensor-core sums: the next block in flight "
-                            "while one is promoted",
-                            gemm_v5<true, true, false, true>, 90, {kTmaFacts, kDirectFacts}, Kind::kAblation};
 
 }  // namespace
 
