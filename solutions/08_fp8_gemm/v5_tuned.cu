@@ -1,15 +1,15 @@
 // v5_tuned — v4 planned per shape: split K where the tiles cannot fill the SMs, wider tiles where
-// they fill them twice, L2 bands, and each K block's scales carried in its stage.
+// they fill them twice, L2 bands, each K block's scales carried in its stage, B shared by pairs.
 //
-// Since v4: at M = 64 (decode, the DeepSeek shapes' small M) N = 2112 makes 17 tiles for 132 SMs
-// and each block streams 128 rows of B alone: most of the memory system idles. v5 splits each
-// tile's K blocks into shares (schedule.cuh's v5_splits: at M <= 64, 12 blocks a share at least);
-// the shares of a tile meet as chapter 07's v5 does: each writes its FP32 sums to its own slice,
-// counts in, and the last adds the slices in share order (the same sum every run) and stores the
-// tile. At large M the blocks walk the tiles in bands of kGroupM tile rows (the A and B in flight
-// stay in L2); blockwise tiles are 192 wide where those fill the SMs twice (else 128), the others
-// 256 while those fill them. Blockwise, a scale warp of the producer copies each K block's scales
-// into its stage (4-byte cp.async), so the consumers' loop reads them from shared memory.
+// Since v4: at M = 64 N = 2112 makes 17 tiles for 132 SMs, each streaming 128 rows of B alone. v5
+// splits a tile's K blocks into shares (schedule.cuh's v5_splits: M <= 64, 12 blocks a share at
+// least) that meet as chapter 07's v5 does: each writes its FP32 sums to its own slice, counts in,
+// and the last adds the slices in share order and stores the tile. At large M the tiles go in
+// bands of kGroupM tile rows (A and B in flight stay in L2); blockwise tiles are 192 wide where
+// those fill the SMs twice (else 128), the others 256 while those fill them. Blockwise, a scale
+// warp copies each K block's scales into its stage (4-byte cp.async), and above M = 128 clusters
+// of two CTAs, one tile above the other, share B's tile: each loads a slice of it into both (TMA
+// multicast) and releases a stage in both rings, so L2 sends 128 + N/2 rows a block, not 128 + N.
 // Expect: small M several times v4, large blockwise shapes nearly twice v4. The epilogue, a trait:
 // unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
 #include "fp8_gemm.cuh"
