@@ -93,23 +93,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{v['name']} {case.shape}: {'ok' if check['pass'] else 'WRONG ' + check['text'][:200]}")
                 status |= not check["pass"]
         torch.cuda.synchronize()
+    # The peers as the bench hands them over: the inputs, then an in-place op's initial outputs;
+    # prepared, called and checked through the bench's own helpers.
+    typed_initial = [r.view(t.dtype) for r, t in zip(initial, typed_outputs)] if initial else []
     for name in args.peer:
         try:
-            # As the bench hands them over: the inputs, then an in-place op's initial outputs.
-            typed_initial = [r.view(t.dtype) for r, t in zip(initial, typed_outputs)] if initial else []
-            call = peer_factories[name](torch, [*typed_inputs, *typed_initial])
+            call = bench._as_peer_call(peer_factories[name](torch, [*typed_inputs, *typed_initial]))
         except peers.Absent as e:
             print(f"{name}: skipped: {e}")
             continue
         for i in range(args.launches):
             ext.flush_l2()
             with torch.cuda.nvtx.range("launch"):
-                outs = call()
+                outs = bench._outs(call())
             if i == 0:
                 torch.cuda.synchronize()
-                outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-                check = bench._verify(case, inputs, outs, expected, case.peer_tolerance, peer=True,
-                                      only=getattr(call, "checked", None))
+                check = bench._check_peer(case, call, outs, inputs, expected)
                 print(f"{name} {case.shape}: {'ok' if check['pass'] else 'WRONG ' + check['text'][:200]}")
         torch.cuda.synchronize()
     return status
