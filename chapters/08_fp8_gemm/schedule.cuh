@@ -106,6 +106,16 @@ inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int
   return s;
 }
 
+// v5's pairs (blockwise, large M): clusters of `pair` CTAs on tiles one above the other share B's
+// tile, each loading a slice of it into all (TMA multicast): per CTA and K block, 128 + N/pair rows
+// from L2 instead of 128 + N, where v5 runs L2 near its peak (lab notes 08). Units are tiles
+// `pair` times as tall (one a cluster), at v5's width, in bands of as many rows; never split (M
+// > 128 needs no shares), so the pairs pay only with two tile rows at least.
+inline bool pairs_pay(int64_t m) { return m > 128; }
+inline TileSchedule plan_v5_pairs(int64_t m, int64_t n, int64_t k, int sms, int group_m, int pair) {
+  return plan_tiles(m, n, 128 * pair, block_n_for(m, n, true, sms, true), k, std::max(1, group_m / pair));
+}
+
 // v5's plan as each of its registrations takes it: the version's (split_k on, wide off) or an
 // ablation's. split_k off keeps every tile's whole K in one block, the plan's other side where the
 // tiles cannot fill the SMs; wide gives blockwise tiles 192 columns at every shape (two 96-float

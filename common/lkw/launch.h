@@ -72,6 +72,58 @@ Status launch_dependent(void (*kernel)(Expected...), dim3 grid, int threads, int
   return last_launch_status(what);
 }
 
+// launch_with_smem's launch with the grid in clusters of `cluster` CTAs along x (chapter 08's v5
+// pairs two CTAs that share an operand by TMA multicast).
+template <class... Expected, class... Params>
+Status launch_cluster(void (*kernel)(Expected...), dim3 grid, unsigned cluster, int threads, int bytes,
+                      cudaStream_t stream, const char* what, Params&&... params) {
+  if (grid.x % cluster != 0) return error(Code::kInvalidArgument, std::string(what) + ": grid not whole clusters");
+  const Status s = opt_in_smem(kernel, bytes, what);
+  if (!s.ok()) return s;
+  cudaLaunchAttribute dims{};
+  dims.id = cudaLaunchAttributeClusterDimension;
+  dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = bytes;
+  config.stream = stream;
+  config.attrs = &dims;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Params>(params)...);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  return last_launch_status(what);
+}
+
+// How many clusters of `cluster` CTAs of kKernel the device runs at once: a persistent grid's size
+// in clusters (a GPC's SMs need not divide by the cluster, so it can be fewer than SMs / cluster).
+// Asked once per kernel, after its opt-in; 0 where the device refuses (the launch then says why).
+template <auto kKernel>
+int max_active_clusters(unsigned cluster, int threads, int bytes) {
+  static const int clusters = [cluster, threads, bytes] {
+    int n = 0;
+    cudaLaunchAttribute dims{};
+    dims.id = cudaLaunchAttributeClusterDimension;
+    dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(cluster);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = bytes;
+    config.attrs = &dims;
+    config.numAttrs = 1;
+    if (!opt_in_smem(kKernel, bytes, "max_active_clusters").ok() ||
+        cudaOccupancyMaxActiveClusters(&n, kKernel, &config) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  }();
+  return clusters;
+}
+
 // The current device's SM count (at least 1), asked once per process: the grid of a persistent
 // kernel, the tiles a split plan must fill.
 inline int sm_count() {

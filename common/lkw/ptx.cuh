@@ -690,4 +690,52 @@ __device__ __forceinline__ void bulk_wait_group_read() {
 #endif
 }
 
+// ---- clusters (sm_90) ---------------------------------------------------------------------------
+// A cluster's CTAs run at once on one GPC and reach each other's shared memory. Chapter 08's v5
+// pairs two CTAs: one TMA load lands in both (multicast), and each consumer releases a stage in
+// both CTAs' rings, since both CTAs' producers write into it.
+
+// This CTA's rank in its cluster (0 .. cluster size - 1).
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+// Every thread of every CTA of the cluster meets here; shared-memory writes before it (mbarrier
+// inits among them) are seen across the cluster after it.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// One arrival on the mbarrier at bar_sh's offset in CTA `cta` of the cluster (this one included).
+// CTA-scope release, the default: `.release.cluster` puts a cluster-wide fence (MEMBAR) in every
+// release of a stage, and the reads it orders are wgmma's, already waited for (lab notes 08).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar_sh, unsigned cta) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+#endif
+}
+// tma_load_2d into every CTA of `ctas` (a bit mask of ranks): the box lands at dst_sh's offset in
+// each, and each one's mbarrier at bar_sh's offset counts its bytes. One L2 read feeds them all.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst_sh, const void* map, int c0, int c1,
+                                                      uint64_t* bar_sh, uint16_t ctas) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_sh));
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bar_sh));
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
+      : "memory");
+#endif
+}
+
 }  // namespace lkw::ptx

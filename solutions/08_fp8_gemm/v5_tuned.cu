@@ -1,15 +1,15 @@
 // v5_tuned — v4 planned per shape: split K where the tiles cannot fill the SMs, wider tiles where
-// they fill them twice, L2 bands, and each K block's scales carried in its stage.
+// they fill them twice, L2 bands, each K block's scales carried in its stage, B shared by pairs.
 //
-// Since v4: at M = 64 (decode, the DeepSeek shapes' small M) N = 2112 makes 17 tiles for 132 SMs
-// and each block streams 128 rows of B alone: most of the memory system idles. v5 splits each
-// tile's K blocks into shares (schedule.cuh's v5_splits: at M <= 64, 12 blocks a share at least);
-// the shares of a tile meet as chapter 07's v5 does: each writes its FP32 sums to its own slice,
-// counts in, and the last adds the slices in share order (the same sum every run) and stores the
-// tile. At large M the blocks walk the tiles in bands of kGroupM tile rows (the A and B in flight
-// stay in L2); blockwise tiles are 192 wide where those fill the SMs twice (else 128), the others
-// 256 while those fill them. Blockwise, a scale warp of the producer copies each K block's scales
-// into its stage (4-byte cp.async), so the consumers' loop reads them from shared memory.
+// Since v4: at M = 64 N = 2112 makes 17 tiles for 132 SMs, each streaming 128 rows of B alone. v5
+// splits a tile's K blocks into shares (schedule.cuh's v5_splits: M <= 64, 12 blocks a share at
+// least) that meet as chapter 07's v5 does: each writes its FP32 sums to its own slice, counts in,
+// and the last adds the slices in share order and stores the tile. At large M the tiles go in
+// bands of kGroupM tile rows (A and B in flight stay in L2); blockwise tiles are 192 wide where
+// those fill the SMs twice (else 128), the others 256 while those fill them. Blockwise, a scale
+// warp copies each K block's scales into its stage (4-byte cp.async), and above M = 128 clusters
+// of two CTAs, one tile above the other, share B's tile: each loads a slice of it into both (TMA
+// multicast) and releases a stage in both rings, so L2 sends 128 + N/2 rows a block, not 128 + N.
 // Expect: small M several times v4, large blockwise shapes nearly twice v4. The epilogue, a trait:
 // unsplit tiles staged in shared memory and stored by TMA, split ones stored directly.
 #include "fp8_gemm.cuh"
@@ -28,6 +28,7 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128·40 + 256·232 = 
 static_assert(ptx::setmaxnreg_fits(128, kProducerRegs, 128 * kConsumers, kConsumerRegs),
               "the consumers would claim registers the producers never return: setmaxnreg.inc hangs");
 constexpr int kGroupM = 16;  // tile rows per band: 2048 rows of A in flight at most
+constexpr int kPair = 2;     // CTAs a cluster at large M (blockwise), sharing B's tile
 
 // The epilogue, a trait (named types, so that the SASS facts can name them): each thread's pairs
 // to y (v4's), or the tile staged in shared memory and stored by TMA, the stage's room taken from
@@ -58,26 +59,48 @@ __device__ __forceinline__ void promote(float (&total)[kSums], const float (&acc
     total[j] = fmaf(acc[j], sc[(kScales == 2 || j / 4 < kFirst ? 0 : 2) + (j / 2) % 2], total[j]);
 }
 
-template <bool kPromote, int kBlockN, class Store>
+template <bool kPromote, int kBlockN, class Store, int kPair = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_v5_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                   const __grid_constant__ CUtensorMap y_map, const GemmArgs a, const TileSchedule sched,
                   float* __restrict__ partials, unsigned* __restrict__ arrivals) {
   using T = Tile<kPromote, kBlockN, Store>;
+  static_assert(kPair == 1 || (kPromote && Store::kTma), "pairs: blockwise tiles, whole, stored by TMA");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t full_sh[T::kStages], empty_sh[T::kStages];
   __shared__ bool last_sh;
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // Pairs: a cluster of kPair CTAs is the persistent worker. Its unit is a tile kPair tiles tall;
+  // rank r takes rows [m0 + 128·r, +128) and loads the r-th slice of the shared B tile into both.
+  const unsigned rank = kPair > 1 ? ptx::cluster_ctarank() : 0;
+  const int worker = blockIdx.x / kPair, workers = gridDim.x / kPair;
+  auto locate = [&](int unit) {
+    TileSchedule::Unit u = sched.locate(unit);
+    u.m0 += int(rank) * kBlockM;
+    return u;
+  };
+  // A stage is free once every consumer warp that reads it has released it: a pair's B slices
+  // land in both CTAs, so each warp releases the stage in both rings.
+  auto release = [&](int s) {
+    if constexpr (kPair > 1) {
+      if (lane < kPair) ptx::mbarrier_arrive_cluster(&empty_sh[s], lane);
+    } else if (lane == 0) {
+      ptx::mbarrier_arrive(&empty_sh[s]);
+    }
+  };
   auto a_tile = [&](int s) { return smem + s * T::kStageBytes; };
   auto b_tile = [&](int s) { return a_tile(s) + T::kABytes; };
   auto scale_slot = [&](int s) { return reinterpret_cast<float*>(smem + T::kScaleOffset) + s * T::kScaleSlot; };
   if (threadIdx.x == 0)
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&full_sh[s], kPromote ? 1 + 32 : 1);  // the TMA issuer (+ the scale warp)
-      ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers);
+      ptx::mbarrier_init(&empty_sh[s], 4 * kConsumers * kPair);
     }
-  __syncthreads();
+  if constexpr (kPair > 1)
+    ptx::cluster_sync();  // the partner's barriers are initialized before any copy or release reaches them
+  else
+    __syncthreads();
 
   if (group == 0) {
     // Producer: v4's, over the unit's share of K. Blockwise, warp 1 is a scale warp: it walks the
@@ -87,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (kPromote && warp == 1) {
       int it = 0;
-      for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
-        const auto [m0, n0, kb0, kb1] = sched.locate(unit);
+      for (int unit = worker; unit < sched.count(); unit += workers) {
+        const auto [m0, n0, kb0, kb1] = locate(unit);
         for (int kt = kb0; kt < kb1; ++kt, ++it) {
           const int s = it % T::kStages;
           float* const slot = scale_slot(s);
@@ -109,16 +132,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (threadIdx.x != 0) return;
     int it = 0;
-    for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
-      const auto [m0, n0, kb0, kb1] = sched.locate(unit);
+    for (int unit = worker; unit < sched.count(); unit += workers) {
+      const auto [m0, n0, kb0, kb1] = locate(unit);
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
         const int s = it % T::kStages;
         ptx::mbarrier_wait(&empty_sh[s], ((it / T::kStages) & 1) ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&full_sh[s], T::kStageBytes);
+        ptx::mbarrier_arrive_expect_tx(&full_sh[s], T::kStageBytes);  // the partner's B slice counts here too
         ptx::tma_load_2d(a_tile(s), &a_map, kt * kBlockK, m0, &full_sh[s]);
-        ptx::tma_load_2d(b_tile(s), &b_map, kt * kBlockK, n0, &full_sh[s]);
+        if constexpr (kPair > 1)
+          ptx::tma_load_2d_multicast(b_tile(s) + rank * (T::kBBytes / kPair), &b_map, kt * kBlockK,
+                                     n0 + int(rank) * (kBlockN / kPair), &full_sh[s], (1u << kPair) - 1);
+        else
+          ptx::tma_load_2d(b_tile(s), &b_map, kt * kBlockK, n0, &full_sh[s]);
       }
     }
+    // A pair's CTA leaves only after the partner's last releases, which arrive on these barriers:
+    // the waits the next kStages loads would make.
+    if constexpr (kPair > 1)
+      for (int i = 0; i < T::kStages; ++i, ++it) ptx::mbarrier_wait(&empty_sh[it % T::kStages], ((it / T::kStages) & 1) ^ 1);
     return;
   }
 
@@ -141,6 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (issuer) {
         int m0, n0;
         sched.origin(unit, &m0, &n0);  // again: kept across the staging, they would spill
+        m0 += int(rank) * kBlockM;
 #pragma unroll
         for (int b = 0; b < kBlockN / 64; ++b)
           ptx::tma_store_2d(&y_map, staging + b * (64 * 128), n0 + 64 * b, m0 + 64 * c);
@@ -151,8 +183,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   int it = 0;
-  for (int unit = blockIdx.x; unit < sched.count(); unit += gridDim.x) {
-    const auto [m0, n0, kb0, kb1] = sched.locate(unit);
+  for (int unit = worker; unit < sched.count(); unit += workers) {
+    const auto [m0, n0, kb0, kb1] = locate(unit);
     const int64_t row = m0 + c * 64 + 16 * warp + g;
     // Load and compute: block kt's stage, once landed, through the four wgmmas of its 128 k into
     // acc (added to it, or a fresh sum), committed as one group.
@@ -185,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::wgmma_wait<0>();
         ptx::wgmma_fence_operands(acc);
         __syncwarp();  // every lane's reads of the slot before the warp's release of the stage
-        if (lane == 0) ptx::mbarrier_arrive(&empty_sh[s]);
+        release(s);
         if (kScales == 2 || n0 % kScaleBlock == 0)
           promote<kScaleBlock / 8>(total, acc, sc);
         else
@@ -264,14 +296,35 @@ Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_wh
                           b_map, y_map, a, sched, partials, arrivals);
 }
 
+// Pairs (blockwise, whole tiles, TMA store): clusters of kPair CTAs, as many as run at once, each
+// a persistent worker over the plan's kPair-tall tiles; B's tensor map in kPair slices of the tile.
+template <int kBlockN, int kPair>
+Status launch_v5_pairs(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
+  constexpr auto kernel = fp8_v5_kernel<true, kBlockN, StoreTma, kPair>;
+  constexpr int smem = Tile<true, kBlockN, StoreTma>::kSmemBytes;
+  CUtensorMap a_map, b_map, y_map;
+  Status s = operand_maps(a, kBlockM, kBlockN / kPair, &a_map, &b_map);
+  if (s.ok()) s = tensor_map_bf16_sw128(&y_map, a.y, a.m, a.n, 64);
+  if (!s.ok()) return s;
+  int clusters = std::min(sched.count(), max_active_clusters<kernel>(kPair, kThreads, smem));
+  if (a.max_blocks > 0) clusters = std::min(clusters, std::max(1, a.max_blocks / kPair));
+  if (clusters < 1) return error(Code::kUnsupportedArch, "v5: this device runs no cluster of this kernel");
+  return launch_cluster(kernel, dim3(clusters * kPair), kPair, kThreads, smem, stream, kOp, a_map, b_map, y_map, a,
+                        sched, static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr));
+}
+
 // kSplitK off, kWide on: the ablations' plans (schedule.cuh's plan_v5_variant).
-template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false>
+template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false, bool kPairs = false>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   const char* id = kWide ? "ablation_v5_wide_blockwise" : !kSplitK ? "ablation_v5_no_split"
-                   : kTmaWhereWhole ? "v5_tuned" : "ablation_v5_direct_store";
+                   : !kTmaWhereWhole ? "ablation_v5_direct_store" : kPairs ? "v5_tuned" : "ablation_v5_no_multicast";
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
+  if (kPairs && blockwise && pairs_pay(a.m)) {
+    const TileSchedule pairs = plan_v5_pairs(a.m, a.n, a.k, sm_count(), kGroupM, kPair);
+    return pairs.block_n == 192 ? launch_v5_pairs<192, kPair>(a, pairs, stream) : launch_v5_pairs<128, kPair>(a, pairs, stream);
+  }
   const TileSchedule sched = plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide);
   const auto launch = blockwise ? (sched.block_n == 192 ? launch_v5<true, 192> : launch_v5<true, 128>)
                                 : (sched.block_n == 256 ? launch_v5<false, 256> : launch_v5<false, 128>);
@@ -289,8 +342,11 @@ const SassFact kDirectFacts{"StoreDirect", {"sm_90a"}, {"QGMMA", "UTMALDG", "SYN
 // For both ops (blockwise scales; tensor or rowwise ones) but the width's ablation, which only
 // blockwise tiles have; the ablations are benched and tested, never graded.
 const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v5_tuned",
-                               "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue",
-                               gemm_v5<true>, 90, {kTmaFacts, kDirectFacts}};
+                               "split K where tiles cannot fill the SMs, L2 bands, TMA-store epilogue, B shared by pairs",
+                               gemm_v5<true, true, false, true>, 90, {kTmaFacts, kDirectFacts}};
+const RegisterGemm kNoMulticast{{kBlockwiseOp}, "ablation_v5_no_multicast",
+                                "v5 without pairs: every CTA loads its own B tile from L2", gemm_v5<true>, 90,
+                                {kTmaFacts, kDirectFacts}, Kind::kAblation};
 const RegisterGemm kDirect{{kBlockwiseOp, kOp}, "ablation_v5_direct_store",
                            "v5 with every tile stored by its threads' pairs, no TMA store", gemm_v5<false>, 90,
                            {kDirectFacts}, Kind::kAblation};
@@ -303,6 +359,6 @@ const RegisterGemm kWide{{kBlockwiseOp}, "ablation_v5_wide_blockwise",
 
 }  // namespace
 
-Status gemm_v5_tuned(const GemmArgs& a, cudaStream_t stream) { return gemm_v5<true>(a, stream); }
+Status gemm_v5_tuned(const GemmArgs& a, cudaStream_t stream) { return gemm_v5<true, true, false, true>(a, stream); }
 
 }  // namespace lkw::fp8

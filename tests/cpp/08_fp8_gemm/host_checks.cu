@@ -208,6 +208,24 @@ TEST(HostSchedule, V5PlansTheIssueShapes) {
     EXPECT_EQ(plan(4096, n, 2048, true).splits, 1) << n;
 }
 
+// v5's pairs: only with two tile rows at least, on tiles twice as tall at v5's width, in bands of
+// half as many pair rows (the same rows of A in flight), never split.
+TEST(HostSchedule, V5PairsPlanTallTilesAtLargeM) {
+  EXPECT_FALSE(pairs_pay(64));
+  EXPECT_FALSE(pairs_pay(128));
+  EXPECT_TRUE(pairs_pay(129));
+  const TileSchedule big = plan_v5_pairs(8192, 8192, 8192, 132, 16, 2);
+  EXPECT_EQ(big.block_m, 256);
+  EXPECT_EQ(big.block_n, 192);
+  EXPECT_EQ(big.tiles_m, 32);
+  EXPECT_EQ(big.group_m, 8);
+  EXPECT_EQ(big.splits, 1);
+  const TileSchedule odd = plan_v5_pairs(640, 992, 512, 132, 16, 2);  // 5 tile rows: 3 pairs
+  EXPECT_EQ(odd.block_n, 128);
+  EXPECT_EQ(odd.tiles_m, 3);
+  EXPECT_EQ(odd.tiles(), 3 * 8);
+}
+
 // The plans of v5's registrations (plan_v5_variant): the version's is plan_v5's; the no-split
 // ablation keeps every tile's K in one block; the wide one takes 192-wide blockwise tiles at every
 // shape, with the shares for that width, and leaves tensor and rowwise scales as v5 plans them.
