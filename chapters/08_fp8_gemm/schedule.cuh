@@ -110,12 +110,8 @@ inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int
 // tile, each loading a slice of it into all (TMA multicast): per CTA and K block, 128 + N/pair rows
 // from L2 instead of 128 + N, where v5 runs L2 near its peak (lab notes 08). Units are tiles
 // `pair` times as tall (one a cluster), at v5's width, in bands of as many rows; never split (M
-// > 128 needs no shares), so the pairs pay only with two tile rows at least, and only where a
-// tile's K outlasts the coupling: the partners wait on each other's releases, and each tile's
-// epilogue skews them. Measured (lab notes 08): K = 512 (4 blocks a tile) lost 7 %, K = 1536 (12)
-// gained 5 %; between them, untried, the rule asks for 8 (twice the ring's stages).
-constexpr int kMinPairBlocks = 8;
-inline bool pairs_pay(int64_t m, int64_t k) { return m > 128 && (k + 127) / 128 >= kMinPairBlocks; }
+// > 128 needs no shares), so the pairs pay only with two tile rows at least.
+inline bool pairs_pay(int64_t m) { return m > 128; }
 inline TileSchedule plan_v5_pairs(int64_t m, int64_t n, int64_t k, int sms, int group_m, int pair) {
   return plan_tiles(m, n, 128 * pair, block_n_for(m, n, true, sms, true), k, std::max(1, group_m / pair));
 }

@@ -320,7 +320,7 @@ Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
-  if (kPairs && blockwise && pairs_pay(a.m, a.k)) {
+  if (kPairs && blockwise && pairs_pay(a.m)) {
     const TileSchedule pairs = plan_v5_pairs(a.m, a.n, a.k, sm_count(), kGroupM, kPair);
     return pairs.block_n == 192 ? launch_v5_pairs<192, kPair>(a, pairs, stream) : launch_v5_pairs<128, kPair>(a, pairs, stream);
   }
