@@ -43,6 +43,36 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int bytes, cudaSt
   return last_launch_status(what);
 }
 
+namespace detail {
+// cudaLaunchKernelEx with `attrs` (none, PDL, a cluster shape); a refused launch's error is cleared
+// and returned, then the launch's own status.
+template <class... Expected, class... Params>
+Status launch_ex(void (*kernel)(Expected...), dim3 grid, int threads, int bytes, cudaStream_t stream,
+                 cudaLaunchAttribute* attrs, unsigned num_attrs, const char* what, Params&&... params) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = bytes;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = num_attrs;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Params>(params)...);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  return last_launch_status(what);
+}
+
+// The launch attribute of clusters of `cluster` CTAs along x.
+inline cudaLaunchAttribute cluster_shape(unsigned cluster) {
+  cudaLaunchAttribute dims{};
+  dims.id = cudaLaunchAttributeClusterDimension;
+  dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
+  return dims;
+}
+}  // namespace detail
+
 // launch_with_smem's launch as a programmatic dependent of the kernel ahead in the stream (PDL:
 // it may start before that one ends; its griddepcontrol.wait orders what it reads) where `pdl` is
 // on and the device is sm_90 or later, else a plain launch.
@@ -57,19 +87,9 @@ Status launch_dependent(void (*kernel)(Expected...), dim3 grid, int threads, int
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = bytes;
-  config.stream = stream;
-  config.attrs = pdl && can_depend ? &dependent : nullptr;
-  config.numAttrs = pdl && can_depend ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Params>(params)...);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
-  }
-  return last_launch_status(what);
+  const bool on = pdl && can_depend;
+  return detail::launch_ex(kernel, grid, threads, bytes, stream, on ? &dependent : nullptr, on ? 1 : 0, what,
+                           std::forward<Params>(params)...);
 }
 
 // launch_with_smem's launch with the grid in clusters of `cluster` CTAs along x (chapter 08's v5
@@ -80,22 +100,8 @@ Status launch_cluster(void (*kernel)(Expected...), dim3 grid, unsigned cluster, 
   if (grid.x % cluster != 0) return error(Code::kInvalidArgument, std::string(what) + ": grid not whole clusters");
   const Status s = opt_in_smem(kernel, bytes, what);
   if (!s.ok()) return s;
-  cudaLaunchAttribute dims{};
-  dims.id = cudaLaunchAttributeClusterDimension;
-  dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = bytes;
-  config.stream = stream;
-  config.attrs = &dims;
-  config.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Params>(params)...);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return error(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
-  }
-  return last_launch_status(what);
+  cudaLaunchAttribute dims = detail::cluster_shape(cluster);
+  return detail::launch_ex(kernel, grid, threads, bytes, stream, &dims, 1, what, std::forward<Params>(params)...);
 }
 
 // How many clusters of `cluster` CTAs of kKernel the device runs at once: a persistent grid's size
@@ -105,9 +111,7 @@ template <auto kKernel>
 int max_active_clusters(unsigned cluster, int threads, int bytes) {
   static const int clusters = [cluster, threads, bytes] {
     int n = 0;
-    cudaLaunchAttribute dims{};
-    dims.id = cudaLaunchAttributeClusterDimension;
-    dims.val.clusterDim.x = cluster, dims.val.clusterDim.y = 1, dims.val.clusterDim.z = 1;
+    cudaLaunchAttribute dims = detail::cluster_shape(cluster);
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(cluster);
     config.blockDim = dim3(threads);
