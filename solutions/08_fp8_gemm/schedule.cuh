@@ -107,7 +107,7 @@ inline TileSchedule plan_v5(int64_t m, int64_t n, int64_t k, bool blockwise, int
 
 // v5's pairs (blockwise, large M): clusters of `pair` CTAs on tiles one above the other share B's
 // tile, each loading a slice of it into all (TMA multicast): per CTA and K block, 128 + N/pair rows
-// from L2 instead of 128 + N, where v5 runs L2 near its peak (lab notes 08). Units are tiles
+// from L2 instead of 128 + N (what that gains, small: lab notes 08). Units are tiles
 // `pair` times as tall (one a cluster), at v5's width, in bands of as many rows; never split (M
 // > 128 needs no shares), so the pairs pay only with two tile rows at least.
 inline bool pairs_pay(int64_t m) { return m > 128; }
