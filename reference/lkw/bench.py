@@ -1344,9 +1344,11 @@ FP8_DEEPSEEK_M = (64, 128, 4096)
 FP8_ROWWISE_NK = ((2112, 7168), (24576, 1536), (7168, 16384))
 FP8_ROWWISE_M = (64, 4096)
 # Decode: Llama-3-8B's projections (fused QKV, O, fused gate-up, down: chapter 11's FP8 layer) at
-# the M where v6's GEMV (one, two, four 8-token tiles) meets v5, blockwise.
+# the M where v6's GEMV (one, two, four 8-token tiles) meets v5, blockwise; and at the layer's
+# prefill (T = 2048 tokens).
 FP8_DECODE_NK = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 FP8_DECODE_M = (1, 8, 16, 32)
+FP8_PREFILL_M = (2048,)
 FP8_SAMPLE_ROWS = 64  # rows of A (of y) the reference computes
 FP8_DTYPES = ["float8_e4m3fn", "float8_e4m3fn", "float32", "float32", "bfloat16"]  # A, B, s_a, s_b -> y
 FP8_CODE_SPREAD = 16.0  # E4M3 codes drawn as N(0, 16^2): mostly binades 2^0 .. 2^6, far below 448
@@ -1508,7 +1510,7 @@ def fp8_gemm_cases() -> list[Case]:
     shapes = [(s, s, s, g) for s, g in FP8_SQUARE]
     shapes += [(m, n, k, "blockwise") for n, k in FP8_DEEPSEEK_NK for m in FP8_DEEPSEEK_M]
     shapes += [(m, n, k, "rowwise") for n, k in FP8_ROWWISE_NK for m in FP8_ROWWISE_M]
-    shapes += [(m, n, k, "blockwise") for n, k in FP8_DECODE_NK for m in FP8_DECODE_M]
+    shapes += [(m, n, k, "blockwise") for n, k in FP8_DECODE_NK for m in FP8_DECODE_M + FP8_PREFILL_M]
     return [fp8_gemm_case(*shape) for shape in shapes]
 
 
@@ -2903,6 +2905,7 @@ BENCH_PARTS: dict[str, list[Part]] = {
         Part(shape=r"^m=(64|4096),n=(2112|24576|7168),.*scale=rowwise"),
         Part(shape=r"^m=(1|8),.*scale=blockwise"),
         Part(shape=r"^m=(16|32),.*scale=blockwise"),
+        Part(shape=r"^m=2048,.*scale=blockwise"),
     ],
     "09_moe": [
         Part(("moe_align_block_size", "deepseek_router")),
@@ -3090,10 +3093,11 @@ OPTIONS = {"library_peers": True}  # --no-library-peers turns the production pee
 
 
 def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l2_bytes: int,
-                 log=print, chapter: str | None = None) -> list[dict]:
+                 log=print, chapter: str | None = None, only: str | None = None) -> list[dict]:
     """Every version and peer of one case, each verified, timed in the three modes (one launch after
     an L2 flush, back to back, in a CUDA graph) over the same rotated input sets, and verified again.
-    The peers' rows carry the versions' byte and FLOP model (the case's where no version runs)."""
+    The peers' rows carry the versions' byte and FLOP model (the case's where no version runs).
+    only: a regular expression the peers' names must match (run_chapter's --only)."""
     import torch
 
     start = time.perf_counter()
@@ -3164,6 +3168,8 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     if OPTIONS["library_peers"]:
         all_peers += [(p, f, True) for p, f in case.library_peers.items()]
     for peer, factory, production in all_peers:
+        if only and not re.search(only, peer):
+            continue
         row = measure_peer(case, chapter, peer, factory, typed_sets, inputs, expected, model_bytes,
                            production=production, warmup=warmup, iters=iters, log=log, flops=flops)
         if row is not None:
@@ -3175,6 +3181,52 @@ def measure_case(case: Case, versions: list[dict], *, warmup: int, iters: int, l
     log(f"  {case.op} {case.shape}: inputs and reference {made - start:.1f} s, {len(rows)} rows in "
         f"{time.perf_counter() - made:.1f} s")
     return rows
+
+
+# Rounds: the figures one kernel's rows give in one run spread further than the gaps between some
+# versions (compute-bound FP8 shapes: clocks and power move between rows timed one after another).
+# --rounds N measures every row of a case N times, round after round, so that each version and
+# peer is timed next to the others in every round; a row keeps the median of its rounds.
+_TIMED = [(mkey(mode, "us"), mkey(mode, "min_us"), mkey(mode, "max_us")) for mode in MODES]
+
+
+def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """The rows of a case measured in several rounds (measure_case's lists, in one order): each
+    row once, in the first round's order (then any row a later round alone has), with the median
+    of its rounds' figures in each timing mode, the least minimum and the greatest maximum, and the
+    figures of every round (graph_us_rounds ...). A row wrong in any round is that round's row,
+    as it was (a wrong row has no figures to combine); a mode timed in only some rounds takes the
+    median of those."""
+    if len(rounds) == 1:
+        return rounds[0]
+    order: list[str] = []
+    by_name: dict[str, list[dict]] = {}
+    for rows in rounds:
+        for r in rows:
+            if r["name"] not in by_name:
+                order.append(r["name"])
+                by_name[r["name"]] = []
+            by_name[r["name"]].append(r)
+    out = []
+    for name in order:
+        seen = by_name[name]
+        wrong = next((r for r in seen if r.get("correct") is False), None)
+        if wrong is not None:
+            out.append({**wrong, "rounds": len(seen)})
+            continue
+        row = dict(seen[0])
+        for us, lo, hi in _TIMED:
+            figures = [r[us] for r in seen if r.get(us)]
+            if not figures:
+                continue
+            row[us] = _median(sorted(figures))
+            row[f"{us}_rounds"] = figures
+            row[lo] = min(r.get(lo) or r[us] for r in seen if r.get(us))
+            row[hi] = max(r.get(hi) or r[us] for r in seen if r.get(us))
+        row["rounds"] = len(seen)
+        _rates(row)
+        out.append(row)
+    return out
 
 
 def _prime(arg_sets, initial: list | None) -> None:
@@ -3587,7 +3639,7 @@ def _device_answers() -> bool:
 
 def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: int, iters: int,
                 l2_bytes: int, ops: list[str] | None = None, shape: str | None = None, extended: bool = False,
-                peer_status: dict | None = None, log=print) -> dict:
+                peer_status: dict | None = None, rounds: int = 1, only: str | None = None, log=print) -> dict:
     dev = ext().device()
     ceilings, ceiling_name, ceiling_rows = ceiling
     rows = []
@@ -3598,8 +3650,10 @@ def run_chapter(chapter: str, *, ceiling: tuple[dict, str, list[dict]], warmup: 
             rows += ceiling_rows  # already measured at the start of this run
             continue
         try:
-            case_rows = measure_case(case, versions_of(chapter, case.op), warmup=warmup, iters=iters,
-                                     l2_bytes=l2_bytes, log=log, chapter=chapter)
+            versions = [v for v in versions_of(chapter, case.op) if not only or re.search(only, v["id"])]
+            case_rows = combine_rounds([
+                measure_case(case, versions, warmup=warmup, iters=iters, l2_bytes=l2_bytes, log=log,
+                             chapter=chapter, only=only) for _ in range(rounds)])
         except Exception as e:  # noqa: BLE001  (one case's make, reference or version launch: the run goes on)
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             log(f"  {case.op} {case.shape}: FAILED outside the per-row checks: {why}")
@@ -3824,6 +3878,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --compare: compare this recorded JSON (or folder) instead of running")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--only", metavar="REGEX",
+                    help="only the versions and peers whose id this regular expression finds a match in "
+                         "(e.g. 'v5_tuned|same_phase|scaled_mm'); merge such a run with --write-results --merge")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every row of a case this many times, round after round, and keep each "
+                         "row's median (combine_rounds): for versions whose gaps lie inside one run's spread")
     ap.add_argument("--ncu-pass", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -3837,13 +3897,16 @@ def main(argv: list[str] | None = None) -> int:
             args.chapter = [run["chapter"] for run in baseline if run.get("chapter") in CHAPTERS]
     if args.replay_run and not args.compare:
         ap.error("--replay-run goes with --compare")
+    for flag, pattern in (("--shape", args.shape), ("--only", args.only)):
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                ap.error(f"{flag} {pattern!r}: {e}")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1")
     if args.merge and not args.write_results:
         ap.error("--merge goes with --write-results")
-    if args.shape:
-        try:
-            re.compile(args.shape)
-        except re.error as e:
-            ap.error(f"--shape {args.shape!r}: {e}")
     selection = {"ops": args.op, "shape": args.shape, "extended": args.extended}
     chapters = sorted(CHAPTERS) if args.all or not args.chapter else args.chapter
     for c in chapters:
@@ -3932,7 +3995,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results_by_chapter = {}
     for c in chapters:
-        results_by_chapter[c] = run_chapter(c, ceiling=ceiling, peer_status=peer_status, **selection, **opts)
+        results_by_chapter[c] = run_chapter(c, ceiling=ceiling, peer_status=peer_status, rounds=args.rounds,
+                                            only=args.only, **selection, **opts)
         if args.write_results and not args.ncu:  # each chapter as it ends: a run cut short keeps them
             write(c, results_by_chapter[c])
 

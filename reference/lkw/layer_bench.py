@@ -24,6 +24,10 @@ CUDA-graph replays (the headline mode of lkw.bench: a decoder captures its step 
    its op is not registered);
 5. the issue's goal table, computed from the rows.
 
+The whole layers (1, 3 and 4) are timed side by side (``time_graphs``): every graph captured, then
+round after round each replayed once, so that a GPU's clocks drifting over the run (a
+compute-bound prefill layer most) fall on all of them alike.
+
 Inputs are rotated as lkw.bench rotates them: R copies of the layer (weights, caches, activations)
 in distinct memory, R large enough that they exceed twice the L2, and the graph runs the R layers
 one after another (as a model's layers run); the time per layer is the graph's time over R. Before
@@ -177,9 +181,8 @@ def body_of(case: Case, steps: dict):
     return body
 
 
-def time_graph(body, per_call: int, replays: int) -> dict:
-    """Capture body() once (after two warm-up calls on a side stream), replay it; the median
-    replay time over per_call (the calls it holds), with min and max."""
+def capture(body):
+    """body() captured once in a CUDA graph, after two warm-up calls on a side stream."""
     import torch
 
     side = torch.cuda.Stream()
@@ -191,6 +194,15 @@ def time_graph(body, per_call: int, replays: int) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         body()
+    return graph
+
+
+def time_graph(body, per_call: int, replays: int) -> dict:
+    """Capture body() once, replay it; the median replay time over per_call (the calls it holds),
+    with min and max."""
+    import torch
+
+    graph = capture(body)
     for _ in range(3):
         graph.replay()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
@@ -204,6 +216,41 @@ def time_graph(body, per_call: int, replays: int) -> dict:
     del graph
     return {"graph_us": statistics.median(us), "graph_min_us": us[0], "graph_max_us": us[-1],
             "replays": replays}
+
+
+def time_graphs(makers: list[tuple[str, object]], per_call: int, replays: int, log=print) -> dict[str, dict]:
+    """The whole-layer rows timed side by side: each maker() gives a body, captured once (a maker
+    or capture that fails is that row's reason, as in timed); then `replays` rounds, each replaying
+    every graph once, the order turned by one each round. A GPU's clocks drift over a run (a
+    compute-bound prefill layer most), so two layers timed one after the other can differ by more
+    than their gap; timed in turns, each sees the same clocks. Each row as time_graph's."""
+    import torch
+
+    graphs, rows = {}, {}
+    for name, make in makers:
+        row = timed(name, lambda m=make: {"graph": capture(m())}, log)
+        if "graph" in row:
+            graphs[name] = row.pop("graph")
+        else:
+            rows[name] = row
+    names = list(graphs)
+    for name in names:  # a warm-up round
+        graphs[name].replay()
+    events = {name: [] for name in names}
+    for r in range(replays):
+        for name in names[r % len(names):] + names[: r % len(names)] if names else []:
+            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graphs[name].replay()
+            z.record()
+            events[name].append((a, z))
+    torch.cuda.synchronize()
+    for name in names:
+        us = sorted(1000.0 * a.elapsed_time(z) / per_call for a, z in events[name])
+        rows[name] = {"graph_us": statistics.median(us), "graph_min_us": us[0], "graph_max_us": us[-1],
+                      "replays": replays, "interleaved": len(names)}
+    graphs.clear()
+    return {name: rows[name] for name, _ in makers}
 
 
 def timed(name: str, fn, log=print) -> dict:
@@ -262,22 +309,17 @@ def swappable(fmt: str, owner: dict[str, str]) -> list[str]:
     return out
 
 
-def waterfall(case: Case, wb: dict, order: list[str], replays: int, log=print) -> list[dict]:
-    base = layer_torch.torch_steps(case.cfg, case.fmt)
-    rows, steps = [], dict(base)
-    r = len(case.sets)
-    row = timed("torch", lambda: time_graph(body_of(case, steps), r, replays), log)
-    rows.append({"swapped": "torch layer", **row})
-    log(f"  waterfall torch layer: {row['graph_us']}")
+def waterfall(case: Case, wb: dict, order: list[str]) -> list[tuple[str, dict]]:
+    """The waterfall's layers: (what was swapped last, the steps), from the torch layer to the
+    all-workbook one."""
+    steps = dict(layer_torch.torch_steps(case.cfg, case.fmt))
+    layers = [("torch layer", dict(steps))]
     for name in order:
         if name == "cache_write" and layer_torch.writes_cache(wb["rope"]):
             continue  # swapped with rope: the fused kernel wrote the cache already
         steps[name] = wb[name]
-        snapshot = dict(steps)
-        row = timed(name, lambda s=snapshot: time_graph(body_of(case, s), r, replays), log)
-        rows.append({"swapped": name, **row})
-        log(f"  waterfall + {name}: {row['graph_us']}")
-    return rows
+        layers.append((name, dict(steps)))
+    return layers
 
 
 PER_KERNEL_LAUNCHES = 64
@@ -532,30 +574,39 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
     log(f"  workbook layer vs reference: rel error {check['rel_error']:.3g} "
         f"(tolerance {check['tolerance']}): {'ok' if check['correct'] else 'WRONG'}")
     costs = models(cfg, fmt, kind, t)
-    fall = waterfall(case, wb, swappable(fmt, owner), replays, log)
     kernels = per_kernel(case, wb, costs, owner, ceiling_gbps, tflops, replays, log)
     nbytes, flops = layer_bound(cfg, fmt, kind, t)
+    # The whole layers, timed side by side (time_graphs): the waterfall's, the production one
+    # (checked first, as the workbook layer is: a peer timed unchecked could be timing wrong work),
+    # the runner, torch.compile.
+    layers = waterfall(case, wb, swappable(fmt, owner))
+    makers = [(f"waterfall {name}", lambda s=steps: body_of(case, s)) for name, steps in layers]
+
+    def checked_production() -> dict:
+        p_steps, p_what = layer_torch.production_steps(cfg, fmt)
+        p_check = verify(case, p_steps)
+        log(f"  production layer vs reference: rel error {p_check['rel_error']:.3g}: "
+            f"{'ok' if p_check['correct'] else 'WRONG'}")
+        makers.append(("production", lambda: body_of(case, p_steps)))
+        return {"kernels": p_what, "check": p_check}
+
+    production = timed("production", checked_production, log)  # its reason where it cannot run
+    makers.append(("runner", lambda: runner_body(case)))
+    if fmt == "bf16" and compile_bf16:
+        makers.append(("torch.compile", lambda: compiled_bf16(case)))
+    timed_rows = time_graphs(makers, r, replays, log)
+    fall = [{"swapped": name, **timed_rows[f"waterfall {name}"]} for name, _ in layers]
+    for row in fall:
+        log(f"  waterfall {row['swapped']}: {row['graph_us']}")
     whole = {"workbook": fall[-1]}
     whole["workbook"]["correct"] = check["correct"]
     whole["torch_eager"] = fall[0]
-    try:
-        p_steps, p_what = layer_torch.production_steps(cfg, fmt)
-
-        def production() -> dict:
-            # checked as the workbook layer is: a peer timed unchecked could be timing wrong work
-            p_check = verify(case, p_steps)
-            log(f"  production layer vs reference: rel error {p_check['rel_error']:.3g}: "
-                f"{'ok' if p_check['correct'] else 'WRONG'}")
-            row = time_graph(body_of(case, p_steps), r, replays)
-            return {**row, "kernels": p_what, "check": p_check}
-
-        whole["production"] = timed("production", production, log)
-    except peers.Absent as e:
-        log(f"  production layer: skipped: {e}")
-        whole["production"] = {"graph_us": None, "skipped": str(e)}
-    whole["runner"] = timed("runner", lambda: time_graph(runner_body(case), r, replays), log)
+    whole["production"] = {**timed_rows["production"], **production} if "kernels" in production else production
+    whole["runner"] = timed_rows["runner"]
     if fmt == "bf16" and compile_bf16:
-        whole["torch_compile"] = timed("torch.compile", lambda: time_graph(compiled_bf16(case), r, replays), log)
+        whole["torch_compile"] = timed_rows["torch.compile"]
+    for who, row in whole.items():
+        log(f"  {who}: {row.get('graph_us')}")
     after = verify(case, wb, which=r - 1)
     b_us = bound_us(nbytes, flops, ceiling_gbps, tflops)
     us = whole["workbook"].get("graph_us")

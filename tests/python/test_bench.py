@@ -203,6 +203,63 @@ def test_a_chapter_run_writes_the_timing_marker_ceilings_and_ratios_of_every_mod
     assert "p 5.00×" in table and "vllm" not in table.split("Production peers")[0].splitlines()[-1]
 
 
+def test_rounds_give_each_row_the_median_of_its_rounds_and_keep_a_wrong_round_as_it_was():
+    """combine_rounds: every row once in the first round's order, each mode's median over the
+    rounds (the rates from it), the least minimum and greatest maximum, every round's figure; a row
+    wrong in one round is that round's row; a row only a later round has is kept."""
+
+    def row(version, us, graph, correct=True):
+        r = {"name": f"x/op/{version}", "op": "op", "version": version, "kind": "version", "summary": "",
+             "shape": "n=1", "model_bytes": 4e6, "flops": 8e6, "correct": correct,
+             "time_us": us, "back_to_back_us": None, "graph_us": graph}
+        for mode in results.MODES:
+            t = r[results.mkey(mode, "us")]
+            r[results.mkey(mode, "min_us")], r[results.mkey(mode, "max_us")] = (t - 1, t + 1) if t else (None, None)
+        bench._rates(r)
+        return r
+
+    rounds = [[row("a", 10.0, 4.0), row("b", 20.0, 8.0)],
+              [row("a", 12.0, 6.0), row("b", 21.0, None, correct=False)],
+              [row("a", 11.0, 5.0), row("b", 22.0, 9.0), row("c", 1.0, 1.0)]]
+    a, b, c = bench.combine_rounds(rounds)
+    assert (a["version"], b["version"], c["version"]) == ("a", "b", "c")
+    assert a["time_us"] == 11.0 and a["graph_us"] == 5.0 and a["rounds"] == 3
+    assert a["graph_us_rounds"] == [4.0, 6.0, 5.0] and a["time_us_rounds"] == [10.0, 12.0, 11.0]
+    assert (a["graph_min_us"], a["graph_max_us"]) == (3.0, 7.0)
+    assert a["graph_gbps"] == pytest.approx(4e6 / 5e3) and a["graph_tflops"] == pytest.approx(8e6 / 5e6)
+    assert a["back_to_back_us"] is None and "back_to_back_us_rounds" not in a
+    assert b["correct"] is False and b["time_us"] == 21.0 and b["graph_us"] is None
+    assert c["time_us"] == 1.0 and c["rounds"] == 1
+    assert rounds[0][0]["graph_us"] == 4.0  # the rounds' rows are not changed
+    one = [row("a", 10.0, 4.0)]
+    assert bench.combine_rounds([one]) is one
+
+
+def test_only_picks_the_versions_and_peers_and_rounds_measure_each_case_again(monkeypatch):
+    """run_chapter with only= and rounds=: measure_case gets the versions whose id the pattern
+    finds (and the pattern for the peers), once per round."""
+    case = bench.Case("op", "n=1", ["uint32", "uint32"], None, None)
+    monkeypatch.setitem(bench.CHAPTERS, "99_test", lambda: [case])
+    monkeypatch.setattr(bench, "ext", lambda: _FakeExt)
+    monkeypatch.setattr(bench, "versions_of", lambda *a: [{"id": i} for i in ("v5_tuned", "v6", "ablation_v5_x")])
+    monkeypatch.setattr(bench, "same_size_copy", lambda *a, **k: None)
+    calls = []
+
+    def measure(case, versions, **k):
+        calls.append(([v["id"] for v in versions], k["only"]))
+        return []
+
+    monkeypatch.setattr(bench, "measure_case", measure)
+    bench.run_chapter("99_test", ceiling=({}, "c", []), warmup=1, iters=1, l2_bytes=1, rounds=2, only="v5")
+    assert calls == [(["v5_tuned", "ablation_v5_x"], "v5")] * 2
+
+
+def test_rounds_below_one_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0", "--chapter", "08_fp8_gemm"])
+    assert "--rounds 0" in capsys.readouterr().err
+
+
 def _gemm_run_rows(tflops_graph: float) -> list[dict]:
     r = {"name": "07_w4a16_gemm/w4a16r_gemm/v7", "op": "w4a16r_gemm", "version": "v7", "kind": "version",
          "summary": "", "shape": "m=4096,n=8,k=8,g=128", "model_bytes": 1e6, "flops": 2e12, "correct": True,
@@ -942,9 +999,10 @@ def test_fp8_cases_are_the_issue_s_shapes_with_the_granularity_in_the_shape_stri
     deepseek = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
     want |= {bench.fp8_shape(m, n, k, "blockwise") for n, k in deepseek for m in (64, 128, 4096)}
     want |= {bench.fp8_shape(m, n, k, "rowwise") for n, k in bench.FP8_ROWWISE_NK for m in bench.FP8_ROWWISE_M}
-    # Decode: Llama-3-8B's four projections (chapter 11's FP8 layer) at v6's GEMV sizes of M.
+    # Llama-3-8B's four projections (chapter 11's FP8 layer) at v6's GEMV sizes of M and at the
+    # layer's prefill.
     llama = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
-    want |= {bench.fp8_shape(m, n, k, "blockwise") for n, k in llama for m in (1, 8, 16, 32)}
+    want |= {bench.fp8_shape(m, n, k, "blockwise") for n, k in llama for m in (1, 8, 16, 32, 2048)}
     assert got == want and len(cases) == len(want)
     assert set(bench.FP8_ROWWISE_NK) <= set(deepseek)
     for part, g in (("scale=block", "blockwise"), ("scale=row", "rowwise"), ("scale=tensor", "tensor")):

@@ -439,6 +439,50 @@ def test_per_kernel_times_each_step_over_its_copies(torch, lt, rng, monkeypatch)
             assert calls[r["step"]] == 2 + r["passes"] * r["copies"], r["step"]
 
 
+def test_whole_layers_are_timed_in_turns_and_a_failed_one_keeps_its_reason(torch, monkeypatch):
+    """time_graphs on the CPU (captures and events faked): each body captured once, every round
+    replays each graph once with the order turned by one, each row the median over its rounds; a
+    body that fails to build is its row's reason and the others are still timed, in the makers'
+    order."""
+    clock, order = [0.0], []
+
+    class Graph:
+        def __init__(self, name, cost):
+            self.name, self.cost = name, cost
+
+        def replay(self):
+            order.append(self.name)
+            clock[0] += self.cost(len(order))
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t  # ms
+
+    monkeypatch.setattr(layer_bench, "capture", lambda body: body)  # the body stands for its graph
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    slow_later = lambda n: float(n)  # each replay slower than the last: clocks falling over the run
+
+    def broken():
+        raise RuntimeError("no runner here")
+
+    makers = [("a", lambda: Graph("a", slow_later)), ("broken", broken), ("b", lambda: Graph("b", slow_later))]
+    rows = layer_bench.time_graphs(makers, per_call=2, replays=5, log=lambda *_: None)
+    assert list(rows) == ["a", "broken", "b"]
+    assert rows["broken"]["graph_us"] is None and "no runner here" in rows["broken"]["error"]
+    assert order == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]  # warm-up, then turns
+    # a: replays 3, 6, 7, 10, 11 (ms over 2 calls), b: 4, 5, 8, 9, 12; one after the other the
+    # same two layers would be 2500 and 5000 µs
+    assert (rows["a"]["graph_us"], rows["b"]["graph_us"]) == (3500.0, 4000.0)
+    assert (rows["a"]["graph_min_us"], rows["a"]["graph_max_us"], rows["a"]["replays"]) == (1500.0, 5500.0, 5)
+
+
 def test_merge_replaces_a_run_s_own_cases_and_keeps_the_rest():
     """--merge: a part of the matrix (a device call's worth) replaces its (format, case) rows of
     the recorded run and keeps the others; the goals are recomputed; another GPU is refused."""
