@@ -723,21 +723,6 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar_sh, unsign
       : "memory");
 #endif
 }
-// The float at p_sh's offset in CTA `cta` of the cluster (distributed shared memory: mapa gives
-// the address there, ld.shared::cluster reads it), written there before a cluster_sync both passed.
-__device__ __forceinline__ float ld_shared_cluster_f32(const float* p_sh, unsigned cta) {
-  float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned p = static_cast<unsigned>(__cvta_generic_to_shared(p_sh));
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %1, %2;\n"
-      "ld.shared::cluster.f32 %0, [remote];\n}\n"
-      : "=f"(v)
-      : "r"(p), "r"(cta)
-      : "memory");
-#endif
-  return v;
-}
 // tma_load_2d into every CTA of `ctas` (a bit mask of ranks): the box lands at dst_sh's offset in
 // each, and each one's mbarrier at bar_sh's offset counts its bytes. One L2 read feeds them all.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst_sh, const void* map, int c0, int c1,
