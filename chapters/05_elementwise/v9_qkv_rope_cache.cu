@@ -10,7 +10,8 @@
 // (a lane owns 8 whole pairs) and v8's tile (kTile tokens of one KV head a block, the paged value
 // column staged in shared memory); a block also takes the query heads of its KV head's group
 // (g, g + Hk, ...), so that one block's tokens share their positions' cos/sin rows in L1.
-// Expect: prefill near the copy ceiling over 4 B an element; decode one launch in place of five.
+// Expect: prefill near the copy ceiling over 4 B an element; decode one launch in place of five,
+// its loads asked for before its stores (two trips to memory a step, not four).
 // SASS: LDG.E.128 and STG.E.128 (q_out, the key cache); the paged value column STG.E.U16.
 #include "cache.cuh"
 #include "rope.cuh"
@@ -33,11 +34,13 @@ __global__ void __launch_bounds__(kThreads) qkv_v9_kernel(QkvArgs a) {
   const int64_t t0 = int64_t(blockIdx.x) * kTile;
   const int g = blockIdx.y, d = int(a.d), heads = int(a.heads()), hq = int(a.hq), hk = int(a.hk);
   if (threadIdx.x < kTile) {
+    // Position and slot asked for together: at decode each is a trip to memory, and the slot
+    // need not wait for the position's check.
     const int64_t token = t0 + threadIdx.x;
-    const int64_t pos = token < a.t ? a.positions[token] : -1;  // (T)
+    const int64_t pos = token < a.t ? a.positions[token] : -1;   // (T)
+    const int64_t slot = token < a.t ? a.slots[token] : -1;      // (T)
     const bool live = pos >= 0 && pos < a.max_pos;
-    const int64_t slot = live ? a.slots[token] : -1;  // (T)
-    const bool cached = slot >= 0 && slot < a.num_blocks * a.block_size;
+    const bool cached = live && slot >= 0 && slot < a.num_blocks * a.block_size;
     row_sh[threadIdx.x] = live ? a.cos_sin + pos * a.rot_dim : nullptr;  // (max_pos, rot_dim)
     b_sh[threadIdx.x] = cached ? int(slot / a.block_size) : -1;
     o_sh[threadIdx.x] = cached ? int(slot % a.block_size) : 0;
@@ -45,15 +48,25 @@ __global__ void __launch_bounds__(kThreads) qkv_v9_kernel(QkvArgs a) {
   __syncthreads();
   // Head `head` of a token in qkv (T, H, D).
   auto src = [&](int64_t token, int head) { return a.qkv + (token * heads + head) * d; };
+  // Load early: this thread's first 16 bytes of the value head (at D <= 128 its only ones), asked
+  // for before the rotations. Their stores come first in the program, and no load moves above a
+  // store that may alias it: at decode the value would wait a second trip to memory.
+  const int units = d / kVec, row_elems = d + kPad;
+  auto v_src = [&](int u) { return src(t0 + u / units, hq + hk + g) + u % units * kVec; };
+  Bf16Vec<kVec> v_first{};
+  if (threadIdx.x < kTile * units && b_sh[threadIdx.x / units] >= 0)
+    v_first = *reinterpret_cast<const Bf16Vec<kVec>*>(v_src(threadIdx.x));
 
   // Rotate: the group's query heads (g, g + Hk, ...) and its key head, kTile tokens each; a unit
   // is an item of 8 pairs or a 16-byte piece of the tail past rot_dim (copied: both destinations
-  // are out of place). Unit u: row u / per_head (token row % kTile, head row / kTile).
+  // are out of place). Units go token by token (u: token, then head, then item), so a decode
+  // step's one token takes the loop's first pass only: each pass ends in stores that the next
+  // pass's loads wait behind.
   const int half = int(a.rot_dim / 2), items = half / kVec,
             per_head = items + (d - 2 * half) / kVec;
-  const int nq = g < hq ? (hq - g + hk - 1) / hk : 0;
-  for (int u = threadIdx.x; u < kTile * (nq + 1) * per_head; u += blockDim.x) {
-    const int r = u / per_head, j = u % per_head, tt = r % kTile, hi = r / kTile;
+  const int nq = g < hq ? (hq - g + hk - 1) / hk : 0, per_token = (nq + 1) * per_head;
+  for (int u = threadIdx.x; u < kTile * per_token; u += blockDim.x) {
+    const int tt = u / per_token, hi = u % per_token / per_head, j = u % per_head;
     const float* const row = row_sh[tt];
     const bool is_k = hi == nq;
     if (!row || (is_k && b_sh[tt] < 0)) continue;
@@ -81,12 +94,12 @@ __global__ void __launch_bounds__(kThreads) qkv_v9_kernel(QkvArgs a) {
     }
   }
 
-  // Copy: the value head, 16 bytes a unit; the paged layout's column staged as in v8.
-  const int units = d / kVec, row_elems = d + kPad;
+  // Copy: the value head, 16 bytes a unit (the first loaded early); the paged layout's column
+  // staged as in v8.
   for (int u = threadIdx.x; u < kTile * units; u += blockDim.x) {
     const int tt = u / units, i = u % units * kVec, b = b_sh[tt];
     if (b < 0) continue;
-    const Bf16Vec<kVec> v = *reinterpret_cast<const Bf16Vec<kVec>*>(src(t0 + tt, hq + hk + g) + i);
+    const Bf16Vec<kVec> v = u == int(threadIdx.x) ? v_first : *reinterpret_cast<const Bf16Vec<kVec>*>(v_src(u));
     if constexpr (kLayout == Layout::kPaged)
       *reinterpret_cast<Bf16Vec<kVec>*>(v_sh + tt * row_elems + i) = v;
     else

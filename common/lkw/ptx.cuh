@@ -581,6 +581,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Counts this warp in on named barrier id without waiting (bar.arrive): with named_barrier_sync on
+// the other side, a one-way signal between warpgroups (the waiting side's threads count too).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async once waited for)
 // visible to the async proxy that wgmma and TMA read through: after a cp.async stage lands and
 // before the wgmma that reads it (with a barrier between, for the other threads' copies).
@@ -722,6 +728,21 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar_sh, unsign
       "r"(cta)
       : "memory");
 #endif
+}
+// The float at p_sh's offset in CTA `cta` of the cluster (distributed shared memory: mapa gives
+// the address there, ld.shared::cluster reads it), written there before a cluster_sync both passed.
+__device__ __forceinline__ float ld_shared_cluster_f32(const float* p_sh, unsigned cta) {
+  float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned p = static_cast<unsigned>(__cvta_generic_to_shared(p_sh));
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %1, %2;\n"
+      "ld.shared::cluster.f32 %0, [remote];\n}\n"
+      : "=f"(v)
+      : "r"(p), "r"(cta)
+      : "memory");
+#endif
+  return v;
 }
 // tma_load_2d into every CTA of `ctas` (a bit mask of ranks): the box lands at dst_sh's offset in
 // each, and each one's mbarrier at bar_sh's offset counts its bytes. One L2 read feeds them all.

@@ -4,8 +4,9 @@
 // would store) and quantizes yb by chapter 03's rules (quant_math.cuh), so q and the scales equal
 // the two-kernel chain's bit for bit — at 5 bytes per element instead of 9 (y's 2 bytes written
 // and read back are gone; q is 1 byte). Each granularity needs a different shape of cooperation:
-//   per token   the absmax of a whole row: a block per row, the row's yb kept in registers
-//               (up to 4 units of 8 a thread) through a block reduction, then quantized
+//   per token   the absmax of a whole row: a block per row (a cluster at decode, the blocks'
+//               absmaxes exchanged in distributed shared memory), its yb in registers (up to 4
+//               units of 8 a thread) through a block reduction, then quantized
 //   per group   1 × 128 groups: a half-warp per group, a unit per lane, four shuffles
 //   per tensor  the scale is an input (a calibrated activation scale): no reduction at all, v1's
 //               flat unit loop with an 8-byte store of codes. A dynamic per-tensor scale would
@@ -13,6 +14,8 @@
 // Expect: ≥ 90% of the copy ceiling at T = 8192 for all three (5 B per element; the per-token
 // block per row is the hardest to keep full); SASS: LDG.E.128, STG.E.64, F2FP on sm_89+.
 #include "elementwise.cuh"
+#include "lkw/launch.h"
+#include "lkw/ptx.cuh"
 
 namespace lkw::elementwise {
 namespace {
@@ -59,40 +62,66 @@ __device__ __forceinline__ float silu_unit(Bf16Vec<kVec>& gate, const Bf16Vec<kV
   return amax;
 }
 
-// ---- per token: a block per row --------------------------------------------------------------
+// ---- per token: a block (or a cluster of kCluster blocks) per row ------------------------------
 constexpr int kTokenUnits = 4;  // units per thread: d ≤ 1024 · 4 · 8 = 32768 (1024 · 4 for kVec 1)
 constexpr int kMaxThreads = 1024;
+constexpr int kMaxCluster = 8;  // CTAs a row at most: the portable cluster size
 
-template <int kVec>
+// Reduce (a cluster's rows): every CTA's block absmax, through distributed shared memory. Each
+// CTA leaves its own in shared memory; after the first cluster barrier every thread reads all
+// kCluster of them (max: the order does not matter, the bits are the one-block row's); the
+// second keeps every CTA's shared memory alive until the last read of it.
+template <int kCluster>
+__device__ __forceinline__ float cluster_max(float block_amax) {
+  if constexpr (kCluster == 1) {
+    return block_amax;
+  } else {
+    __shared__ float amax_sh;
+    if (threadIdx.x == 0) amax_sh = block_amax;
+    ptx::cluster_sync();
+    float amax = block_amax;
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) amax = fmaxf(amax, ptx::ld_shared_cluster_f32(&amax_sh, r));
+    ptx::cluster_sync();
+    return amax;
+  }
+}
+
+// Block b takes row b / kCluster, units [rank · slice, + slice) of it (rank: b's place in its
+// cluster; slice = row_units with one CTA a row).
+template <int kVec, int kCluster>
 __global__ void __launch_bounds__(kMaxThreads)
     per_token_kernel(const __nv_bfloat16* __restrict__ x, uint8_t* __restrict__ q,
-                     float* __restrict__ scales, int row_units, float scale_ub) {
-  const auto* x_vec = reinterpret_cast<const Bf16Vec<kVec>*>(x) + blockIdx.x * 2ll * row_units;
-  auto* q_row = reinterpret_cast<typename Codes<kVec>::Word*>(q + blockIdx.x * int64_t(row_units) * kVec);
+                     float* __restrict__ scales, int row_units, int slice, float scale_ub) {
+  const int64_t row = blockIdx.x / kCluster;
+  const unsigned rank = kCluster > 1 ? ptx::cluster_ctarank() : 0;
+  const int first = int(rank) * slice, units = min(slice, row_units - first);
+  const auto* x_vec = reinterpret_cast<const Bf16Vec<kVec>*>(x) + row * 2 * row_units + first;
+  auto* q_row = reinterpret_cast<typename Codes<kVec>::Word*>(q + (row * row_units + first) * kVec);
   Bf16Vec<kVec> gate[kTokenUnits], up[kTokenUnits];
-  // Stage: load the thread's units of the row (gates, then ups, row_units apart).
+  // Stage: load the thread's units of the slice (gates, then ups, row_units apart).
 #pragma unroll
   for (int u = 0; u < kTokenUnits; ++u) {
     const int i = threadIdx.x + u * blockDim.x;
-    if (i < row_units) {
+    if (i < units) {
       gate[u] = x_vec[i];              // (T, d/kVec) of the first half
       up[u] = x_vec[row_units + i];    // (T, d/kVec) of the second
     }
   }
-  // Stage: yb and the row's absmax (units past the row add nothing).
+  // Stage: yb and the slice's absmax (units past it add nothing).
   float amax = 0.0f;
 #pragma unroll
   for (int u = 0; u < kTokenUnits; ++u)
-    if (threadIdx.x + u * blockDim.x < row_units) amax = fmaxf(amax, silu_unit(gate[u], up[u]));
-  // BEGIN SOLUTION: v2 — the block's absmax, the row's scale (thread 0 stores it), the codes
-  amax = rmsnorm::block_reduce<rmsnorm::Max>(amax);
+    if (threadIdx.x + u * blockDim.x < units) amax = fmaxf(amax, silu_unit(gate[u], up[u]));
+  // BEGIN SOLUTION: v2 — the row's absmax (the block's, then the cluster's), its scale (stored once), the codes
+  amax = cluster_max<kCluster>(rmsnorm::block_reduce<rmsnorm::Max>(amax));
   const float scale = fp8_scale(amax, scale_ub);
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale;  // (T, 1)
+  if (threadIdx.x == 0 && rank == 0) scales[row] = scale;  // (T, 1)
   const float inv = fp8_inverse(scale);
 #pragma unroll
   for (int u = 0; u < kTokenUnits; ++u) {
     const int i = threadIdx.x + u * blockDim.x;
-    if (i < row_units) q_row[i] = quantize_unit(gate[u], inv);  // (T, d/kVec) × 8 B
+    if (i < units) q_row[i] = quantize_unit(gate[u], inv);  // (T, d/kVec) × 8 B
   }
   // END SOLUTION
 }
@@ -161,21 +190,45 @@ __global__ void __launch_bounds__(kTensorThreads)
 // ---- launchers ---------------------------------------------------------------------------------
 int vec_for(int64_t d) { return d % 8 == 0 ? 8 : 1; }
 
+// CTAs a row: one where the rows fill the SMs or clusters do not exist (before sm_90); else as
+// many as fill them, a power of two up to kMaxCluster, while a slice keeps a warp's units.
+int cluster_for(int64_t t, int row_units, bool clusters) {
+  int c = 1;
+  if (clusters)
+    while (c < kMaxCluster && t * 2 * c <= sm_count() && row_units / (2 * c) >= 32) c *= 2;
+  return c;
+}
+
+template <int kVec, int kCluster>
+Status launch_per_token(const ActArgs& a, int row_units, cudaStream_t stream) {
+  const int slice = (row_units + kCluster - 1) / kCluster;
+  // As few whole warps as hold the slice at kTokenUnits units a thread.
+  const int threads = int((slice + kTokenUnits * 32 - 1) / (kTokenUnits * 32) * 32);
+  const dim3 grid(unsigned(a.t * kCluster));
+  if constexpr (kCluster == 1) {
+    per_token_kernel<kVec, 1><<<grid, threads, 0, stream>>>(a.x, a.q, a.scales, row_units, slice, a.scale_ub);
+    return last_launch_status(kSiluFp8PerToken.name);
+  } else {
+    return launch_cluster(per_token_kernel<kVec, kCluster>, grid, kCluster, threads, 0, stream,
+                          kSiluFp8PerToken.name, a.x, a.q, a.scales, row_units, slice, a.scale_ub);
+  }
+}
+
+// The version splits decode rows over clusters; ablation_v2_one_block_a_row keeps a block a row.
+template <bool kClusters>
 Status per_token(const ActArgs& a, cudaStream_t stream) {
   const int vec = vec_for(a.d);
   Status s = validate_act(kSiluFp8PerToken, a, vec, int64_t(kMaxThreads) * kTokenUnits * vec);
   if (!s.ok()) return s;
   const int row_units = int(a.d / vec);
-  // As few whole warps as hold the row at kTokenUnits units a thread.
-  const int threads = int((row_units + kTokenUnits * 32 - 1) / (kTokenUnits * 32) * 32);
-  if (vec == 8) {
-    per_token_kernel<8><<<unsigned(a.t), threads, 0, stream>>>(a.x, a.q, a.scales, row_units,
-                                                               a.scale_ub);
-  } else {
-    per_token_kernel<1><<<unsigned(a.t), threads, 0, stream>>>(a.x, a.q, a.scales, row_units,
-                                                               a.scale_ub);
+  static const bool can_cluster = device_arch() >= 90;
+  if (vec == 1) return launch_per_token<1, 1>(a, row_units, stream);
+  switch (cluster_for(a.t, row_units, kClusters && can_cluster)) {
+    case 8: return launch_per_token<8, 8>(a, row_units, stream);
+    case 4: return launch_per_token<8, 4>(a, row_units, stream);
+    case 2: return launch_per_token<8, 2>(a, row_units, stream);
+    default: return launch_per_token<8, 1>(a, row_units, stream);
   }
-  return last_launch_status(kSiluFp8PerToken.name);
 }
 
 Status per_group(const ActArgs& a, cudaStream_t stream) {
@@ -209,10 +262,21 @@ std::vector<SassFact> wide(const std::string& kernel) {
           {kernel, {"sm_89", "sm_90a"}, {"F2FP"}, {}, true, "the hardware E4M3 cvt"}};
 }
 
+std::vector<SassFact> clustered() {
+  auto facts = wide("per_token_kernelILi8ELi1E");
+  facts.push_back({"per_token_kernelILi8ELi8E", {"sm_90a"}, {"UCGABAR_ARV", "UCGABAR_WAIT", "LDG.E.128"}, {}, true,
+                   "a cluster of 8 a row: its barriers around the absmax exchange, 16-byte loads"});
+  return facts;
+}
+
 const Register kPerTokenRegistered{act_version(
     kSiluFp8PerToken, "v2_act_fused_fp8",
-    "fused per-token FP8: a block per row, yb in registers through the absmax", per_token,
-    wide("per_token_kernelILi8E"))};
+    "fused per-token FP8: a block (a cluster, at decode) per row, yb in registers through the absmax",
+    per_token<true>, clustered())};
+const Register kPerTokenOneBlock{act_version(
+    kSiluFp8PerToken, "ablation_v2_one_block_a_row",
+    "v2 per token with one block a row at every T (no clusters)", per_token<false>,
+    wide("per_token_kernelILi8ELi1E"), Kind::kAblation)};
 const Register kPerGroupRegistered{act_version(
     kSiluFp8PerGroup, "v2_act_fused_fp8", "fused 1 x 128 FP8: a half-warp per group", per_group,
     wide("per_group_kernel"))};

@@ -3,7 +3,8 @@
 //                               order and clamp, the vector and the single-element path
 //   FusedVsChain/*              v2's codes and scales equal the unfused chain's (v1 then chapter
 //                               03's quantizer) bit for bit; the per-tensor codes equal chapter
-//                               03's rule applied on the host to v1's y
+//                               03's rule applied on the host to v1's y; per token, a row split
+//                               over a cluster (decode T) equals one block a row
 //   Rope/*                      v3 and v4 share rotate_pair: bit-equal for both styles, partial
 //                               rotation, the inverse and the single-pair path; in place equals
 //                               out of place and leaves the tail as it was; a token whose
@@ -104,6 +105,21 @@ TEST(FusedVsChain, BitForBit) {
     const uint8_t want = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
     ASSERT_EQ(q.bytes[0][size_t(i)], want) << "element " << i;
   }
+}
+
+TEST(FusedVsChain, ClusterRowsEqualOneBlockRows) {
+  SKIP_WITHOUT_GPU();
+  // T = 1 and 16 take clusters of 8, 32 of 4, 64 of 2, 200 one block a row (on 132 SMs); d = 4104
+  // leaves the last CTA of a cluster a shorter slice, d = 256 keeps 32 units a slice at most 4.
+  for (const int64_t d : {int64_t(14336), int64_t(4104), int64_t(256)})
+    for (const int64_t t : {1, 16, 32, 64, 200}) {
+      auto rng = rng_for("cluster" + std::to_string(t) + "_" + std::to_string(d));
+      const HostTensor x = bf16({t, 2 * d}, random_bf16(rng, t * 2 * d, d));
+      const std::vector<HostTensor> outs{poisoned(DType::kE4M3, {t, d}), poisoned(DType::kF32, {t, 1})};
+      const std::string what = "per token T = " + std::to_string(t) + " d = " + std::to_string(d);
+      expect_same(run(name("silu_and_mul_fp8_per_token", "v2_act_fused_fp8"), {x}, outs, {}),
+                  run(name("silu_and_mul_fp8_per_token", "ablation_v2_one_block_a_row"), {x}, outs, {}), what);
+    }
 }
 
 struct RopeShape {
