@@ -581,12 +581,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Counts this warp in on named barrier id without waiting (bar.arrive): with named_barrier_sync on
-// the other side, a one-way signal between warpgroups (the waiting side's threads count too).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async once waited for)
 // visible to the async proxy that wgmma and TMA read through: after a cp.async stage lands and
 // before the wgmma that reads it (with a barrier between, for the other threads' copies).

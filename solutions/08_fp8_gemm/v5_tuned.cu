@@ -63,7 +63,7 @@ template <bool kPromote, int kBlockN, class Store, int kPair = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_v5_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                   const __grid_constant__ CUtensorMap y_map, const GemmArgs a, const TileSchedule sched,
-                  float* __restrict__ partials, unsigned* __restrict__ arrivals, const bool turns) {
+                  float* __restrict__ partials, unsigned* __restrict__ arrivals) {
   using T = Tile<kPromote, kBlockN, Store>;
   static_assert(kPair == 1 || (kPromote && Store::kTma), "pairs: blockwise tiles, whole, stored by TMA");
   extern __shared__ unsigned char smem_raw[];
@@ -205,13 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < kBlockN / 2; ++j) total[j] = 0.f;
       for (int kt = kb0; kt < kb1; ++kt, ++it) {
         const int s = it % T::kStages;
-        // Turns (a launcher argument): the warpgroups issue their blocks alternately (named
-        // barriers 4 and 5: wait for the other's last issue, signal this one), so the tensor cores
-        // run one's block while the other promotes. Issued together, both blocks end together and
-        // both warpgroups promote while the tensor cores wait.
-        if (turns && (c == 1 || it > 0)) ptx::named_barrier_sync(4 + c, 128 * kConsumers);
         issue(s, false);  // a fresh sum each block: promotion
-        if (turns) ptx::named_barrier_arrive(5 - c, 128 * kConsumers);
         // The block's scales from its stage (landed with it), read while the wgmmas run and
         // before the stage is released.
         const float* const slot = scale_slot(s);
@@ -279,7 +273,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     store(unit, n0, row);
   }
-  if (kPromote && turns && c == 0 && it > 0) ptx::named_barrier_sync(4, 128 * kConsumers);  // the last turn passed
   if (Store::kTma && threadIdx.x % 128 == 0) ptx::bulk_wait_group_read<0>();  // the staging outlives its reads
 }
 
@@ -287,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // goes on to its next tile while the copy engine drains the last); a tile split over K, the last
 // share's pairs straight to y (there the staging measured slower). The ablation stores directly.
 template <bool kPromote, int kBlockN>
-Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, bool turns, cudaStream_t stream) {
+Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_whole, cudaStream_t stream) {
   const bool tma = tma_where_whole && sched.splits == 1;
   CUtensorMap a_map, b_map, y_map{};
   float* partials;
@@ -300,13 +293,13 @@ Status launch_v5(const GemmArgs& a, const TileSchedule& sched, bool tma_where_wh
   const int smem = tma ? Tile<kPromote, kBlockN, StoreTma>::kSmemBytes
                        : Tile<kPromote, kBlockN, StoreDirect>::kSmemBytes;
   return launch_with_smem(kernel, dim3(persistent_grid(sched, a.max_blocks)), kThreads, smem, stream, kOp, a_map,
-                          b_map, y_map, a, sched, partials, arrivals, turns);
+                          b_map, y_map, a, sched, partials, arrivals);
 }
 
 // Pairs (blockwise, whole tiles, TMA store): clusters of kPair CTAs, as many as run at once, each
 // a persistent worker over the plan's kPair-tall tiles; B's tensor map in kPair slices of the tile.
 template <int kBlockN, int kPair>
-Status launch_v5_pairs(const GemmArgs& a, const TileSchedule& sched, bool turns, cudaStream_t stream) {
+Status launch_v5_pairs(const GemmArgs& a, const TileSchedule& sched, cudaStream_t stream) {
   constexpr auto kernel = fp8_v5_kernel<true, kBlockN, StoreTma, kPair>;
   constexpr int smem = Tile<true, kBlockN, StoreTma>::kSmemBytes;
   CUtensorMap a_map, b_map, y_map;
@@ -317,27 +310,25 @@ Status launch_v5_pairs(const GemmArgs& a, const TileSchedule& sched, bool turns,
   if (a.max_blocks > 0) clusters = std::min(clusters, std::max(1, a.max_blocks / kPair));
   if (clusters < 1) return error(Code::kUnsupportedArch, "v5: this device runs no cluster of this kernel");
   return launch_cluster(kernel, dim3(clusters * kPair), kPair, kThreads, smem, stream, kOp, a_map, b_map, y_map, a,
-                        sched, static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr), turns);
+                        sched, static_cast<float*>(nullptr), static_cast<unsigned*>(nullptr));
 }
 
-// kSplitK off, kWide on, kTurns off: the ablations' plans (schedule.cuh's plan_v5_variant).
-template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false, bool kPairs = false, bool kTurns = true>
+// kSplitK off, kWide on: the ablations' plans (schedule.cuh's plan_v5_variant).
+template <bool kTmaWhereWhole, bool kSplitK = true, bool kWide = false, bool kPairs = false>
 Status gemm_v5(const GemmArgs& a, cudaStream_t stream) {
   const char* id = kWide ? "ablation_v5_wide_blockwise" : !kSplitK ? "ablation_v5_no_split"
-                   : !kTmaWhereWhole ? "ablation_v5_direct_store" : !kTurns ? "ablation_v5_same_phase"
-                   : kPairs ? "v5_tuned" : "ablation_v5_no_multicast";
+                   : !kTmaWhereWhole ? "ablation_v5_direct_store" : kPairs ? "v5_tuned" : "ablation_v5_no_multicast";
   Status s = validate_gemm(a, {Granularity::kTensor, Granularity::kRowwise, Granularity::kBlockwise}, 90, id);
   if (!s.ok()) return s;
   const bool blockwise = a.granularity == Granularity::kBlockwise;
   if (kPairs && blockwise && pairs_pay(a.m)) {
     const TileSchedule pairs = plan_v5_pairs(a.m, a.n, a.k, sm_count(), kGroupM, kPair);
-    return pairs.block_n == 192 ? launch_v5_pairs<192, kPair>(a, pairs, kTurns, stream)
-                                : launch_v5_pairs<128, kPair>(a, pairs, kTurns, stream);
+    return pairs.block_n == 192 ? launch_v5_pairs<192, kPair>(a, pairs, stream) : launch_v5_pairs<128, kPair>(a, pairs, stream);
   }
   const TileSchedule sched = plan_v5_variant(a.m, a.n, a.k, blockwise, sm_count(), kGroupM, kSplitK, kWide);
   const auto launch = blockwise ? (sched.block_n == 192 ? launch_v5<true, 192> : launch_v5<true, 128>)
                                 : (sched.block_n == 256 ? launch_v5<false, 256> : launch_v5<false, 128>);
-  return launch(a, sched, kTmaWhereWhole, kTurns, stream);
+  return launch(a, sched, kTmaWhereWhole, stream);
 }
 
 const SassFact kTmaFacts{"StoreTma", {"sm_90a"}, {"QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"},
@@ -356,9 +347,6 @@ const RegisterGemm kRegistered{{kBlockwiseOp, kOp}, "v5_tuned",
 const RegisterGemm kNoMulticast{{kBlockwiseOp}, "ablation_v5_no_multicast",
                                 "v5 without pairs: every CTA loads its own B tile from L2", gemm_v5<true>, 90,
                                 {kTmaFacts, kDirectFacts}, Kind::kAblation};
-const RegisterGemm kSamePhase{{kBlockwiseOp}, "ablation_v5_same_phase",
-                              "v5 with both warpgroups issuing each block at once (no turns)",
-                              gemm_v5<true, true, false, true, false>, 90, {kTmaFacts, kDirectFacts}, Kind::kAblation};
 const RegisterGemm kDirect{{kBlockwiseOp, kOp}, "ablation_v5_direct_store",
                            "v5 with every tile stored by its threads' pairs, no TMA store", gemm_v5<false>, 90,
                            {kDirectFacts}, Kind::kAblation};
