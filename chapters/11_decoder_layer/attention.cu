@@ -30,8 +30,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;  // query heads a block (a larger group takes several blocks)
 // 16-byte loads a thread keeps in flight: a block streams a few thousand keys at most, so what it
 // waits for is each dependent round trip to memory, not bandwidth. Half a key (D = 128) a round,
-// and 64 keys' values of a dimension issued before the softmax's two barriers, so that the
-// barriers wait with them. Sixteen (a whole key, a whole tile) doubles the registers: two blocks
+// and 64 keys' values of a dimension issued with the key's first pieces (their cache blocks read
+// with the key's), so that the scores and the softmax's barriers wait with them. Sixteen (a whole key, a whole tile) doubles the registers: two blocks
 // an SM, and the decode steps of many sequences lose more than one sequence gains.
 constexpr int kKeyLoads = 8;
 constexpr int kValueLoads = 8;
@@ -94,8 +94,10 @@ __host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) 
 // kG: query heads a block holds (4 where the group is at most 4, as Llama-3's is; else 8), kDims:
 // dimensions a thread owns in P.V (D up to 128: one). Arrays sized to the shape, not to the
 // largest one, keep the registers few and the blocks an SM holds many.
+// Blocks an SM: 3 (kG 4) or 2 (kG 8), what the registers of the values and key pieces in flight
+// together allow without spilling.
 template <int kG, int kDims>
-__global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, float scale) {
+__global__ void __launch_bounds__(kThreads, kG == 4 ? 3 : 2) attention_kernel(AttentionArgs a, float scale) {
   __shared__ __align__(16) float q_sh[kG][kDims * kThreads];  // read 8 floats at a time
   __shared__ __align__(16) float p_sh[kG][kThreads];
   __shared__ float max_sh[kG][kWarps], sum_sh[kG][kWarps];
@@ -103,7 +105,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
   const int split = blockIdx.x;
   const int64_t kvh = blockIdx.y / chunks, first = blockIdx.y % chunks * kG, h0 = kvh * group + first;
   const int heads = int(group - first < kG ? group - first : kG);
-  const int64_t t = blockIdx.z, d = a.d;
+  const int64_t t = blockIdx.z;
+  // Keys, D and the block size in 32 bits (the host refuses a capacity past 2^31 keys): a key's
+  // block and offset are an inline 32-bit division, not a 64-bit one's call, and the loop's
+  // counters take one register each.
+  const int d = int(a.d);
+  const uint32_t bs = uint32_t(a.block_size);
   // The position first: its load and the q row's are in flight together.
   const int64_t* table = a.block_table + t / a.q_len * a.table_blocks;  // this token's sequence
   const int64_t capacity = a.table_blocks * a.block_size, pos = a.positions[t];
@@ -113,74 +120,91 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
   __syncthreads();
 
   // This block's keys: its share of the capacity, cut at the token's own position (causal).
-  const int64_t len = pos < 0 ? 0 : (pos + 1 < capacity ? pos + 1 : capacity);
-  const int64_t per_split = keys_per_split(capacity, a.splits);
-  const int64_t begin = split * per_split;
-  const int64_t end = begin + per_split < len ? begin + per_split : len;
+  const int len = int(pos < 0 ? 0 : (pos + 1 < capacity ? pos + 1 : capacity));
+  const int per_split = int(keys_per_split(capacity, a.splits));
+  const int begin = split * per_split;
+  const int end = begin + per_split < len ? begin + per_split : len;
   const auto* kc = static_cast<const uint4*>(a.key_cache);    // 8 BF16 of a key per uint4
   const auto* vc = static_cast<const uint4*>(a.value_cache);  // 8 keys' BF16 of a dimension per uint4
 
-  // Dimension r's values of keys base + c0 .. + 8 kValueChunks - 1 (8 a load; past the tile,
-  // or in a block outside the cache: zeros).
+  // The values of keys base + c0 .. + 8 kValueChunks - 1, 8 a load (a chunk: its first key a
+  // multiple of 8, bs one too, so its 8 keys share a cache block). First every chunk's block (-1
+  // past the tile), all in flight together; then dimension r's values (zeros in a block outside
+  // the cache or past D).
   constexpr int kValueChunks = kValueLoads / kDims > 0 ? kValueLoads / kDims : 1;
-  auto load_values = [&](int64_t base, int64_t tile, int r, int64_t c0, uint4 (&v)[kValueChunks]) {
-    const int64_t dim = threadIdx.x + r * kThreads;
+  // A chunk's table row and 16-byte offset in its block step along from the first chunk's (one
+  // division a call; at most one wrap a step).
+  const uint32_t cb = bs / 8;                                  // chunks a cache block
+  const int64_t v_block = a.hkv * d * cb, v_head = kvh * d * cb;  // 16-byte units
+  auto value_blocks = [&](int base, int tile, int c0, int64_t (&blk)[kValueChunks],
+                          uint32_t (&at)[kValueChunks]) {
+    const uint32_t c = uint32_t(base + c0) / 8;
+    uint32_t row = c / cb, o = c - row * cb;
 #pragma unroll
     for (int u = 0; u < kValueChunks; ++u) {
-      const int64_t key = base + c0 + 8 * u;  // a multiple of 8: its 8 keys share a cache block
-      const int64_t blk = c0 + 8 * u < tile && dim < d ? table[key / a.block_size] : -1;
-      v[u] = blk >= 0 && blk < a.num_blocks
-                 ? vc[(((blk * a.hkv + kvh) * d + dim) * a.block_size + key % a.block_size) / 8]
-                 : make_uint4(0, 0, 0, 0);
+      blk[u] = c0 + 8 * u < tile ? table[row] : -1;
+      at[u] = o;
+      if (++o == cb) o = 0, ++row;
     }
+  };
+  auto load_values = [&](int r, const int64_t (&blk)[kValueChunks], const uint32_t (&at)[kValueChunks],
+                         uint4 (&v)[kValueChunks]) {
+    const int dim = threadIdx.x + r * kThreads;
+    const uint4* vd = vc + v_head + dim * cb;  // (B,Hkv,D,bs): dimension dim's keys, 8 a load
+#pragma unroll
+    for (int u = 0; u < kValueChunks; ++u)
+      v[u] = blk[u] >= 0 && blk[u] < a.num_blocks && dim < d ? vd[blk[u] * v_block + at[u]]
+                                                             : make_uint4(0, 0, 0, 0);
   };
 
   float m[kG], l[kG], acc[kG][kDims] = {};
 #pragma unroll
   for (int g = 0; g < kG; ++g) m[g] = -INFINITY, l[g] = 0.0f;
-  for (int64_t base = begin; base < end; base += kThreads) {
-    const int64_t tile = end - base < kThreads ? end - base : kThreads;
-    // Load: thread i takes key base + i, kKeyLoads of its 16-byte pieces at a time.
-    const int64_t j = base + threadIdx.x;
+  for (int base = begin; base < end; base += kThreads) {
+    const int tile = end - base < kThreads ? end - base : kThreads;
+    // Load: the cache blocks of thread i's key (base + i) and of the tile's first value chunks,
+    // in flight together; then those values, in flight through the scores and the softmax's
+    // barriers, and the key, kKeyLoads of its 16-byte pieces at a time.
+    const int j = base + threadIdx.x;
+    const uint32_t off = uint32_t(j) % bs;
+    const int64_t blk = j < end ? table[uint32_t(j) / bs] : -1;
+    int64_t vblk[kValueChunks];
+    uint32_t vat[kValueChunks];
+    value_blocks(base, tile, 0, vblk, vat);
+    uint4 vv[kDims][kValueChunks];
+#pragma unroll
+    for (int r = 0; r < kDims; ++r) load_values(r, vblk, vat, vv[r]);
     float s[kG];
 #pragma unroll
     for (int g = 0; g < kG; ++g) s[g] = -INFINITY;
-    bool valid = false;
-    if (j < end) {
-      const int64_t blk = table[j / a.block_size], off = j % a.block_size;
-      valid = blk >= 0 && blk < a.num_blocks;
-      if (valid) {
+    const bool valid = blk >= 0 && blk < a.num_blocks;
+    if (valid) {
 #pragma unroll
-        for (int g = 0; g < kG; ++g) s[g] = 0.0f;
-        const uint4* key = kc + (blk * a.hkv + kvh) * (d / 8) * a.block_size + off;  // (B,Hkv,D/8,bs)
-        for (int64_t c0 = 0; c0 < d / 8; c0 += kKeyLoads) {
-          uint4 v[kKeyLoads];
+      for (int g = 0; g < kG; ++g) s[g] = 0.0f;
+      const uint4* key = kc + (blk * a.hkv + kvh) * (d / 8) * a.block_size + off;  // (B,Hkv,D/8,bs)
+      for (int c0 = 0; c0 < d / 8; c0 += kKeyLoads) {
+        uint4 v[kKeyLoads];
 #pragma unroll
-          for (int u = 0; u < kKeyLoads; ++u)
-            if (c0 + u < d / 8) v[u] = key[(c0 + u) * a.block_size];
-          // Compute: the scores of every head of the group.
+        for (int u = 0; u < kKeyLoads; ++u)
+          if (c0 + u < d / 8) v[u] = key[(c0 + u) * bs];
+        // Compute: the scores of every head of the group.
 #pragma unroll
-          for (int u = 0; u < kKeyLoads; ++u) {
-            if (c0 + u >= d / 8) break;
-            float x[8];
-            unpack8(v[u], x);
-            const int dim = 8 * int(c0 + u);
+        for (int u = 0; u < kKeyLoads; ++u) {
+          if (c0 + u >= d / 8) break;
+          float x[8];
+          unpack8(v[u], x);
+          const int dim = 8 * int(c0 + u);
+          // Every one of the kG heads (q rows past the group are zeros): kG independent chains.
 #pragma unroll
-            for (int g = 0; g < kG; ++g) {
-              if (g >= heads) break;
-              float qv[8];
-              load8(&q_sh[g][dim], qv);
+          for (int g = 0; g < kG; ++g) {
+            float qv[8];
+            load8(&q_sh[g][dim], qv);
 #pragma unroll
-              for (int i = 0; i < 8; ++i) s[g] = fmaf(qv[i], x[i], s[g]);
-            }
+            for (int i = 0; i < 8; ++i) s[g] = fmaf(qv[i], x[i], s[g]);
           }
         }
       }
     }
-    // The tile's first values, in flight through the softmax's barriers.
-    uint4 vv[kDims][kValueChunks];
-#pragma unroll
-    for (int r = 0; r < kDims; ++r) load_values(base, tile, r, 0, vv[r]);
     if (!__syncthreads_or(valid)) continue;  // the same in every thread: no valid key in the tile
     // Reduce: the tile's softmax against the running max, rescaling what came before. The previous
     // tile's readers of p_sh passed the max's barrier; the sum's barrier publishes this tile's p.
@@ -208,24 +232,28 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, fl
 #pragma unroll
     for (int r = 0; r < kDims; ++r) {
       if (threadIdx.x + r * kThreads >= d) continue;
-      for (int64_t c0 = 0; c0 < tile; c0 += 8 * kValueChunks) {
-        if (c0 > 0) load_values(base, tile, r, c0, vv[r]);
+      for (int c0 = 0; c0 < tile; c0 += 8 * kValueChunks) {
+        if (c0 > 0) {
+          value_blocks(base, tile, c0, vblk, vat);
+          load_values(r, vblk, vat, vv[r]);
+        }
 #pragma unroll
         for (int u = 0; u < kValueChunks; ++u) {
           const int j0 = int(c0) + 8 * u;
           if (j0 >= tile) break;
           float x[8];
           unpack8(vv[r][u], x);
+          // Past the context the cache holds whatever it held: its values are zeroed, never
+          // multiplied by a zero weight (0 x NaN). Every kG head, as for the scores (p is 0 past
+          // the group).
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = j0 + i < tile ? x[i] : 0.0f;
 #pragma unroll
           for (int g = 0; g < kG; ++g) {
-            if (g >= heads) break;
             float pv[8];
             load8(&p_sh[g][j0], pv);
-            // Past the context the cache holds whatever it held: a zero weight skips it, never
-            // multiplies it (0 x NaN).
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-              if (pv[i] != 0.0f) acc[g][r] = fmaf(pv[i], x[i], acc[g][r]);
+            for (int i = 0; i < 8; ++i) acc[g][r] = fmaf(pv[i], x[i], acc[g][r]);
           }
         }
       }
@@ -322,6 +350,8 @@ Status check_attention(const AttentionArgs& a) {
           .that(a.q_len > 0 && a.t % a.q_len == 0, "T must be whole sequences of q_len tokens")
           .positive(a.block_size, "block_size")
           .that(a.block_size % 8 == 0, "block_size must be a multiple of 8 (16-byte value loads)")
+          .that(a.table_blocks <= (int64_t(1) << 31) / std::max<int64_t>(a.block_size, 1),
+                "a sequence's keys (table_blocks x block_size) must fit in 31 bits")
           .aligned(a.q, 2, "q")
           .aligned(a.o, 2, "o")
           .aligned(a.block_table, 8, "block_table")
