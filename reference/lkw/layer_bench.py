@@ -17,6 +17,8 @@ CUDA-graph replays (the headline mode of lkw.bench: a decoder captures its step 
    their sum against the graphed layer (what remains is named: allocations and the gaps between
    kernels; where chapter 05's fused rope + cache step is not built, the copies that make q and k
    contiguous for the RoPE kernel when T > 1);
+   and the layer's own timeline (``in_layer``): one replay of the all-workbook layer under
+   torch.profiler, each kernel's time between its neighbours and the time between kernels;
 3. the whole layer: graph time, the layer's byte and FLOP bound (``layer_bound``), % of it;
 4. peers in the same run: torch eager and torch.compile (BF16), each in a CUDA graph; the
    production-kernel layer (lkw.layer_torch.production_steps, vLLM through lkw.peers; skipped with
@@ -251,6 +253,55 @@ def time_graphs(makers: list[tuple[str, object]], per_call: int, replays: int, l
                       "replays": replays, "interleaved": len(names)}
     graphs.clear()
     return {name: rows[name] for name, _ in makers}
+
+
+def timeline(spans: list[tuple[str, float, float]], per_call: int) -> dict:
+    """The GPU's work in one graph replay, from (name, start, end) of its kernels (µs, any order):
+    per layer (the replay holds per_call layers), the time some kernel ran (the union of the
+    spans), the time from the first start to the last end, what lies between the kernels (the
+    difference: a kernel's launch and drain, a dependency's wait), and each kernel name's time."""
+    spans = sorted(spans, key=lambda x: x[1])
+    busy, end, by = 0.0, None, {}
+    for name, a, z in spans:
+        if end is None or a >= end:
+            busy += z - a
+            end = z
+        elif z > end:  # overlapping the one before: only the part after it
+            busy += z - end
+            end = z
+        us, n = by.get(name, (0.0, 0))
+        by[name] = (us + z - a, n + 1)
+    span = max(z for _, _, z in spans) - spans[0][1] if spans else 0.0
+    rows = sorted(({"kernel": k[:120], "us": us / per_call, "launches": n / per_call}
+                   for k, (us, n) in by.items()), key=lambda r: -r["us"])
+    return {"kernels_us": busy / per_call, "span_us": span / per_call,
+            "between_us": (span - busy) / per_call, "launches": len(spans) / per_call,
+            "by_kernel": rows}
+
+
+def in_layer(body, per_call: int) -> dict:
+    """The workbook layer's kernels as they run in its graph: one replay under torch.profiler
+    (CUPTI records each kernel of a replayed graph), as ``timeline``. The per-kernel table times
+    each step alone over its own copies; here each kernel runs between its neighbours, on their
+    outputs, so the two tables differ by what the layer does to a kernel, and the time between
+    kernels is the part of the layer no kernel holds."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = capture(body)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    del graph
+    spans = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+             if e.device_type == DeviceType.CUDA]
+    if not spans:
+        raise RuntimeError("the profiler recorded no kernel of the replayed graph")
+    return timeline(spans, per_call)
 
 
 def timed(name: str, fn, log=print) -> dict:
@@ -607,6 +658,7 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
         whole["torch_compile"] = timed_rows["torch.compile"]
     for who, row in whole.items():
         log(f"  {who}: {row.get('graph_us')}")
+    inside = timed("in the layer", lambda: in_layer(body_of(case, wb), r), log)
     after = verify(case, wb, which=r - 1)
     b_us = bound_us(nbytes, flops, ceiling_gbps, tflops)
     us = whole["workbook"].get("graph_us")
@@ -615,7 +667,7 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
         "format": fmt, "kind": kind, "t": t, "context": context_of(kind, t), "case": case_name(kind, t),
         "rotations": r, "check": check, "check_after": after, "owner": owner,
         "torch_paths": dict(layer_torch.TORCH_PATHS), "waterfall": fall, "kernels": kernels,
-        "kernel_sum_us": summed, "layer": whole, "bound_bytes": nbytes, "bound_flops": flops,
+        "kernel_sum_us": summed, "in_layer": inside, "layer": whole, "bound_bytes": nbytes, "bound_flops": flops,
         "bound_us": b_us, "pct_bound": 100.0 * b_us / us if us and b_us else None,
         "unaccounted": ("allocations, gaps between kernels" if layer_torch.writes_cache(wb["rope"]) else
                         "q, k made contiguous for RoPE (T > 1), allocations, gaps between kernels"),
@@ -677,6 +729,14 @@ def print_run(run: dict, out=sys.stdout) -> None:
         lay = c["layer"]
         print(f"layer: workbook {f(lay['workbook'].get('graph_us'))} µs, sum of kernels "
               f"{f(c['kernel_sum_us'])}, bound {f(c['bound_us'])} µs ({f(c['pct_bound'])}% of it)", file=out)
+        inside = c.get("in_layer") or {}
+        if "kernels_us" in inside:
+            print(f"in the layer (one replay profiled): kernels {f(inside['kernels_us'])} µs, between "
+                  f"them {f(inside['between_us'])}, {f(inside['launches'], 0)} launches", file=out)
+            for k in inside["by_kernel"][:12]:
+                print(f"  {f(k['us']):>8}  x{f(k['launches'], 0)}  {k['kernel'][:90]}", file=out)
+        elif inside:
+            print(f"in the layer: not profiled ({inside.get('skipped') or inside.get('error')})", file=out)
         for who in ("torch_eager", "torch_compile", "production", "runner"):
             if who in lay:
                 why = lay[who].get("skipped") or lay[who].get("error") or ""

@@ -5,6 +5,8 @@ write and gather, the batch metadata, GQA attention over several sequences); tor
 close to the reference; the bench's byte models (no torch needed). The workbook's kernels and
 the timing are GPU work: tests/python/test_layer_gpu.py."""
 
+import json
+
 import numpy as np
 import pytest
 from lkw import decoder_layer as dl
@@ -481,6 +483,39 @@ def test_whole_layers_are_timed_in_turns_and_a_failed_one_keeps_its_reason(torch
     # same two layers would be 2500 and 5000 µs
     assert (rows["a"]["graph_us"], rows["b"]["graph_us"]) == (3500.0, 4000.0)
     assert (rows["a"]["graph_min_us"], rows["a"]["graph_max_us"], rows["a"]["replays"]) == (1500.0, 5500.0, 5)
+
+
+def test_the_timeline_counts_each_microsecond_once_and_names_the_rest():
+    """timeline: kernels in any order, per layer (per_call layers a replay); busy time is the union
+    of the spans (an overlap counted once, a span inside another not at all), between = span -
+    busy, each name's time and launches summed."""
+    spans = [("b", 30.0, 50.0), ("a", 0.0, 10.0), ("c", 12.0, 20.0), ("a", 15.0, 25.0),
+             ("d", 40.0, 45.0)]  # a(15-25) overlaps c(12-20); d inside b
+    t = layer_bench.timeline(spans, per_call=2)
+    # busy: 0-10, 12-25, 30-50 = 10 + 13 + 20 = 43; span 0-50; between 7 (10-12, 25-30)
+    assert t["kernels_us"] == pytest.approx(43 / 2) and t["span_us"] == pytest.approx(25.0)
+    assert t["between_us"] == pytest.approx(7 / 2) and t["launches"] == pytest.approx(2.5)
+    by = {r["kernel"]: r for r in t["by_kernel"]}
+    assert by["a"]["us"] == pytest.approx(10.0) and by["a"]["launches"] == pytest.approx(1.0)
+    assert [r["kernel"] for r in t["by_kernel"]] == ["a", "b", "c", "d"]  # longest first
+    # the last span to end need not be the last to start
+    assert layer_bench.timeline([("x", 0.0, 100.0), ("y", 10.0, 20.0)], 1)["span_us"] == 100.0
+    assert layer_bench.timeline([], 1)["kernels_us"] == 0.0
+
+
+def test_print_run_shows_the_layer_s_own_timeline_or_why_not():
+    import io
+
+    from lkw import results
+
+    run = json.loads(json.dumps(results.example("11_decoder_layer")))
+    run["cases"][0]["in_layer"] = layer_bench.timeline([("k1", 0.0, 4.0), ("k2", 5.0, 7.0)], 1)
+    run["cases"][1]["in_layer"] = {"graph_us": None, "error": "RuntimeError: no kernel"}
+    out = io.StringIO()
+    layer_bench.print_run(run, out=out)
+    text = out.getvalue()
+    assert "kernels 6.0 µs, between them 1.0, 2 launches" in text
+    assert "not profiled (RuntimeError: no kernel)" in text
 
 
 def test_merge_replaces_a_run_s_own_cases_and_keeps_the_rest():

@@ -341,3 +341,25 @@ def test_graph_replays_100_steps_with_the_cache_growing(names, fmt, t):
                 err = float((gw - rw).norm() / rw.norm())
                 assert err <= LAYER_TOLERANCE[fmt], f"step {step}: new {what}s off by {err:.3g}"
     assert int(meta.positions[0]) == start - 1 + n
+
+
+def test_the_layer_s_own_timeline_sees_every_kernel_of_a_replay():
+    """layer_bench.in_layer profiles one replay of a captured graph: three kernels a call and two
+    calls a replay give 1.5 launches a layer at per_call = 4, each kernel's name among the rows."""
+    from lkw import layer_bench
+
+    x = torch.zeros(1 << 20, device="cuda")
+
+    def body():
+        x.add_(1.0)
+        x.mul_(2.0)
+        x.sub_(1.0)
+
+    def two():
+        body()
+        body()
+
+    t = layer_bench.in_layer(two, per_call=4)
+    assert t["launches"] == pytest.approx(6 / 4)
+    assert t["kernels_us"] > 0 and t["between_us"] >= 0 and t["span_us"] >= t["kernels_us"]
+    assert len(t["by_kernel"]) >= 2
