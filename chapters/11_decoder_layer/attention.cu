@@ -21,8 +21,6 @@
 #include <cmath>
 
 #include "layer.h"
-#include "lkw/launch.h"
-#include "lkw/ptx.cuh"
 
 namespace lkw::layer {
 namespace {
@@ -108,10 +106,6 @@ __global__ void __launch_bounds__(kThreads, kG == 4 ? 3 : 2) attention_kernel(At
   const int64_t kvh = blockIdx.y / chunks, first = blockIdx.y % chunks * kG, h0 = kvh * group + first;
   const int heads = int(group - first < kG ? group - first : kG);
   const int64_t t = blockIdx.z;
-  // Wait for the kernel ahead (q, the cache and the positions are its outputs), then let the
-  // kernels behind launch: they wait for this whole grid before they read (AttentionArgs::pdl).
-  ptx::grid_dependency_wait();
-  ptx::grid_dependents_launch();
   // Keys, D and the block size in 32 bits (the host refuses a capacity past 2^31 keys): a key's
   // block and offset are an inline 32-bit division, not a 64-bit one's call, and the loop's
   // counters take one register each.
@@ -294,49 +288,30 @@ __global__ void __launch_bounds__(kThreads, kG == 4 ? 3 : 2) attention_kernel(At
 }
 
 // o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, M the largest m_s; a split without keys
-// (m_s = -inf, o_s = 0) weighs nothing. Everything the block reads is in flight at once: a
-// thread a split's (m_s, l_s), and each thread its dimensions of every split's o_s (up to
-// kMaxSplits x kMaxDims floats in registers); then the block reduces the pairs and each
-// dimension sums the splits in order with their weights from shared memory.
-constexpr int kMaxDims = kMaxHeadDim / kThreads;
-static_assert(kMaxDims * kThreads >= kMaxHeadDim, "the combine kernel: every dimension a thread's");
+// (m_s = -inf) weighs nothing. A thread a split reads its (m_s, l_s) and the block reduces them,
+// so that each split's pair is one load in flight, not one a step of a loop; then each dimension
+// sums the splits with their weights from shared memory.
 __global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
   __shared__ float w_sh[kMaxSplits];
   __shared__ float red_sh[2][1][kWarps];
-  const int h = blockIdx.x, d = int(a.d), splits = a.splits;
-  const int64_t t = blockIdx.y;
-  ptx::grid_dependency_wait();  // the partials: the attention's
-  ptx::grid_dependents_launch();
-  const float* part = a.partials + (t * a.hq + h) * splits * (d + 2);
-  // Load.
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y, d = a.d;
+  const float* part = a.partials + (t * a.hq + h) * a.splits * (d + 2);
   const int s = threadIdx.x;  // kMaxSplits <= kThreads
-  const float ms = s < splits ? part[s * (d + 2)] : -INFINITY;
-  const float ls = s < splits ? part[s * (d + 2) + 1] : 0.0f;
-  float os[kMaxDims][kMaxSplits];
-#pragma unroll
-  for (int r = 0; r < kMaxDims; ++r) {
-    const int dim = threadIdx.x + r * kThreads;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k)
-      os[r][k] = k < splits && dim < d ? part[k * (d + 2) + 2 + dim] : 0.0f;
-  }
-  // Reduce: the weights and their sum.
+  const float ms = s < a.splits ? part[s * (d + 2)] : -INFINITY;
+  const float ls = s < a.splits ? part[s * (d + 2) + 1] : 0.0f;
   float big[1] = {ms};
   block_reduce<true>(big, red_sh[0]);
   const float w = ms == -INFINITY ? 0.0f : expf(ms - big[0]);
-  if (s < splits) w_sh[s] = w;
+  if (s < a.splits) w_sh[s] = w;
   float l[1] = {w * ls};
   block_reduce<false>(l, red_sh[1]);  // its barrier publishes w_sh
-  // Store.
   auto* o = static_cast<__nv_bfloat16*>(a.o) + (t * a.hq + h) * d;  // (T,Hq D)
-#pragma unroll
-  for (int r = 0; r < kMaxDims; ++r) {
-    const int dim = threadIdx.x + r * kThreads;
-    if (dim >= d) break;
+  for (int64_t dim = threadIdx.x; dim < d; dim += kThreads) {
     float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k)
-      if (k < splits) acc = fmaf(w_sh[k], os[r][k], acc);
+#pragma unroll 8
+    for (int k = 0; k < a.splits; ++k)
+      if (w_sh[k] != 0.0f) acc = fmaf(w_sh[k], part[k * (d + 2) + 2 + dim], acc);
     o[dim] = __float2bfloat16_rn(l[0] > 0.0f ? acc / l[0] : 0.0f);
   }
 }
@@ -395,13 +370,13 @@ Status paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(a.splits), unsigned(a.hkv * chunks), unsigned(a.t));
   const float scale = 1.0f / std::sqrt(float(a.d));
   const bool narrow = a.d <= kThreads;
-  auto* kernel = kg == 4 ? (narrow ? attention_kernel<4, 1> : attention_kernel<4, 2>)
-                          : (narrow ? attention_kernel<8, 1> : attention_kernel<8, 2>);
-  Status s = launch_dependent(kernel, grid, kThreads, 0, a.pdl, stream, "decoder layer attention", a, scale);
-  if (s.ok() && a.splits > 1)
-    s = launch_dependent(combine_kernel, dim3(unsigned(a.hq), unsigned(a.t)), kThreads, 0, a.pdl, stream,
-                         "decoder layer attention (combine)", a);
-  return s;
+  if (kg == 4) {
+    (narrow ? attention_kernel<4, 1> : attention_kernel<4, 2>)<<<grid, kThreads, 0, stream>>>(a, scale);
+  } else {
+    (narrow ? attention_kernel<8, 1> : attention_kernel<8, 2>)<<<grid, kThreads, 0, stream>>>(a, scale);
+  }
+  if (a.splits > 1) combine_kernel<<<dim3(unsigned(a.hq), unsigned(a.t)), kThreads, 0, stream>>>(a);
+  return last_launch_status("decoder layer attention");
 }
 
 }  // namespace lkw::layer

@@ -101,11 +101,6 @@ struct AttentionArgs {
   float* partials;            // [T, Hq, splits, D + 2] when splits > 1
   int64_t t, hq, hkv, d, num_blocks, block_size, table_blocks, q_len;
   int splits;
-  // Launched as programmatic dependents (sm_90): the attention of the kernel ahead, the combine
-  // of the attention; each waits (griddepcontrol.wait) before its first read and lets its own
-  // dependents launch at once, so that launches overlap the kernel ahead (the GEMV after it
-  // issues its weights early). The bits are the same either way.
-  bool pdl = true;
 };
 int attention_splits(int64_t t, int64_t hq, int64_t hkv, int64_t capacity);
 Status check_attention(const AttentionArgs& a);  // what paged_attention refuses, before a launch
