@@ -614,7 +614,8 @@ def ceiling(log=print, gpu_name: str | None = None, measure_peak=None
     return gbps, tflops, f"{what}; tensor peak: {shown}"
 
 
-def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_bf16, log=print) -> dict:
+def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_bf16, timeline=True,
+             log=print) -> dict:
     names = layer_torch.registered()
     case = make_case(cfg, fmt, kind, t, base)
     r = len(case.sets)
@@ -658,7 +659,8 @@ def run_case(cfg, fmt, kind, t, base, *, replays, ceiling_gbps, tflops, compile_
         whole["torch_compile"] = timed_rows["torch.compile"]
     for who, row in whole.items():
         log(f"  {who}: {row.get('graph_us')}")
-    inside = timed("in the layer", lambda: in_layer(body_of(case, wb), r), log)
+    inside = (timed("in the layer", lambda: in_layer(body_of(case, wb), r), log) if timeline else
+              {"graph_us": None, "skipped": "--no-timeline"})
     after = verify(case, wb, which=r - 1)
     b_us = bound_us(nbytes, flops, ceiling_gbps, tflops)
     us = whole["workbook"].get("graph_us")
@@ -772,6 +774,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="decode T = 1 only, few replays")
     ap.add_argument("--formats", default=",".join(layer_torch.FORMATS))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (minutes)")
+    ap.add_argument("--no-timeline", action="store_true",
+                    help="skip the layer's own timeline (torch.profiler; off under Nsight Compute)")
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--cases", help="only these cases, e.g. 'decode 1,prefill 2048' (default: all)")
     ap.add_argument("--merge", action="store_true",
@@ -802,7 +806,8 @@ def main(argv=None) -> int:
         for kind, t in cases:
             run["cases"].append(run_case(cfg, fmt, kind, t, base, replays=replays, ceiling_gbps=gbps,
                                          tflops=tflops * (2 if fmt == "fp8" else 1) if tflops else None,
-                                         compile_bf16=not args.no_compile))
+                                         compile_bf16=not args.no_compile,
+                                         timeline=not args.no_timeline))
             torch.cuda.empty_cache()
         del base
     run["cases"] = stamped(run["cases"], run)
