@@ -30,8 +30,9 @@ constexpr int kMaxGroup = 8;  // query heads a block (a larger group takes sever
 // 16-byte loads a thread keeps in flight: a block streams a few thousand keys at most, so what it
 // waits for is each dependent round trip to memory, not bandwidth. Half a key (D = 128) a round,
 // and 64 keys' values of a dimension issued with the key's first pieces (their cache blocks read
-// with the key's), so that the scores and the softmax's barriers wait with them. Sixteen (a whole key, a whole tile) doubles the registers: two blocks
-// an SM, and the decode steps of many sequences lose more than one sequence gains.
+// with the key's), so that the scores and the softmax's barriers wait with them. Sixteen (a whole
+// key, a whole tile) doubles the registers: two blocks an SM, and the decode steps of many
+// sequences lose more than one sequence gains.
 constexpr int kKeyLoads = 8;
 constexpr int kValueLoads = 8;
 // The split rule (attention_splits): about kSplitBlocks blocks in all (four a Hopper SM: a block
@@ -96,7 +97,8 @@ __host__ __device__ inline int64_t keys_per_split(int64_t capacity, int splits) 
 // Blocks an SM: 3 (kG 4) or 2 (kG 8), what the registers of the values and key pieces in flight
 // together allow without spilling.
 template <int kG, int kDims>
-__global__ void __launch_bounds__(kThreads, kG == 4 ? 3 : 2) attention_kernel(AttentionArgs a, float scale) {
+__global__ void __launch_bounds__(kThreads, kG == 4 ? 3 : 2)
+    attention_kernel(AttentionArgs a, float scale) {
   __shared__ __align__(16) float q_sh[kG][kDims * kThreads];  // read 8 floats at a time
   __shared__ __align__(16) float p_sh[kG][kThreads];
   __shared__ float max_sh[kG][kWarps], sum_sh[kG][kWarps];
